@@ -20,6 +20,7 @@ from fleetserve.errors import FleetServeError
 #: sets ``handler`` (a callable taking the parsed namespace and returning an exit code).
 _COMMAND_MODULES = (
     "fleetserve.serve.command",
+    "fleetserve.modelstore.command",
     "fleetserve.plan.command",
     "fleetserve.k8s.command",
     "fleetserve.bench.command",

@@ -1,0 +1,1 @@
+"""fleetserve.modelstore: locate, assemble and convert model weights (offline)."""
