@@ -22,7 +22,8 @@ _COMMAND_MODULES = (
     "fleetserve.serve.command",
     "fleetserve.modelstore.command",
     "fleetserve.plan.command",
-    "fleetserve.k8s.command",
+    "fleetserve.k8s.render.command",
+    "fleetserve.k8s.doctor.command",
     "fleetserve.bench.command",
     "fleetserve.observe.command",
 )

@@ -1,0 +1,1 @@
+"""fleetserve.k8s.render: fleet spec + plan -> KubeRay/HAMi/monitoring manifests (pure)."""
