@@ -290,8 +290,7 @@ class PoolSpec(StrictModel):
     def _ordered(self) -> PoolSpec:
         if self.max_nodes is not None and self.min_nodes > self.max_nodes:
             raise ValueError(
-                f"min_nodes ({self.min_nodes}) > max_nodes ({self.max_nodes}) in pool "
-                f"'{self.name}'"
+                f"min_nodes ({self.min_nodes}) > max_nodes ({self.max_nodes}) in pool '{self.name}'"
             )
         return self
 

@@ -40,7 +40,11 @@ def test_yaml_and_dict_give_the_same_spec(tmp_path: Path) -> None:
     )
     from_yaml = load_spec(p)
     from_dict = parse_spec(
-        {"models": [{"name": "m", "source": "builtin:gemma-3-270m", "replicas": {"min": 1, "max": 3}}]}
+        {
+            "models": [
+                {"name": "m", "source": "builtin:gemma-3-270m", "replicas": {"min": 1, "max": 3}}
+            ]
+        }
     )
     assert from_yaml == from_dict
     assert from_yaml.models[0].replicas.max == 3
