@@ -1,0 +1,190 @@
+"""What doctor reads: every object from the input files, as plain data with source positions.
+
+The loader (``loader.py``) builds an :class:`Inventory`; rules only read it. What must stay
+true: every item knows its file and 1-based line, so each finding points at the source;
+``Manifest.ref`` is the ``Kind/namespace/name`` used in reports ("default" when the document
+has no namespace); nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fleetserve.spec import FleetSpec
+
+HelmChart = Literal["hami", "kuberay-operator", "unknown"]
+
+
+@dataclass(frozen=True, eq=False)
+class Manifest:
+    """One YAML document with a ``kind`` (a Kubernetes object)."""
+
+    #: ``apiVersion`` as written ("" when absent).
+    api_version: str
+    #: ``kind``, e.g. ``RayService``.
+    kind: str
+    #: ``metadata.name`` ("" when absent).
+    name: str
+    #: ``metadata.namespace``, ``"default"`` when absent.
+    namespace: str
+    #: The whole document.
+    body: dict[str, Any]
+    #: Source file, as given on the command line (or a label for in-memory input).
+    file: str
+    #: 1-based line where the document starts.
+    line: int
+    #: Field path -> 1-based line, for every mapping key and sequence item in the document
+    #: (filled by the loader from YAML node marks; may be empty for synthetic manifests).
+    lines: Mapping[str, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def ref(self) -> str:
+        """``Kind/namespace/name``."""
+        return f"{self.kind}/{self.namespace}/{self.name}"
+
+    def line_of(self, path: str) -> int:
+        """Best-effort line of ``path``: the nearest recorded ancestor, else the document start."""
+        probe = path
+        while probe:
+            if probe in self.lines:
+                return self.lines[probe]
+            cut = max(probe.rfind("."), probe.rfind("["))
+            if cut <= 0:
+                break
+            probe = probe[:cut]
+        return self.lines.get(probe, self.line)
+
+    def get(self, path: str, default: Any = None) -> Any:
+        """Value at a dotted field path (``a.b[0].c``), or ``default`` when any step is missing."""
+        return get_path(self.body, path, default)
+
+
+@dataclass(frozen=True, eq=False)
+class HelmValues:
+    """A Helm values document (no ``kind``), e.g. the HAMi chart's values.yaml."""
+
+    #: Which chart the keys look like: "hami" | "kuberay-operator" | "unknown".
+    chart: HelmChart
+    #: The whole document.
+    body: dict[str, Any]
+    #: Source file.
+    file: str
+    #: 1-based line where the document starts.
+    line: int
+    #: Field path -> 1-based line (as for :class:`Manifest`).
+    lines: Mapping[str, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def ref(self) -> str:
+        """``HelmValues/<file>``."""
+        return f"HelmValues/{self.file}"
+
+    def line_of(self, path: str) -> int:
+        """Best-effort line of ``path`` (nearest recorded ancestor, else the document start)."""
+        probe = path
+        while probe:
+            if probe in self.lines:
+                return self.lines[probe]
+            cut = max(probe.rfind("."), probe.rfind("["))
+            if cut <= 0:
+                break
+            probe = probe[:cut]
+        return self.lines.get(probe, self.line)
+
+    def get(self, path: str, default: Any = None) -> Any:
+        """Value at a dotted field path, or ``default``."""
+        return get_path(self.body, path, default)
+
+
+@dataclass(frozen=True)
+class ScalingConfigCall:
+    """A Ray Train ``ScalingConfig(...)`` call read statically from a Python file's AST.
+
+    ``None`` means "not given or not a literal we could resolve" (rules then use Ray's default
+    or stay silent; they never guess).
+    """
+
+    #: Source file.
+    file: str
+    #: 1-based line of the call.
+    line: int
+    #: ``num_workers``.
+    num_workers: int | None
+    #: ``use_gpu``.
+    use_gpu: bool | None
+    #: ``resources_per_worker`` (e.g. ``{"CPU": 4, "GPU": 1}``).
+    resources_per_worker: dict[str, float] | None
+    #: ``trainer_resources`` (Ray Train v1 default ``{"CPU": 1}`` when not given).
+    trainer_resources: dict[str, float] | None
+    #: ``placement_strategy`` (default "PACK").
+    placement_strategy: str | None
+    #: True when the file enables Ray Train v2 (``RAY_TRAIN_V2_ENABLED=1``), whose rank-0 bundle
+    #: carries no trainer resources; None when not seen.
+    train_v2: bool | None = None
+
+    @property
+    def ref(self) -> str:
+        """``ScalingConfig/<file>:<line>``."""
+        return f"ScalingConfig/{self.file}:{self.line}"
+
+
+@dataclass(frozen=True, eq=False)
+class FleetSource:
+    """A fleetserve fleet spec found among the inputs (it describes node pools)."""
+
+    spec: FleetSpec
+    file: str
+
+
+@dataclass(frozen=True, eq=False)
+class Inventory:
+    """Everything doctor read, in input order (files sorted, documents in file order)."""
+
+    manifests: tuple[Manifest, ...] = ()
+    helm_values: tuple[HelmValues, ...] = ()
+    scaling_configs: tuple[ScalingConfigCall, ...] = ()
+    #: Fleet specs among the inputs (their pools count as node pools for scheduling rules).
+    fleets: tuple[FleetSource, ...] = ()
+
+    def of_kind(self, *kinds: str) -> list[Manifest]:
+        """Manifests whose ``kind`` is one of ``kinds``, in input order."""
+        wanted = set(kinds)
+        return [m for m in self.manifests if m.kind in wanted]
+
+    def charts(self, chart: HelmChart) -> list[HelmValues]:
+        """Helm values documents detected as ``chart``."""
+        return [h for h in self.helm_values if h.chart == chart]
+
+
+def get_path(body: Any, path: str, default: Any = None) -> Any:
+    """Walk ``a.b[0].c`` through dicts and lists; ``default`` when a step is missing.
+
+    Keys containing dots cannot be addressed (annotations are read directly by rules).
+    """
+    node = body
+    for part in split_path(path):
+        if isinstance(part, int):
+            if not isinstance(node, list) or not -len(node) <= part < len(node):
+                return default
+            node = node[part]
+        else:
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+    return node
+
+
+def split_path(path: str) -> list[str | int]:
+    """``"a.b[0].c"`` -> ``["a", "b", 0, "c"]``."""
+    out: list[str | int] = []
+    for chunk in path.split(".") if path else []:
+        name, _, rest = chunk.partition("[")
+        if name:
+            out.append(name)
+        while rest:
+            idx, _, rest = rest.partition("]")
+            out.append(int(idx))
+            rest = rest.removeprefix("[")
+    return out

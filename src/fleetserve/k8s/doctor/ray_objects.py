@@ -1,0 +1,389 @@
+"""Shared views over KubeRay objects (RayService, RayCluster, RayJob) for the rules.
+
+Design note: a Ray node group is seen by two schedulers. Kubernetes sees the pod's container
+``resources`` (requests/limits); Ray sees what ``ray start`` advertises, which KubeRay derives:
+``num-cpus`` from rayStartParams, else the group-level ``resources`` map, else the ray
+container's CPU limit, else its request, rounded UP to an integer (``Quantity.Value()``);
+``num-gpus`` likewise from ``nvidia.com/gpu``; ``memory`` from the memory limit/request in
+bytes; custom resources from the ``resources`` JSON in rayStartParams. :func:`groups` computes
+both views once so every rule agrees on them. The ray container is the pod's first container
+(KubeRay's ``RayContainerIndex`` is 0).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from fleetserve.k8s.doctor.inventory import Manifest
+
+RAY_KINDS = ("RayService", "RayCluster", "RayJob")
+
+#: Extended resource names KubeRay maps to Ray's ``GPU`` resource.
+GPU_RESOURCE_NAMES = ("nvidia.com/gpu", "amd.com/gpu")
+
+_SUFFIX: dict[str, float] = {
+    "n": 1e-9,
+    "u": 1e-6,
+    "m": 1e-3,
+    "": 1.0,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "E": 1e18,
+    "Ki": 2.0**10,
+    "Mi": 2.0**20,
+    "Gi": 2.0**30,
+    "Ti": 2.0**40,
+    "Pi": 2.0**50,
+    "Ei": 2.0**60,
+}
+_QUANTITY = re.compile(
+    r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)$"
+)
+
+
+def parse_quantity(q: str | int | float) -> float:
+    """A Kubernetes quantity (``"500m"``, ``"4"``, ``"16Gi"``, ``2``) as a float.
+
+    Raises ValueError for anything that is not a quantity (rules skip such values; schema
+    validation reports them).
+    """
+    if isinstance(q, bool):
+        raise ValueError(f"not a quantity: {q!r}")
+    if isinstance(q, int | float):
+        return float(q)
+    m = _QUANTITY.match(str(q).strip())
+    if not m:
+        raise ValueError(f"not a quantity: {q!r}")
+    return float(m.group(1)) * _SUFFIX[m.group(2)]
+
+
+def try_quantity(q: Any) -> float | None:
+    """:func:`parse_quantity`, or None when ``q`` is missing or malformed."""
+    if q is None:
+        return None
+    try:
+        return parse_quantity(q)
+    except ValueError:
+        return None
+
+
+def fmt_num(x: float) -> str:
+    """Numbers in messages: ``4`` not ``4.0``, ``0.5`` stays."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def fmt_bytes(x: float) -> str:
+    """Bytes in messages, in GiB with up to 2 decimals."""
+    return f"{x / 2**30:.2f}".rstrip("0").rstrip(".") + " GiB"
+
+
+@dataclass(frozen=True, eq=False)
+class GroupView:
+    """The head group or one worker group, as both Kubernetes and Ray see it."""
+
+    manifest: Manifest
+    #: ``head`` or the worker ``groupName``.
+    name: str
+    #: Field path of the group spec, e.g. ``spec.rayClusterConfig.workerGroupSpecs[0]``.
+    path: str
+    is_head: bool
+    #: The group's spec dict (headGroupSpec or one workerGroupSpecs item).
+    spec: dict[str, Any]
+    #: rayStartParams, values as strings.
+    ray_start_params: dict[str, str]
+    #: The ray container (first container of the pod template), ``{}`` when absent.
+    container: dict[str, Any]
+    #: Index of the ray container in ``containers``.
+    container_index: int
+    #: The pod template's ``spec``.
+    pod_spec: dict[str, Any]
+    #: Container limits / requests as written (strings).
+    limits: dict[str, str]
+    requests: dict[str, str]
+    #: The group-level ``resources`` map (KubeRay >= 1.4), ``{}`` when absent.
+    group_resources: dict[str, str]
+    #: What Ray will see on one pod of this group: ``CPU``, ``GPU``, ``memory`` (bytes) and
+    #: custom resources. A key is absent when Ray would auto-detect it (unknown here).
+    advertised: dict[str, float]
+    #: Where each advertised value came from, e.g. ``{"CPU": "limits.cpu"}``.
+    advertised_from: dict[str, str]
+    replicas: int | None
+    min_replicas: int | None
+    max_replicas: int | None
+
+    @property
+    def container_path(self) -> str:
+        """Field path of the ray container."""
+        return f"{self.path}.template.spec.containers[{self.container_index}]"
+
+    @property
+    def label(self) -> str:
+        """Human name for messages: ``head group`` or ``worker group 'gpu'``."""
+        return "head group" if self.is_head else f"worker group {self.name!r}"
+
+    @property
+    def gpus_per_pod(self) -> float:
+        """GPUs one pod gets, as Ray sees it (0 when none)."""
+        return self.advertised.get("GPU", 0.0)
+
+
+def cluster_spec(m: Manifest) -> tuple[dict[str, Any], str] | None:
+    """The RayCluster spec inside a RayService/RayCluster/RayJob and its field path."""
+    spec = m.body.get("spec")
+    if not isinstance(spec, dict):
+        return None
+    if m.kind == "RayCluster":
+        return spec, "spec"
+    key = {"RayService": "rayClusterConfig", "RayJob": "rayClusterSpec"}.get(m.kind)
+    if key is None:
+        return None
+    inner = spec.get(key)
+    if not isinstance(inner, dict):
+        return None
+    return inner, f"spec.{key}"
+
+
+def _str_map(x: Any) -> dict[str, str]:
+    if not isinstance(x, dict):
+        return {}
+    return {str(k): _scalar_str(v) for k, v in x.items()}
+
+
+def _scalar_str(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _int_or_none(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def custom_resources(params: dict[str, str]) -> dict[str, float] | None:
+    """The ``resources`` JSON of rayStartParams (KubeRay writes it quoted: ``'"{...}"'``)."""
+    raw = params.get("resources")
+    if raw is None:
+        return None
+    text = raw.strip()
+    # KubeRay examples quote the JSON for the shell: '"{\"TPU\": 4}"' or "'{...}'".
+    for quote in ('"', "'"):
+        if len(text) >= 2 and text[0] == quote and text[-1] == quote:
+            text = text[1:-1].replace('\\"', '"')
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    out: dict[str, float] = {}
+    for k, v in parsed.items():
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            out[str(k)] = float(v)
+    return out
+
+
+def _advertised(
+    params: dict[str, str],
+    group_res: dict[str, str],
+    limits: dict[str, str],
+    requests: dict[str, str],
+) -> tuple[dict[str, float], dict[str, str]]:
+    adv: dict[str, float] = {}
+    src: dict[str, str] = {}
+
+    def pick(ray_key: str, param: str, group_key: str, k8s_names: tuple[str, ...]) -> None:
+        val = try_quantity(params.get(param))
+        if val is not None:
+            adv[ray_key] = val
+            src[ray_key] = f"rayStartParams.{param}"
+            return
+        val = try_quantity(group_res.get(group_key))
+        if val is not None:
+            adv[ray_key] = val
+            src[ray_key] = f"resources.{group_key}"
+            return
+        for where, table in (("limits", limits), ("requests", requests)):
+            for name in k8s_names:
+                val = try_quantity(table.get(name))
+                if val is not None and val > 0:
+                    # KubeRay: Quantity.Value() rounds up to an integer (CPU and GPU).
+                    adv[ray_key] = float(math.ceil(val)) if ray_key != "memory" else val
+                    src[ray_key] = f"{where}.{name}"
+                    return
+            if ray_key == "GPU":  # GPUs are only taken from limits
+                return
+
+    pick("CPU", "num-cpus", "cpu", ("cpu",))
+    pick("GPU", "num-gpus", "nvidia.com/gpu", GPU_RESOURCE_NAMES)
+    pick("memory", "memory", "memory", ("memory",))
+    custom = custom_resources(params)
+    if custom:
+        for k, v in custom.items():
+            adv[k] = v
+            src[k] = "rayStartParams.resources"
+    for key, raw in group_res.items():
+        if key in ("cpu", "memory") or key in GPU_RESOURCE_NAMES:
+            continue
+        amount = try_quantity(raw)
+        if amount is not None and key not in adv:
+            adv[key] = amount
+            src[key] = f"resources.{key}"
+    return adv, src
+
+
+def _group(m: Manifest, spec: dict[str, Any], path: str, name: str, is_head: bool) -> GroupView:
+    template = spec.get("template") if isinstance(spec.get("template"), dict) else {}
+    assert isinstance(template, dict)
+    pod_spec = template.get("spec") if isinstance(template.get("spec"), dict) else {}
+    assert isinstance(pod_spec, dict)
+    containers = pod_spec.get("containers")
+    container: dict[str, Any] = {}
+    if isinstance(containers, list) and containers and isinstance(containers[0], dict):
+        container = containers[0]
+    res = container.get("resources") if isinstance(container.get("resources"), dict) else {}
+    assert isinstance(res, dict)
+    limits = _str_map(res.get("limits"))
+    requests = _str_map(res.get("requests"))
+    params = _str_map(spec.get("rayStartParams"))
+    group_res = _str_map(spec.get("resources"))
+    adv, src = _advertised(params, group_res, limits, requests)
+    return GroupView(
+        manifest=m,
+        name=name,
+        path=path,
+        is_head=is_head,
+        spec=spec,
+        ray_start_params=params,
+        container=container,
+        container_index=0,
+        pod_spec=pod_spec,
+        limits=limits,
+        requests=requests,
+        group_resources=group_res,
+        advertised=adv,
+        advertised_from=src,
+        replicas=_int_or_none(spec.get("replicas")),
+        min_replicas=_int_or_none(spec.get("minReplicas")),
+        max_replicas=_int_or_none(spec.get("maxReplicas")),
+    )
+
+
+def head_group(m: Manifest) -> GroupView | None:
+    """The head group of a Ray object, or None."""
+    found = cluster_spec(m)
+    if found is None:
+        return None
+    spec, path = found
+    head = spec.get("headGroupSpec")
+    if not isinstance(head, dict):
+        return None
+    return _group(m, head, f"{path}.headGroupSpec", "head", True)
+
+
+def worker_groups(m: Manifest) -> list[GroupView]:
+    """The worker groups of a Ray object (in order), skipping malformed items."""
+    found = cluster_spec(m)
+    if found is None:
+        return []
+    spec, path = found
+    workers = spec.get("workerGroupSpecs")
+    out: list[GroupView] = []
+    if isinstance(workers, list):
+        for i, w in enumerate(workers):
+            if isinstance(w, dict):
+                name = str(w.get("groupName", f"#{i}"))
+                out.append(_group(m, w, f"{path}.workerGroupSpecs[{i}]", name, False))
+    return out
+
+
+def groups(m: Manifest) -> list[GroupView]:
+    """Head group (first, when present) then worker groups."""
+    head = head_group(m)
+    return ([head] if head else []) + worker_groups(m)
+
+
+def autoscaling_enabled(m: Manifest) -> bool:
+    """``enableInTreeAutoscaling`` of the cluster spec."""
+    found = cluster_spec(m)
+    return bool(found and found[0].get("enableInTreeAutoscaling") is True)
+
+
+def serve_config(m: Manifest) -> tuple[dict[str, Any], str] | None:
+    """The parsed ``serveConfigV2`` (a YAML string) of a RayService, and its field path.
+
+    None when absent or not parseable (schema/serve rules report unparseable configs).
+    """
+    if m.kind != "RayService":
+        return None
+    spec = m.body.get("spec")
+    if not isinstance(spec, dict):
+        return None
+    raw = spec.get("serveConfigV2")
+    if isinstance(raw, dict):
+        return raw, "spec.serveConfigV2"
+    if not isinstance(raw, str):
+        return None
+    try:
+        parsed = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    return parsed, "spec.serveConfigV2"
+
+
+def serve_deployments(m: Manifest) -> list[tuple[str, dict[str, Any], str]]:
+    """Every Serve deployment of a RayService: (``app/deployment``, its dict, its path).
+
+    The path is inside the serveConfigV2 document, e.g.
+    ``spec.serveConfigV2:applications[0].deployments[1]``.
+    """
+    found = serve_config(m)
+    if found is None:
+        return []
+    cfg, path = found
+    out: list[tuple[str, dict[str, Any], str]] = []
+    apps = cfg.get("applications")
+    if not isinstance(apps, list):
+        return out
+    for i, app in enumerate(apps):
+        if not isinstance(app, dict):
+            continue
+        app_name = str(app.get("name", f"#{i}"))
+        deps = app.get("deployments")
+        if not isinstance(deps, list):
+            continue
+        for j, dep in enumerate(deps):
+            if isinstance(dep, dict):
+                dep_name = str(dep.get("name", f"#{j}"))
+                out.append(
+                    (f"{app_name}/{dep_name}", dep, f"{path}:applications[{i}].deployments[{j}]")
+                )
+    return out
+
+
+def pod_templates(m: Manifest) -> list[tuple[dict[str, Any], str]]:
+    """Pod specs of any workload kind with their field paths (Ray groups, Deployment, Job...)."""
+    if m.kind in RAY_KINDS:
+        return [(g.pod_spec, f"{g.path}.template.spec") for g in groups(m)]
+    spec = m.body.get("spec")
+    if not isinstance(spec, dict):
+        return []
+    if m.kind == "Pod":
+        return [(spec, "spec")]
+    if m.kind == "CronJob":
+        tpl = spec.get("jobTemplate", {}).get("spec", {}).get("template", {}).get("spec")
+        return [(tpl, "spec.jobTemplate.spec.template.spec")] if isinstance(tpl, dict) else []
+    tpl = spec.get("template")
+    if isinstance(tpl, dict) and isinstance(tpl.get("spec"), dict):
+        return [(tpl["spec"], "spec.template.spec")]
+    return []
