@@ -4,10 +4,10 @@ Design note: a Ray node group is seen by two schedulers. Kubernetes sees the pod
 ``resources`` (requests/limits); Ray sees what ``ray start`` advertises, which KubeRay derives:
 ``num-cpus`` from rayStartParams, else the group-level ``resources`` map, else the ray
 container's CPU limit, else its request, rounded UP to an integer (``Quantity.Value()``);
-``num-gpus`` likewise from ``nvidia.com/gpu``; ``memory`` from the memory limit/request in
-bytes; custom resources from the ``resources`` JSON in rayStartParams. :func:`groups` computes
-both views once so every rule agrees on them. The ray container is the pod's first container
-(KubeRay's ``RayContainerIndex`` is 0).
+``num-gpus`` from the first limit named ``*gpu`` (``nvidia.com/gpu``); ``memory`` from the
+memory limit in bytes; custom resources from the ``resources`` JSON in rayStartParams.
+:func:`groups` computes both views once so every rule agrees on them. The ray container is
+the pod's first container (KubeRay's ``RayContainerIndex`` is 0).
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ import yaml
 from fleetserve.k8s.doctor.inventory import Manifest
 
 RAY_KINDS = ("RayService", "RayCluster", "RayJob")
-
-#: Extended resource names KubeRay maps to Ray's ``GPU`` resource.
-GPU_RESOURCE_NAMES = ("nvidia.com/gpu", "amd.com/gpu")
 
 _SUFFIX: dict[str, float] = {
     "n": 1e-9,
@@ -191,52 +188,66 @@ def custom_resources(params: dict[str, str]) -> dict[str, float] | None:
     return out
 
 
+def is_gpu_resource(name: str) -> bool:
+    """KubeRay maps container limits whose name ends in ``gpu`` (``nvidia.com/gpu``) to GPU."""
+    return name.lower().endswith("gpu")
+
+
 def _advertised(
     params: dict[str, str],
     group_res: dict[str, str],
     limits: dict[str, str],
     requests: dict[str, str],
 ) -> tuple[dict[str, float], dict[str, str]]:
+    # Mirrors KubeRay 1.7 (common/pod.go): the group ``resources`` map overrides
+    # rayStartParams (updateRayStartParamsResources); else rayStartParams as written; else
+    # num-cpus = ceil(limits.cpu) or ceil(requests.cpu), memory = limits.memory,
+    # num-gpus = ceil(first limit whose name ends in "gpu").
     adv: dict[str, float] = {}
     src: dict[str, str] = {}
 
-    def pick(ray_key: str, param: str, group_key: str, k8s_names: tuple[str, ...]) -> None:
-        val = try_quantity(params.get(param))
-        if val is not None:
-            adv[ray_key] = val
-            src[ray_key] = f"rayStartParams.{param}"
-            return
-        val = try_quantity(group_res.get(group_key))
-        if val is not None:
-            adv[ray_key] = val
-            src[ray_key] = f"resources.{group_key}"
-            return
-        for where, table in (("limits", limits), ("requests", requests)):
-            for name in k8s_names:
-                val = try_quantity(table.get(name))
-                if val is not None and val > 0:
-                    # KubeRay: Quantity.Value() rounds up to an integer (CPU and GPU).
-                    adv[ray_key] = float(math.ceil(val)) if ray_key != "memory" else val
-                    src[ray_key] = f"{where}.{name}"
-                    return
-            if ray_key == "GPU":  # GPUs are only taken from limits
-                return
+    def put(key: str, value: float, origin: str) -> None:
+        adv[key] = value
+        src[key] = origin
 
-    pick("CPU", "num-cpus", "cpu", ("cpu",))
-    pick("GPU", "num-gpus", "nvidia.com/gpu", GPU_RESOURCE_NAMES)
-    pick("memory", "memory", "memory", ("memory",))
-    custom = custom_resources(params)
-    if custom:
-        for k, v in custom.items():
-            adv[k] = v
-            src[k] = "rayStartParams.resources"
     for key, raw in group_res.items():
-        if key in ("cpu", "memory") or key in GPU_RESOURCE_NAMES:
-            continue
         amount = try_quantity(raw)
-        if amount is not None and key not in adv:
-            adv[key] = amount
-            src[key] = f"resources.{key}"
+        if amount is None:
+            continue
+        low = key.lower()
+        if low == "cpu":
+            put("CPU", float(math.ceil(amount)), f"resources.{key}")
+        elif low == "memory":
+            put("memory", amount, f"resources.{key}")
+        elif is_gpu_resource(low):
+            put("GPU", float(math.ceil(amount)), f"resources.{key}")
+        else:
+            put(key, amount, f"resources.{key}")
+
+    for ray_key, param in (("CPU", "num-cpus"), ("GPU", "num-gpus"), ("memory", "memory")):
+        val = try_quantity(params.get(param))
+        if ray_key not in adv and val is not None:
+            put(ray_key, val, f"rayStartParams.{param}")
+    for key, amount in (custom_resources(params) or {}).items():
+        if key not in adv:
+            put(key, amount, "rayStartParams.resources")
+
+    if "CPU" not in adv:
+        for where, table in (("limits", limits), ("requests", requests)):
+            val = try_quantity(table.get("cpu"))
+            if val is not None and val > 0:
+                put("CPU", float(math.ceil(val)), f"{where}.cpu")
+                break
+    if "memory" not in adv:
+        val = try_quantity(limits.get("memory"))
+        if val is not None and val > 0:
+            put("memory", val, "limits.memory")
+    if "GPU" not in adv:
+        for name, raw in limits.items():
+            val = try_quantity(raw)
+            if is_gpu_resource(name) and val is not None and val > 0:
+                put("GPU", float(math.ceil(val)), f"limits.{name}")
+                break
     return adv, src
 
 
