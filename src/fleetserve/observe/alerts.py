@@ -1,0 +1,265 @@
+"""Prometheus alerting rules for a fleetserve deployment (pure: thresholds -> rule groups).
+
+Design: each alert answers one operator question with one metric family from
+:mod:`fleetserve.observe.metrics` - is the first token slow (TTFT p95), is the KV cache full
+(vLLM preempts and queues), are requests queueing, is a deployment/application unhealthy or
+short of the replicas the Serve autoscaler wants (pods Pending: no GPU, no slice), are users
+getting 5xx. Queries aggregate away Ray's per-process labels (WorkerId, ReplicaId) and keep
+the labels an operator acts on (model_name, application, deployment). A ``selector`` (e.g.
+``{namespace: fleetserve}``) scopes every query to one fleet, so two fleets in one Prometheus
+do not page for each other.
+
+The output is the Prometheus rule-file format (``{"groups": [...]}``), which is also the
+``spec`` of a prometheus-operator ``PrometheusRule``; ``promtool check rules`` and
+``promtool test rules`` run on it in tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleetserve.observe import metrics as m
+from fleetserve.observe.promql import STATUS_5XX, series
+
+Severity = Literal["critical", "warning", "info"]
+
+
+class AlertThresholds(BaseModel):
+    """Where each alert fires. Defaults suit interactive chat traffic."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ttft_p95_seconds: float = Field(
+        default=2.0, gt=0, le=600, description="TTFT p95 above this (s) for `for_long` fires."
+    )
+    kv_cache_usage: float = Field(
+        default=0.95, gt=0, le=1, description="KV cache usage fraction that counts as full."
+    )
+    requests_waiting: int = Field(
+        default=0, ge=0, le=100_000, description="Waiting requests per model above this fire."
+    )
+    error_ratio_5xx: float = Field(
+        default=0.05, gt=0, le=1, description="Fraction of HTTP responses that are 5xx."
+    )
+    rate_window: str = Field(
+        default="5m", pattern=r"^[0-9]+[smh]$", description="rate() window for ratios."
+    )
+    for_short: str = Field(
+        default="5m", pattern=r"^[0-9]+[smh]$", description="'for' of urgent alerts."
+    )
+    for_long: str = Field(
+        default="10m", pattern=r"^[0-9]+[smh]$", description="'for' of saturation alerts."
+    )
+
+
+class AlertRule(BaseModel):
+    """One alerting rule, as Prometheus reads it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    alert: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Alert name.")
+    expr: str = Field(min_length=1, description="PromQL condition.")
+    for_: str = Field(alias="for", pattern=r"^[0-9]+[smh]$", description="Pending duration.")
+    severity: Severity = Field(description="Routing severity label.")
+    summary: str = Field(min_length=1, description="One-line summary (templated).")
+    description: str = Field(min_length=1, description="What happens and what to do.")
+
+    def to_rule(self) -> dict[str, Any]:
+        """The rule-file mapping (key order is stable for byte-identical output)."""
+        return {
+            "alert": self.alert,
+            "expr": self.expr,
+            "for": self.for_,
+            "labels": {"severity": self.severity},
+            "annotations": {"summary": self.summary, "description": self.description},
+        }
+
+
+#: Name of the rule group; the golden files and promtool tests refer to it.
+GROUP_NAME = "fleetserve.alerts"
+
+
+def alert_rules(
+    selector: Mapping[str, str] | None = None, thresholds: AlertThresholds | None = None
+) -> list[AlertRule]:
+    """Every fleetserve alert, its queries scoped by ``selector``."""
+    t = thresholds or AlertThresholds()
+    w = t.rate_window
+
+    def s(metric: str, *extra: str) -> str:
+        return series(metric, selector, *extra)
+
+    ttft = f"histogram_quantile(0.95, sum by (le, model_name) (rate({s(m.VLLM_TTFT.bucket)}[{w}])))"
+    http = m.SERVE_HTTP_REQUESTS.name
+    status = m.SERVE_DEPLOYMENT_STATUS.name
+    app_status = m.SERVE_APPLICATION_STATUS.name
+    return [
+        AlertRule.model_validate(
+            {
+                "alert": "FleetServeHighTimeToFirstToken",
+                "expr": f"{ttft} > {t.ttft_p95_seconds:g}",
+                "for": t.for_long,
+                "severity": "warning",
+                "summary": "{{ $labels.model_name }}: TTFT p95 is {{ $value | humanizeDuration }}",
+                "description": (
+                    f"Time to first token p95 of model {{{{ $labels.model_name }}}} has been "
+                    f"above {t.ttft_p95_seconds:g}s for {t.for_long}. Prefill is queueing: "
+                    "check KV cache usage and waiting requests; raise replicas.max or "
+                    "lower max_num_seqs/max_model_len."
+                ),
+            }
+        ),
+        AlertRule.model_validate(
+            {
+                "alert": "FleetServeKVCacheNearlyFull",
+                "expr": (
+                    f"max by (model_name) ({s(m.VLLM_KV_CACHE_USAGE.name)}) > {t.kv_cache_usage:g}"
+                ),
+                "for": t.for_long,
+                "severity": "warning",
+                "summary": (
+                    "{{ $labels.model_name }}: KV cache {{ $value | humanizePercentage }} full"
+                ),
+                "description": (
+                    "A replica's KV cache has stayed above "
+                    f"{t.kv_cache_usage:.0%} for {t.for_long}: vLLM preempts running "
+                    "sequences and new requests wait. Add replicas, give the slice more "
+                    "memory, or lower concurrency/max_model_len."
+                ),
+            }
+        ),
+        AlertRule.model_validate(
+            {
+                "alert": "FleetServeRequestsWaiting",
+                "expr": (
+                    f"sum by (model_name) ({s(m.VLLM_REQUESTS_WAITING.name)}) "
+                    f"> {t.requests_waiting}"
+                ),
+                "for": t.for_long,
+                "severity": "warning",
+                "summary": "{{ $labels.model_name }}: {{ $value }} requests waiting",
+                "description": (
+                    f"Requests have been waiting in the engine queue for {t.for_long}: the "
+                    "engines are saturated (max_num_seqs or KV cache). If replicas are at "
+                    "replicas.max, raise it; if not, check why the autoscaler does not add them."
+                ),
+            }
+        ),
+        AlertRule.model_validate(
+            {
+                "alert": "FleetServeDeploymentUnhealthy",
+                "expr": (
+                    f"{s(status)} == {m.DEPLOYMENT_STATUS_DEPLOY_FAILED} or "
+                    f"{s(status)} == {m.DEPLOYMENT_STATUS_UNHEALTHY}"
+                ),
+                "for": t.for_short,
+                "severity": "critical",
+                "summary": (
+                    "Serve deployment {{ $labels.application }}/{{ $labels.deployment }} "
+                    "is unhealthy or failed to deploy"
+                ),
+                "description": (
+                    "Ray Serve reports the deployment as UNHEALTHY (2) or DEPLOY_FAILED (1). "
+                    "Check `serve status` on the head pod and the replica logs (engine "
+                    "start-up OOM, bad engine arguments, missing weights or token)."
+                ),
+            }
+        ),
+        AlertRule.model_validate(
+            {
+                "alert": "FleetServeApplicationUnhealthy",
+                "expr": (
+                    f"{s(app_status)} == {m.APPLICATION_STATUS_DEPLOY_FAILED} or "
+                    f"{s(app_status)} == {m.APPLICATION_STATUS_UNHEALTHY}"
+                ),
+                "for": t.for_short,
+                "severity": "critical",
+                "summary": "Serve application {{ $labels.application }} is unhealthy",
+                "description": (
+                    "Ray Serve reports the application as UNHEALTHY or DEPLOY_FAILED; the "
+                    "OpenAI endpoint may be down. Check the RayService status and `serve status`."
+                ),
+            }
+        ),
+        AlertRule.model_validate(
+            {
+                "alert": "FleetServeReplicasBelowTarget",
+                "expr": (
+                    f"sum by (application, deployment) ({s(m.SERVE_REPLICA_HEALTHY.name)}) "
+                    f"< max by (application, deployment) ({s(m.SERVE_TARGET_REPLICAS.name)})"
+                ),
+                "for": "15m",
+                "severity": "warning",
+                "summary": (
+                    "{{ $labels.application }}/{{ $labels.deployment }}: fewer healthy "
+                    "replicas than the autoscaler wants"
+                ),
+                "description": (
+                    "Healthy replicas have stayed below Serve's target for 15m: worker pods "
+                    "are Pending (no GPU/slice free, node pool at its limit, taint or "
+                    "selector mismatch) or replicas crash at start. Run `fleetserve doctor` "
+                    "on the manifests and `kubectl describe` the Pending pods."
+                ),
+            }
+        ),
+        AlertRule.model_validate(
+            {
+                "alert": "FleetServeReplicaHealthChecksFailing",
+                "expr": (
+                    f"sum by (application, deployment) "
+                    f"(increase({s(m.SERVE_HEALTH_CHECK_FAILURES.name)}[{w}])) > 0"
+                ),
+                "for": t.for_short,
+                "severity": "warning",
+                "summary": (
+                    "{{ $labels.application }}/{{ $labels.deployment }}: replica health "
+                    "checks failing"
+                ),
+                "description": (
+                    "Serve replica health checks keep failing; Serve restarts the replicas "
+                    "(each restart reloads the model). Check the replica logs for engine "
+                    "errors."
+                ),
+            }
+        ),
+        AlertRule.model_validate(
+            {
+                "alert": "FleetServeHigh5xxRate",
+                "expr": (
+                    f"sum by (application) (rate({s(http, STATUS_5XX)}[{w}])) / "
+                    f"sum by (application) (rate({s(http)}[{w}])) > {t.error_ratio_5xx:g}"
+                ),
+                "for": t.for_short,
+                "severity": "critical",
+                "summary": (
+                    "{{ $labels.application }}: {{ $value | humanizePercentage }} of "
+                    "requests fail with 5xx"
+                ),
+                "description": (
+                    f"More than {t.error_ratio_5xx:.0%} of HTTP responses were 5xx over "
+                    f"{w}. 503 means replicas are full (max_ongoing_requests) or missing; "
+                    "500 means engine errors."
+                ),
+            }
+        ),
+    ]
+
+
+def rule_groups(
+    selector: Mapping[str, str] | None = None,
+    thresholds: AlertThresholds | None = None,
+    interval: str = "30s",
+) -> dict[str, Any]:
+    """The Prometheus rule file (and ``PrometheusRule.spec``): ``{"groups": [...]}``."""
+    return {
+        "groups": [
+            {
+                "name": GROUP_NAME,
+                "interval": interval,
+                "rules": [rule.to_rule() for rule in alert_rules(selector, thresholds)],
+            }
+        ]
+    }
