@@ -123,6 +123,9 @@ class ScalingConfigCall:
     #: True when the file enables Ray Train v2 (``RAY_TRAIN_V2_ENABLED=1``), whose rank-0 bundle
     #: carries no trainer resources; None when not seen.
     train_v2: bool | None = None
+    #: Arguments that were given but could not be resolved statically (e.g. computed at run
+    #: time); their fields above are None and rules must not assume Ray's default for them.
+    unresolved: tuple[str, ...] = ()
 
     @property
     def ref(self) -> str:
