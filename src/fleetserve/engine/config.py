@@ -1,0 +1,117 @@
+"""What one engine replica is started with, and its ``vllm serve`` command line.
+
+The same :class:`EngineConfig` produces the argument list for vLLM's own CLI parser; the
+replica parses it with vLLM's ``make_arg_parser`` exactly as ``vllm serve`` would, so a
+fleetserve replica and a ``vllm serve`` started with :meth:`EngineConfig.vllm_cli_args`
+run identical engines (the parity test relies on this).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleetserve.plan.result import EngineSettings
+from fleetserve.spec import ModelSpec
+
+EngineKind = Literal["vllm", "fake"]
+
+
+class EngineConfig(BaseModel):
+    """Everything a model replica needs to start its engine (picklable, JSON-able)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: EngineKind = Field(default="vllm", description="vllm, or fake (no model).")
+    name: str = Field(min_length=1, description="Served model name (the OpenAI model id).")
+    model_path: str = Field(min_length=1, description="Local HF-format dir or a HF repo id.")
+    settings: EngineSettings = Field(description="Memory/batching settings (from the plan).")
+    tensor_parallel: int = Field(default=1, ge=1, le=64, description="vLLM TP size.")
+    pipeline_parallel: int = Field(default=1, ge=1, le=64, description="vLLM PP size.")
+    dtype: str = Field(default="auto", description="vLLM --dtype.")
+    quantization: str | None = Field(default=None, description="vLLM --quantization.")
+    kv_cache_dtype: str = Field(default="auto", description="vLLM --kv-cache-dtype.")
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="Extra vLLM arguments (EngineArgs/FrontendArgs)."
+    )
+    fake_token_delay_s: float = Field(
+        default=0.0, ge=0, le=10, description="Fake engine only: delay per generated token."
+    )
+
+    @classmethod
+    def from_spec(
+        cls,
+        model: ModelSpec,
+        *,
+        model_path: str,
+        settings: EngineSettings,
+        kind: EngineKind = "vllm",
+        fake_token_delay_s: float = 0.0,
+    ) -> EngineConfig:
+        """The engine of one model of the fleet spec."""
+        return cls(
+            kind=kind,
+            name=model.name,
+            model_path=model_path,
+            settings=settings,
+            tensor_parallel=model.tensor_parallel,
+            pipeline_parallel=model.pipeline_parallel,
+            dtype=model.dtype,
+            quantization=model.quantization,
+            kv_cache_dtype=model.kv_cache_dtype,
+            engine_args=dict(model.engine_args),
+            fake_token_delay_s=fake_token_delay_s,
+        )
+
+    def vllm_cli_args(self) -> list[str]:
+        """The ``vllm serve`` options (after the program name) for this engine."""
+        s = self.settings
+        args = [
+            "--model",
+            self.model_path,
+            "--served-model-name",
+            self.name,
+            "--gpu-memory-utilization",
+            _num(s.gpu_memory_utilization),
+            "--max-num-seqs",
+            str(s.max_num_seqs),
+            "--max-model-len",
+            str(s.max_model_len),
+            "--max-num-batched-tokens",
+            str(s.max_num_batched_tokens),
+            "--tensor-parallel-size",
+            str(self.tensor_parallel),
+            "--pipeline-parallel-size",
+            str(self.pipeline_parallel),
+            "--dtype",
+            self.dtype,
+            "--kv-cache-dtype",
+            self.kv_cache_dtype,
+        ]
+        if self.quantization:
+            args += ["--quantization", self.quantization]
+        for key, value in sorted(self.engine_args.items()):
+            args += _cli_option(key, value)
+        return args
+
+
+def _num(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def _cli_option(key: str, value: Any) -> list[str]:
+    """One engine arg as vLLM CLI tokens (``enable_prefix_caching: false`` included)."""
+    flag = "--" + key.replace("_", "-")
+    if value is True:
+        return [flag]
+    if value is False:
+        return ["--no-" + key.replace("_", "-")]
+    if value is None:
+        return []
+    if isinstance(value, dict):
+        return [flag, json.dumps(value)]
+    if isinstance(value, list | tuple):
+        return [flag, *(str(v) for v in value)]
+    return [flag, str(value)]

@@ -1,0 +1,257 @@
+"""A model-free engine with the OpenAI HTTP surface, for fast tests of the serving stack.
+
+It answers ``/v1/chat/completions`` and ``/v1/completions`` (streaming or not, ``n``,
+``stream_options.include_usage``, ``max_tokens``/``max_completion_tokens``) with
+deterministic text ("tok0 tok1 ..."), one whitespace-separated word per token, and rejects
+what vLLM rejects with vLLM's error shape: an unknown ``model`` (404), a prompt plus
+``max_tokens`` over ``max_model_len`` (400, ``param: max_tokens``), bad sampling values
+(400). ``fake_token_delay_s`` slows generation so drain and disconnect can be observed.
+It runs behind the same :class:`~fleetserve.engine.asgi_bridge.AsgiBridge` as vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from fleetserve.engine.asgi_bridge import AsgiBridge
+from fleetserve.engine.config import EngineConfig
+from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
+from fleetserve.errors import EngineError
+
+
+def error_body(status: int, message: str, err_type: str, param: str | None = None) -> bytes:
+    """An error in vLLM's OpenAI shape."""
+    return json.dumps(
+        {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+    ).encode()
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str, err_type: str, param: str | None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.err_type, self.param = status, message, err_type, param
+
+
+class FakeEngine:
+    """Deterministic echo engine (the :class:`Engine` Protocol)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self._config = config
+        self.running = 0
+        self._bridge: AsgiBridge | None = None
+        self._healthy = True
+
+    async def start(self) -> None:
+        app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/health", self._health, methods=["GET"]),
+            ]
+        )
+        self._bridge = AsgiBridge(app)
+
+    def handle(self, request: EngineRequest) -> AsyncIterator[ResponseHead | bytes]:
+        if self._bridge is None:
+            raise EngineError(f"model '{self._config.name}': engine not started")
+        return self._bridge.handle(request)
+
+    async def check_health(self) -> None:
+        if not self._healthy:
+            raise EngineError(f"model '{self._config.name}': fake engine marked unhealthy")
+
+    def stats(self) -> EngineStats:
+        b = self._bridge
+        if b is None:
+            return EngineStats()
+        return EngineStats(
+            running=self.running, in_flight=b.in_flight, aborted=b.aborted, completed=b.completed
+        )
+
+    async def shutdown(self) -> None:
+        self._bridge = None
+
+    # ------------------------------------------------------------------ HTTP handlers
+
+    async def _health(self, _request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def _chat(self, request: Request) -> Response:
+        return await self._generate(request, chat=True)
+
+    async def _completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=False)
+
+    async def _generate(self, request: Request, *, chat: bool) -> Response:
+        try:
+            body = json.loads(await request.body())
+            if not isinstance(body, dict):
+                raise _BadRequest(
+                    400, "request body must be a JSON object", "BadRequestError", None
+                )
+            params = self._validate(body, chat=chat)
+        except json.JSONDecodeError as e:
+            return _error(400, f"invalid JSON body: {e}", "BadRequestError", None)
+        except _BadRequest as e:
+            return _error(e.status, e.message, e.err_type, e.param)
+        if params["stream"]:
+            return StreamingResponse(
+                self._stream(params, chat=chat), media_type="text/event-stream"
+            )
+        choices = []
+        for index in range(params["n"]):
+            text = await self._text(params["max_tokens"])
+            if chat:
+                choices.append(
+                    {
+                        "index": index,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": "length",
+                    }
+                )
+            else:
+                choices.append({"index": index, "text": text, "finish_reason": "length"})
+        return JSONResponse(
+            {
+                "id": _id(chat),
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": self._config.name,
+                "choices": choices,
+                "usage": _usage(params["prompt_tokens"], params["max_tokens"] * params["n"]),
+            }
+        )
+
+    def _validate(self, body: dict[str, Any], *, chat: bool) -> dict[str, Any]:
+        model = body.get("model")
+        if model != self._config.name:
+            raise _BadRequest(404, f"The model `{model}` does not exist.", "NotFoundError", None)
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise _BadRequest(400, "messages: Field required", "BadRequestError", "messages")
+            prompt = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+        else:
+            if "prompt" not in body:
+                raise _BadRequest(400, "prompt: Field required", "BadRequestError", "prompt")
+            prompt = str(body["prompt"])
+        prompt_tokens = len(prompt.split()) + 1
+        limit = self._config.settings.max_model_len
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = max(1, min(16, limit - prompt_tokens))
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise _BadRequest(
+                400,
+                "max_tokens must be at least 1, got {max_tokens}.",
+                "BadRequestError",
+                "max_tokens",
+            )
+        if prompt_tokens + max_tokens > limit:
+            raise _BadRequest(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
+                f"messages, {max_tokens} in the completion).",
+                "BadRequestError",
+                "max_tokens",
+            )
+        temperature = body.get("temperature", 1.0)
+        if not isinstance(temperature, int | float) or not 0 <= temperature <= 2:
+            raise _BadRequest(
+                400,
+                f"temperature must be in [0, 2], got {temperature}.",
+                "BadRequestError",
+                "temperature",
+            )
+        n = body.get("n", 1)
+        if not isinstance(n, int) or n < 1:
+            raise _BadRequest(400, f"n must be at least 1, got {n}.", "BadRequestError", "n")
+        stream_options = body.get("stream_options") or {}
+        return {
+            "stream": bool(body.get("stream", False)),
+            "include_usage": bool(stream_options.get("include_usage", False)),
+            "max_tokens": max_tokens,
+            "prompt_tokens": prompt_tokens,
+            "n": n,
+        }
+
+    async def _text(self, max_tokens: int) -> str:
+        words = []
+        self.running += 1
+        try:
+            for i in range(max_tokens):
+                if self._config.fake_token_delay_s:
+                    await asyncio.sleep(self._config.fake_token_delay_s)
+                words.append(f"tok{i}")
+        finally:
+            self.running -= 1
+        return " ".join(words)
+
+    async def _stream(self, params: dict[str, Any], *, chat: bool) -> AsyncIterator[bytes]:
+        rid, created, name = _id(chat), int(time.time()), self._config.name
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def event(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+            chunk: dict[str, Any] = {
+                "id": rid,
+                "object": kind,
+                "created": created,
+                "model": name,
+                "choices": choices,
+            }
+            if usage is not None:
+                chunk["usage"] = usage
+            return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+        self.running += 1
+        try:
+            for index in range(params["n"]):
+                if chat:
+                    yield event([{"index": index, "delta": {"role": "assistant", "content": ""}}])
+                for i in range(params["max_tokens"]):
+                    if self._config.fake_token_delay_s:
+                        await asyncio.sleep(self._config.fake_token_delay_s)
+                    piece = f"tok{i}" if i == 0 else f" tok{i}"
+                    last = i == params["max_tokens"] - 1
+                    if chat:
+                        choice: dict[str, Any] = {"index": index, "delta": {"content": piece}}
+                    else:
+                        choice = {"index": index, "text": piece}
+                    choice["finish_reason"] = "length" if last else None
+                    yield event([choice])
+            if params["include_usage"]:
+                yield event([], _usage(params["prompt_tokens"], params["max_tokens"] * params["n"]))
+            yield b"data: [DONE]\n\n"
+        finally:
+            self.running -= 1
+
+
+def _error(status: int, message: str, err_type: str, param: str | None) -> Response:
+    return Response(
+        error_body(status, message, err_type, param),
+        status_code=status,
+        media_type="application/json",
+    )
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def _id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex

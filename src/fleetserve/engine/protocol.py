@@ -1,0 +1,77 @@
+"""The engine contract the serving layer relies on.
+
+An engine answers HTTP-shaped requests (``POST /v1/chat/completions`` with a JSON body)
+with a response head followed by body chunks. Keeping the contract at the HTTP level is
+deliberate: the real engine runs vLLM's own OpenAI server app, so request validation, chat
+templating, sampling parameters, tool parsing and error objects are vLLM's, byte for byte,
+and the serving layer never re-implements them.
+
+What must stay true for every implementation:
+
+* ``handle`` yields exactly one :class:`ResponseHead` first, then zero or more non-empty
+  ``bytes`` chunks (an SSE stream or a JSON body).
+* Closing the iterator early (client disconnect) aborts the engine request: after that,
+  :meth:`Engine.stats` no longer counts it as running and ``aborted`` has grown by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """One HTTP request for a model, already routed and authorised by the ingress."""
+
+    method: str
+    path: str
+    body: bytes = b""
+    headers: tuple[tuple[str, str], ...] = ()
+    query_string: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHead:
+    """Status and headers of a response; always the first item ``handle`` yields."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...] = ()
+    media_type: str = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A replica's engine load, for readiness, drain and tests.
+
+    ``running`` counts requests the engine itself still holds (vLLM's unfinished
+    requests), ``in_flight`` the HTTP exchanges open in the bridge, ``aborted`` the
+    exchanges ended by a client disconnect since start.
+    """
+
+    running: int = 0
+    in_flight: int = 0
+    aborted: int = 0
+    completed: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """An inference engine serving one model inside one replica."""
+
+    async def start(self) -> None:
+        """Load the model and get ready; raise :class:`~fleetserve.errors.EngineError`."""
+
+    def handle(self, request: EngineRequest) -> AsyncIterator[ResponseHead | bytes]:
+        """Answer one request: a :class:`ResponseHead`, then body chunks."""
+
+    async def check_health(self) -> None:
+        """Raise :class:`~fleetserve.errors.EngineError` if the engine is dead."""
+
+    def stats(self) -> EngineStats:
+        """Current load (cheap; called per readiness probe)."""
+
+    async def shutdown(self) -> None:
+        """Release the engine (idempotent)."""

@@ -1,0 +1,152 @@
+"""The real engine: vLLM's AsyncLLM behind vLLM's own OpenAI server app.
+
+Design note. We start the engine the way ``vllm serve`` does - vLLM's CLI parser over
+:meth:`EngineConfig.vllm_cli_args`, ``AsyncEngineArgs.from_cli_args``, ``AsyncLLM``,
+``build_app`` + ``init_app_state`` - and then call that FastAPI app in-process through
+:class:`~fleetserve.engine.asgi_bridge.AsgiBridge`. Rejected: re-implementing the routes
+over ``OpenAIServingChat`` (what Ray Serve LLM does): it duplicates vLLM's route code
+(validation-error mapping, keep-alive, load tracking) and drifts with every vLLM release;
+the app is the tested surface. The cost is one Starlette middleware pass per request,
+which is also what ``vllm serve`` pays.
+
+Metrics: inside Ray, vLLM's Prometheus stat logger is replaced by
+``RayPrometheusStatLogger`` so engine metrics flow through Ray's metrics agent (exported
+as ``ray_vllm_*`` on each node's metrics-export port, tagged with ``ReplicaId``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import types
+from collections.abc import AsyncIterator
+from typing import Any
+
+import ray
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+from vllm.entrypoints.launchers.app import build_app
+from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.usage.usage_lib import UsageContext
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
+
+from fleetserve.engine.asgi_bridge import AsgiBridge
+from fleetserve.engine.config import EngineConfig
+from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
+from fleetserve.errors import EngineError
+
+
+def parse_vllm_args(config: EngineConfig) -> Any:
+    """vLLM's own argument namespace for ``config`` (as ``vllm serve`` would parse it)."""
+    parser = make_arg_parser(FlexibleArgumentParser(prog="fleetserve-engine"))  # type: ignore[no-untyped-call]
+    argv = config.vllm_cli_args()
+    try:
+        args = parser.parse_args(argv)
+        validate_parsed_serve_args(args)
+    except SystemExit as e:  # argparse reports bad engine_args by exiting
+        raise EngineError(
+            f"model '{config.name}': vLLM rejected its arguments: {' '.join(argv)}"
+        ) from e
+    except (TypeError, ValueError) as e:
+        raise EngineError(f"model '{config.name}': invalid vLLM arguments: {e}") from e
+    return args
+
+
+class VllmEngine:
+    """One vLLM engine serving one model (the :class:`Engine` Protocol)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self._config = config
+        self._engine: Any = None
+        self._bridge: AsgiBridge | None = None
+        self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = None
+
+    async def start(self) -> None:
+        # spawn, not fork: this process runs Ray's threads (vllm serve's CLI does the same).
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        args = parse_vllm_args(self._config)
+        try:
+            await self._start(args)
+        except EngineError:
+            raise
+        except Exception as e:
+            # vLLM's config errors hold unpicklable pydantic internals; keep only the text
+            # so the message crosses the Ray boundary.
+            raise EngineError(
+                f"model '{self._config.name}': vLLM failed to start: {type(e).__name__}: {e}"
+            ) from None
+
+    async def _start(self, args: Any) -> None:
+        engine_args = AsyncEngineArgs.from_cli_args(args)
+        vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        self._engine = AsyncLLM.from_vllm_config(
+            vllm_config=vllm_config,
+            usage_context=UsageContext.OPENAI_API_SERVER,
+            stat_loggers=_ray_stat_loggers(),
+            enable_log_requests=engine_args.enable_log_requests,
+            aggregate_engine_logging=engine_args.aggregate_engine_logging,
+            disable_log_stats=engine_args.disable_log_stats,
+        )
+        supported_tasks = await self._engine.get_supported_tasks()
+        app = build_app(args, supported_tasks, self._engine.model_config)
+        await init_app_state(self._engine, app.state, args, supported_tasks)
+        # vLLM's engine-dead handler flips ``state.server.should_exit`` (uvicorn's flag);
+        # there is no uvicorn here - Serve's health check replaces the replica instead.
+        app.state.server = types.SimpleNamespace()
+        # vLLM's lifespan logs throughput every VLLM_LOG_STATS_INTERVAL and freezes the
+        # start-up heap out of the GC; run it for the engine's lifetime.
+        self._lifespan = app.router.lifespan_context(app)
+        await self._lifespan.__aenter__()
+        self._bridge = AsgiBridge(app)
+        gc.collect()
+        gc.freeze()
+
+    def _require_bridge(self) -> AsgiBridge:
+        if self._bridge is None:
+            raise EngineError(f"model '{self._config.name}': engine not started")
+        return self._bridge
+
+    def handle(self, request: EngineRequest) -> AsyncIterator[ResponseHead | bytes]:
+        return self._require_bridge().handle(request)
+
+    async def check_health(self) -> None:
+        if self._engine is None:
+            raise EngineError(f"model '{self._config.name}': engine not started")
+        try:
+            await self._engine.check_health()
+        except Exception as e:
+            raise EngineError(f"model '{self._config.name}': engine unhealthy: {e}") from None
+
+    def stats(self) -> EngineStats:
+        bridge = self._bridge
+        running = 0
+        if self._engine is not None:
+            running = int(self._engine.get_num_unfinished_requests())
+        if bridge is None:
+            return EngineStats(running=running)
+        return EngineStats(
+            running=running,
+            in_flight=bridge.in_flight,
+            aborted=bridge.aborted,
+            completed=bridge.completed,
+        )
+
+    async def shutdown(self) -> None:
+        lifespan, self._lifespan = self._lifespan, None
+        if lifespan is not None:
+            with contextlib.suppress(Exception):
+                await lifespan.__aexit__(None, None, None)
+        engine, self._engine = self._engine, None
+        self._bridge = None
+        if engine is not None:
+            engine.shutdown()
+
+
+def _ray_stat_loggers() -> list[Any] | None:
+    """vLLM's Ray metrics logger when running inside Ray, else vLLM's defaults."""
+    if not ray.is_initialized():
+        return None
+    return [RayPrometheusStatLogger]

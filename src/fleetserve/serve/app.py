@@ -1,0 +1,204 @@
+"""Build the fleetserve Ray Serve application from a fleet spec.
+
+Two entry points build the same application:
+
+* :func:`build_application` - the Python API ``fleetserve serve`` uses (it has already
+  resolved models, settings and keys, and checked the fit);
+* :func:`build_app` - the Serve *application builder* for Ray's own tooling, named in a
+  Serve config as ``import_path: fleetserve.serve.app:build_app`` with ``args`` of the
+  shape :class:`BuildArgs` (what a RayService's ``serveConfigV2`` carries)::
+
+      applications:
+        - name: fleetserve
+          route_prefix: /
+          import_path: fleetserve.serve.app:build_app
+          args:
+            spec: {models: [{name: gemma-3-270m, source: "builtin:gemma-3-270m"}]}
+            # or: spec_path: /etc/fleetserve/fleet.yaml  (neither: the default fleet)
+            engine_settings:            # optional, from `fleetserve plan`, by model name
+              gemma-3-270m: {gpu_memory_utilization: 0.1, max_num_seqs: 64,
+                             max_model_len: 4096, max_num_batched_tokens: 4096}
+            model_paths: {gemma-3-270m: /models/gemma}   # optional, else resolved here
+            engine: vllm                                # or fake (no model, for smoke tests)
+
+Deployments: ``ingress`` (the HTTP front) and one ``model-<name>`` per model (characters
+outside ``[A-Za-z0-9_.-]`` in the name become ``-``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from ray.serve.deployment import Application
+
+from fleetserve.engine.config import EngineConfig, EngineKind
+from fleetserve.errors import SpecError
+from fleetserve.plan.result import EngineSettings
+from fleetserve.serve.api_keys import ApiKeyTable
+from fleetserve.serve.ingress import Ingress
+from fleetserve.serve.model_server import ModelServer
+from fleetserve.serve.resources import ResourcePlan, plan_resources
+from fleetserve.serve.settings import engine_settings
+from fleetserve.spec import FleetSpec, default_fleet, format_validation_error, load_spec, parse_spec
+
+#: Serve application name used by ``fleetserve serve``.
+APP_NAME = "fleetserve"
+#: Ingress requests at once; it only relays, so the models' limits are what bind.
+_INGRESS_MIN_ONGOING = 1000
+
+
+def deployment_name(model: str) -> str:
+    """The Serve deployment name of ``model``'s replicas."""
+    return "model-" + re.sub(r"[^A-Za-z0-9_.-]", "-", model)
+
+
+class BuildArgs(BaseModel):
+    """``args`` of :func:`build_app` (a Serve config's application args)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: dict[str, Any] | None = Field(default=None, description="The fleet spec mapping.")
+    spec_path: str | None = Field(default=None, min_length=1, description="A fleet spec file.")
+    engine: EngineKind = Field(default="vllm", description="vllm, or fake (no model).")
+    engine_settings: dict[str, EngineSettings] | None = Field(
+        default=None, description="Per-model engine settings (from the plan)."
+    )
+    model_paths: dict[str, str] | None = Field(
+        default=None, description="Per-model weights location (default: resolve source)."
+    )
+    fake_token_delay_s: float = Field(
+        default=0.0, ge=0, le=10, description="Fake engine: seconds per generated token."
+    )
+
+    @model_validator(mode="after")
+    def _one_spec(self) -> BuildArgs:
+        if self.spec is not None and self.spec_path is not None:
+            raise ValueError("give 'spec' or 'spec_path', not both")
+        return self
+
+    def load_spec(self) -> FleetSpec:
+        if self.spec is not None:
+            return parse_spec(self.spec, "args.spec")
+        if self.spec_path is not None:
+            return load_spec(self.spec_path)
+        return default_fleet()
+
+
+def resolve_model_paths(spec: FleetSpec, engine: EngineKind) -> dict[str, str]:
+    """Local weights for every model (prepares built-in models on first use)."""
+    if engine == "fake":
+        return {m.name: m.source for m in spec.models}
+    from fleetserve.modelstore.store import ModelStore  # noqa: PLC0415 - heavy, vllm only
+
+    store = ModelStore()
+    return {m.name: store.resolve(m.source) for m in spec.models}
+
+
+def build_application(
+    spec: FleetSpec,
+    *,
+    settings: dict[str, EngineSettings],
+    model_paths: dict[str, str],
+    resources: ResourcePlan,
+    keys: ApiKeyTable,
+    engine: EngineKind = "vllm",
+    fake_token_delay_s: float = 0.0,
+) -> Application:
+    """The Serve application: ingress + one deployment per model."""
+    handles: dict[str, Any] = {}
+    routes: list[dict[str, Any]] = []
+    ingress_ongoing = _INGRESS_MIN_ONGOING
+    for model in spec.models:
+        r = model.replicas
+        config = EngineConfig.from_spec(
+            model,
+            model_path=model_paths[model.name],
+            settings=settings[model.name],
+            kind=engine,
+            fake_token_delay_s=fake_token_delay_s,
+        )
+        options: dict[str, Any] = {
+            "name": deployment_name(model.name),
+            "ray_actor_options": resources.models[model.name].ray_actor_options(),
+            "max_ongoing_requests": r.max_ongoing_requests,
+            "max_queued_requests": r.max_queued_requests,
+            "graceful_shutdown_timeout_s": spec.server.drain_timeout_s,
+        }
+        if r.min == r.max:
+            options["num_replicas"] = r.min
+        else:
+            options["autoscaling_config"] = {
+                "min_replicas": r.min,
+                "max_replicas": r.max,
+                "initial_replicas": max(r.min, 1),
+                "target_ongoing_requests": r.target_ongoing_requests,
+            }
+        handles[model.name] = (
+            _deployment(ModelServer).options(**options).bind(config.model_dump(mode="json"))
+        )
+        routes.append(
+            {
+                "name": model.name,
+                "max_model_len": settings[model.name].max_model_len,
+                "min_replicas": r.min,
+            }
+        )
+        ingress_ongoing += r.max * r.max_ongoing_requests + r.max_queued_requests
+    app: Application = (
+        _deployment(Ingress)
+        .options(
+            name="ingress",
+            ray_actor_options=resources.ingress.ray_actor_options(),
+            max_ongoing_requests=ingress_ongoing,
+            graceful_shutdown_timeout_s=spec.server.drain_timeout_s,
+        )
+        .bind(routes, keys.to_args(), handles)
+    )
+    return app
+
+
+def _deployment(cls: object) -> Any:
+    """A ``@serve.deployment`` class as Ray sees it (its stubs type it as the class)."""
+    return cls
+
+
+def _gpu_cluster() -> bool:
+    import ray  # noqa: PLC0415
+
+    if not ray.is_initialized():
+        return False
+    total: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+    return total.get("GPU", 0) > 0
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    """Serve application builder (``import_path: fleetserve.serve.app:build_app``).
+
+    ``args`` has the shape of :class:`BuildArgs` (see the module docstring). API keys are
+    read from the environment of the process that builds the app.
+    """
+    try:
+        parsed = BuildArgs.model_validate(args or {})
+    except ValidationError as e:
+        raise SpecError(format_validation_error(e, "build_app args")) from e
+    spec = parsed.load_spec()
+    gpu = _gpu_cluster()
+    settings = parsed.engine_settings or engine_settings(spec, gpu_host=gpu)
+    missing = [m.name for m in spec.models if m.name not in settings]
+    if missing:
+        raise SpecError(f"build_app args: engine_settings has no entry for {', '.join(missing)}")
+    paths = parsed.model_paths or resolve_model_paths(spec, parsed.engine)
+    return build_application(
+        spec,
+        settings=settings,
+        model_paths=paths,
+        resources=plan_resources(spec, settings, gpu_cluster=gpu),
+        keys=ApiKeyTable.from_spec(spec),
+        engine=parsed.engine,
+        fake_token_delay_s=parsed.fake_token_delay_s,
+    )
+
+
+__all__ = ["APP_NAME", "BuildArgs", "build_app", "build_application", "deployment_name"]
