@@ -107,6 +107,15 @@ class ReplicaSpec(StrictModel):
         le=100_000,
         description="Requests a replica accepts at once; more queue, then get 503.",
     )
+    max_queued_requests: int = Field(
+        default=256,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "Requests that may wait for a busy model (all replicas at max_ongoing_requests); "
+            "beyond it callers get 503 with Retry-After."
+        ),
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> ReplicaSpec:
