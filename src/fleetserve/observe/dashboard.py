@@ -23,7 +23,7 @@ _DS = {"type": "prometheus", "uid": "${datasource}"}
 _MODEL = 'model_name=~"$model"'
 
 
-def _panel(
+def _panel(  # noqa: PLR0917 - one positional per panel attribute keeps the table readable
     pid: int,
     title: str,
     targets: list[tuple[str, str]],

@@ -1,0 +1,125 @@
+"""``fleetserve render fleet.yaml -o DIR``: plan the fleet twice (min and max replicas) and
+write its KubeRay/HAMi/monitoring manifests as a GitOps directory."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from fleetserve.errors import RenderError, UsageError
+from fleetserve.k8s.render.groups import plan_worker_groups
+from fleetserve.k8s.render.options import RenderOptions
+from fleetserve.k8s.render.renderer import render
+from fleetserve.k8s.render.writer import write_manifests
+from fleetserve.plan.result import PlanResult
+from fleetserve.spec import FleetSpec, load_spec
+
+Planner = Callable[..., PlanResult]
+
+
+def _planner() -> Planner:
+    try:
+        module = importlib.import_module("fleetserve.plan")
+        fn: Planner = module.plan_fleet
+    except (ImportError, AttributeError) as e:
+        raise RenderError(
+            "the planner (fleetserve.plan.plan_fleet) is not available in this installation"
+        ) from e
+    return fn
+
+
+def _labels(pairs: list[str]) -> dict[str, str] | None:
+    if not pairs:
+        return None
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(
+                f"--monitoring-label {pair!r}: expected KEY=VALUE (e.g. release=prometheus)"
+            )
+        out[key] = value
+    return out
+
+
+def render_spec(spec: FleetSpec, options: RenderOptions, planner: Planner) -> list[dict[str, Any]]:
+    """Plan ``spec`` for min and max replicas and render it."""
+    return render(spec, planner(spec, scenario="min"), planner(spec, scenario="max"), options)
+
+
+def _handle(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    try:
+        options = RenderOptions(
+            monitoring_labels=_labels(args.monitoring_label),
+            prometheus_namespace=args.prometheus_namespace,
+            kuberay_namespace=args.kuberay_namespace,
+            with_nodepools=args.with_nodepools,
+            node_class=args.node_class,
+            head_pool=args.head_pool,
+        )
+    except ValueError as e:
+        raise UsageError(f"render options: {e}") from e
+    planner = _planner()
+    plan_min = planner(spec, scenario="min")
+    plan_max = planner(spec, scenario="max")
+    objects = render(spec, plan_min, plan_max, options)
+    paths = write_manifests(objects, args.output)
+    for group in plan_worker_groups(spec, plan_min, plan_max):
+        shape = group.shape
+        gpu = (
+            f"{shape.gpus} x {shape.memory_mb} MiB/{shape.cores_percent}%"
+            if shape.sliced
+            else f"{shape.gpus} card(s)"
+        )
+        print(
+            f"  group {group.name}: model {group.model.name} on {group.pool.name}, "
+            f"{group.min_replicas}..{group.max_replicas} pods, {gpu}, "
+            f"{group.cpu} CPU, {group.memory_gib} GiB"
+        )
+    print(f"wrote {len(paths)} files to {args.output}", file=sys.stderr)
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``render`` to the CLI."""
+    parser = subparsers.add_parser(
+        "render",
+        help="write the fleet's Kubernetes manifests (RayService, monitors, policy)",
+        description=__doc__,
+    )
+    parser.add_argument("spec", help="fleet spec (YAML)")
+    parser.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
+    parser.add_argument(
+        "--with-nodepools",
+        action="store_true",
+        help="also write one Karpenter NodePool per pool",
+    )
+    parser.add_argument(
+        "--monitoring-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="label the Prometheus CR selects monitors and rules by (repeatable; default "
+        "kubernetes.monitoring_labels of the spec)",
+    )
+    parser.add_argument(
+        "--prometheus-namespace",
+        default=RenderOptions.model_fields["prometheus_namespace"].default,
+        help="namespace of Prometheus (allowed to scrape the metrics port)",
+    )
+    parser.add_argument(
+        "--kuberay-namespace",
+        default=RenderOptions.model_fields["kuberay_namespace"].default,
+        help="namespace of the KubeRay operator (allowed to reach the dashboard port)",
+    )
+    parser.add_argument(
+        "--node-class",
+        default=RenderOptions.model_fields["node_class"].default,
+        help="EC2NodeClass of the rendered NodePools",
+    )
+    parser.add_argument("--head-pool", default=None, help="pool the Ray head runs on")
+    parser.set_defaults(handler=_handle)

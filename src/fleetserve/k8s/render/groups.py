@@ -1,0 +1,258 @@
+"""From two plans to KubeRay worker groups: one group per (pool, model), one replica per pod.
+
+Design note - why not "one worker group per pool". A worker group is one pod template, and
+a HAMi pod has ONE slice shape: ``nvidia.com/gpumem``/``gpucores`` apply to every card of
+the container. Two models sliced differently on the same pool (an 18 GB slice and a 40 GB
+slice) therefore cannot share a template, and neither can a TP=4 model and a TP=1 model
+(``nvidia.com/gpu`` 4 vs 1). So the unit is the pair (pool, model):
+
+* each pod holds exactly one Serve replica: ``nvidia.com/gpu`` = the replica's cards
+  (tensor_parallel x pipeline_parallel; one vGPU for a slice), HAMi memory/cores = the
+  plan's slice;
+* the group advertises one unit of a Ray custom resource named after the model
+  (``fleetserve_model_<name>``) and the model's Serve replicas require one unit, so the
+  Ray scheduler puts a replica only into a pod cut for it, and the Ray autoscaler scales
+  exactly that group when the Serve autoscaler adds a replica of that model;
+* ``minReplicas``/``maxReplicas`` are the replicas the ``min`` / ``max`` plans put on that
+  pool, so the Serve autoscaler (min/max replicas from the spec) and the pod autoscaler agree
+  by construction (pitfall ``serve-replicas-exceed-workers``).
+
+HAMi then packs several such pods onto one physical card (its scheduler sees their
+gpumem/gpucores), which is what the planner planned. A model whose replicas the plans put
+on several pools gets a group on each, all advertising the same model resource - allowed
+only when the pods are identical in shape and engine settings, because a Serve deployment
+has one set of engine arguments; otherwise render refuses with the numbers.
+
+Pod CPU/memory: the replica's ``resources.cpu`` rounded up (KubeRay advertises a whole CPU
+anyway, pitfall ``cpu-rounding``) plus one spare CPU when the node has room for it (the
+fleet's ingress/router replicas and vLLM's CPU-side processes need somewhere to run: the
+head advertises zero CPUs); memory is ``resources.memory_gb`` or 8 GiB per card, capped to
+the node's share. Every pod of the busiest node of the ``max`` plan must fit the pool's
+allocatable CPU and memory, else render fails naming the node and the sums.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from fleetserve.errors import RenderError
+from fleetserve.k8s.render.naming import group_name, model_resource
+from fleetserve.plan.result import EngineSettings, PlanResult, ReplicaPlacement
+from fleetserve.spec import FleetSpec, ModelSpec, PoolSpec
+
+#: Default host memory per card of a replica when the spec does not say (GiB).
+DEFAULT_MEMORY_GIB_PER_CARD = 8
+#: Smallest pod memory render will give a replica (GiB): Ray + Python + vLLM's process.
+MIN_MEMORY_GIB = 4
+#: Fraction of a node's allocatable memory pods may take (kubelet/system pods need the rest).
+NODE_MEMORY_SHARE = 0.9
+
+
+@dataclass(frozen=True)
+class PodShape:
+    """What one replica's pod holds (identical for every replica of a worker group)."""
+
+    gpus: int
+    memory_mb: int
+    cores_percent: int
+    card_memory_mb: int
+    engine: EngineSettings
+
+    @property
+    def sliced(self) -> bool:
+        """True when the replica shares its card (a HAMi slice), False for whole cards/CPU."""
+        if self.gpus == 0:
+            return False
+        if self.cores_percent < 100:
+            return True
+        return 0 < self.memory_mb < self.card_memory_mb
+
+
+@dataclass(frozen=True)
+class WorkerGroup:
+    """One KubeRay worker group: the pods of one model on one pool."""
+
+    name: str
+    pool: PoolSpec
+    model: ModelSpec
+    shape: PodShape
+    min_replicas: int
+    max_replicas: int
+    cpu: int
+    memory_gib: int
+    ray_resource: str
+
+
+def _check_feasible(plan: PlanResult, label: str) -> None:
+    if plan.feasible and not plan.unplaced:
+        return
+    reasons = "; ".join(f"{u.model}#{u.index}: {u.reason}" for u in plan.unplaced[:5])
+    more = f" (and {len(plan.unplaced) - 5} more)" if len(plan.unplaced) > 5 else ""
+    raise RenderError(
+        f"the {label} plan is not feasible, so no manifests were written: "
+        f"{reasons or 'the planner found no placement'}{more}",
+        hint="run `fleetserve plan` for the details; add nodes or GPUs, or lower replicas",
+    )
+
+
+def _card_memory_mb(placement: ReplicaPlacement, pool: PoolSpec) -> int:
+    if placement.card_memory_mb > 0:
+        return placement.card_memory_mb
+    if pool.gpu is not None and pool.gpu.memory_gb is not None:
+        return int(pool.gpu.memory_gb * 1024)
+    return 0
+
+
+def _shape(placement: ReplicaPlacement, pool: PoolSpec) -> PodShape:
+    return PodShape(
+        gpus=len(placement.gpus),
+        memory_mb=placement.memory_mb,
+        cores_percent=placement.cores_percent,
+        card_memory_mb=_card_memory_mb(placement, pool),
+        engine=placement.engine,
+    )
+
+
+def _describe(pool: str, shape: PodShape) -> str:
+    return (
+        f"pool {pool}: {shape.gpus} card(s), {shape.memory_mb} MiB/{shape.cores_percent}% "
+        f"per card, gpu_memory_utilization {shape.engine.gpu_memory_utilization:g}"
+    )
+
+
+def _model_shape(
+    model: ModelSpec, placements: list[ReplicaPlacement], pools: dict[str, PoolSpec]
+) -> PodShape:
+    """The single pod shape of a model's replicas, or a RenderError naming the difference."""
+    shapes: dict[str, PodShape] = {}
+    for placement in placements:
+        shape = _shape(placement, pools[placement.pool])
+        if shape.gpus not in (0, model.gpus_per_replica):
+            raise RenderError(
+                f"model '{model.name}' replica {placement.index}: the plan gives it "
+                f"{shape.gpus} card(s) but tensor_parallel ({model.tensor_parallel}) x "
+                f"pipeline_parallel ({model.pipeline_parallel}) = {model.gpus_per_replica}",
+                hint="re-run the planner with this spec",
+            )
+        shapes.setdefault(placement.pool, shape)
+    distinct = sorted(shapes.items(), key=lambda ps: ps[0])
+    first_pool, first = distinct[0]
+    for pool, shape in distinct[1:]:
+        if shape != first:
+            raise RenderError(
+                f"model '{model.name}' is placed with two pod shapes "
+                f"({_describe(first_pool, first)}; {_describe(pool, shape)}); one Serve "
+                "deployment runs one engine configuration",
+                hint=f"pin the model to one pool with models[].pools: [{first_pool}]",
+            )
+    for placement in placements:
+        shape = _shape(placement, pools[placement.pool])
+        if shape != shapes[placement.pool]:
+            raise RenderError(
+                f"model '{model.name}' has replicas of different shapes on pool "
+                f"{placement.pool} ({_describe(placement.pool, shapes[placement.pool])}; "
+                f"{_describe(placement.pool, shape)})",
+                hint="re-run the planner with this spec",
+            )
+    return first
+
+
+def plan_worker_groups(
+    spec: FleetSpec, plan_min: PlanResult, plan_max: PlanResult
+) -> list[WorkerGroup]:
+    """The worker groups of a fleet, sorted by name (see the module note for the mapping)."""
+    _check_feasible(plan_min, "min")
+    _check_feasible(plan_max, "max")
+    pools = {p.name: p for p in spec.pools}
+    known = {m.name for m in spec.models}
+    for plan in (plan_min, plan_max):
+        for placement in plan.replicas:
+            if placement.model not in known:
+                raise RenderError(
+                    f"the plan places model '{placement.model}', which is not in the spec "
+                    f"({', '.join(sorted(known))})",
+                    hint="the plan must be made from this spec",
+                )
+            if placement.pool not in pools:
+                raise RenderError(
+                    f"the plan places '{placement.model}' on pool '{placement.pool}', which "
+                    f"is not in the spec's pools ({', '.join(sorted(pools)) or 'none'})",
+                    hint="Kubernetes rendering needs the pools in the spec",
+                )
+    min_count = Counter((p.model, p.pool) for p in plan_min.replicas)
+    max_count = Counter((p.model, p.pool) for p in plan_max.replicas)
+
+    # Pods per node of the max plan: the node sizes every pod must fit.
+    pods_on_node: dict[tuple[str, int], list[ReplicaPlacement]] = defaultdict(list)
+    for placement in plan_max.replicas:
+        pods_on_node[(placement.pool, placement.node)].append(placement)
+    busiest = Counter[str]()
+    for (pool, _node), items in pods_on_node.items():
+        busiest[pool] = max(busiest[pool], len(items))
+
+    sizes: dict[str, tuple[int, int]] = {}
+    groups: list[WorkerGroup] = []
+    for model in spec.models:
+        placements = [p for p in plan_max.replicas if p.model == model.name]
+        placements += [p for p in plan_min.replicas if p.model == model.name]
+        if not placements:
+            continue
+        shape = _model_shape(model, placements, pools)
+        for pool_name in sorted({p.pool for p in placements}):
+            pool_spec = pools[pool_name]
+            cpu, memory = _pod_size(model, shape, pool_spec, busiest[pool_name] or 1)
+            sizes[model.name + "@" + pool_name] = (cpu, memory)
+            low = min_count[(model.name, pool_name)]
+            groups.append(
+                WorkerGroup(
+                    name=group_name(pool_name, model.name),
+                    pool=pool_spec,
+                    model=model,
+                    shape=shape,
+                    min_replicas=low,
+                    max_replicas=max(low, max_count[(model.name, pool_name)], 1),
+                    cpu=cpu,
+                    memory_gib=memory,
+                    ray_resource=model_resource(model.name),
+                )
+            )
+    _check_nodes_fit(spec, pods_on_node, sizes)
+    names = [g.name for g in groups]
+    if len(set(names)) != len(names):  # pragma: no cover - group_name hashes sanitised names
+        raise RenderError(f"worker group names collide: {sorted(names)}")
+    return sorted(groups, key=lambda g: g.name)
+
+
+def _pod_size(model: ModelSpec, shape: PodShape, pool: PoolSpec, pods: int) -> tuple[int, int]:
+    """(CPUs, GiB) of one replica's pod on ``pool`` whose busiest node holds ``pods`` pods."""
+    base_cpu = max(1, math.ceil(model.resources.cpu))
+    cpu = base_cpu + 1 if (base_cpu + 1) * pods <= pool.cpu else base_cpu
+    if model.resources.memory_gb is not None:
+        memory = math.ceil(model.resources.memory_gb)
+    else:
+        share = math.floor(pool.memory_gb * NODE_MEMORY_SHARE / pods)
+        memory = max(MIN_MEMORY_GIB, min(DEFAULT_MEMORY_GIB_PER_CARD * max(1, shape.gpus), share))
+    return cpu, memory
+
+
+def _check_nodes_fit(
+    spec: FleetSpec,
+    pods_on_node: dict[tuple[str, int], list[ReplicaPlacement]],
+    sizes: dict[str, tuple[int, int]],
+) -> None:
+    pools = {p.name: p for p in spec.pools}
+    for (pool_name, node), items in sorted(pods_on_node.items()):
+        pool = pools[pool_name]
+        cpu = sum(sizes[p.model + "@" + pool_name][0] for p in items)
+        memory = sum(sizes[p.model + "@" + pool_name][1] for p in items)
+        if cpu > pool.cpu or memory > pool.memory_gb:
+            models = ", ".join(sorted(Counter(p.model for p in items).elements()))
+            raise RenderError(
+                f"pool {pool_name} node {node}: its {len(items)} replica pods ({models}) need "
+                f"{cpu} CPUs and {memory} GiB, the node has {pool.cpu:g} CPUs and "
+                f"{pool.memory_gb:g} GiB",
+                hint="lower models[].resources.cpu/memory_gb or use a larger pool "
+                "(pools[].cpu/memory_gb must be the node's allocatable resources)",
+            )

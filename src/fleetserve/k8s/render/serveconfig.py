@@ -1,0 +1,109 @@
+"""The RayService's ``serveConfigV2``: fleetserve's Serve app with the plan's engine settings.
+
+Design: one Serve application (``fleetserve.serve.app:build_app``) serves every model of the
+fleet behind one OpenAI endpoint. Its ``args`` carry the fleet spec (secret references
+rewritten to the env vars the pods get, see :mod:`.secrets`) and the per-model engine
+settings from the plan. Ray-level options live where Ray Serve and ``doctor`` read them, in
+``deployments[]``, one per model:
+
+* ``autoscaling_config`` from ``models[].replicas`` (min/max/target_ongoing_requests; never
+  ``num_replicas`` next to it) and ``max_ongoing_requests`` - the current field names, not
+  the removed ``max_concurrent_queries``/``target_num_ongoing_requests_per_replica``;
+* ``ray_actor_options``: the replica's CPUs, one unit of the model's custom resource (pins it
+  to its worker group), and its GPUs - ``num_gpus`` = the pod's cards for one card, or, for
+  tensor/pipeline parallelism, a STRICT_PACK placement group with one ``{GPU: 1}`` bundle per
+  rank (the replica actor itself holds none; vLLM's Ray executor starts one worker per GPU
+  bundle), so tensor_parallel x pipeline_parallel = GPUs by construction.
+
+What must stay true: ``http_options.port`` is the pods' ``serve`` container port, and the
+config is JSON-able and deterministic (dicts in a fixed order).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetserve.k8s.render.groups import WorkerGroup
+from fleetserve.k8s.render.secrets import spec_for_cluster
+from fleetserve.spec import FleetSpec, ModelSpec
+
+#: Import path of fleetserve's Serve application builder.
+APP_IMPORT_PATH = "fleetserve.serve.app:build_app"
+APP_NAME = "fleetserve"
+
+
+def deployment_name(model_name: str) -> str:
+    """Name of the Serve deployment that runs ``model_name``'s engine replicas."""
+    return f"LLMServer:{model_name}"
+
+
+def _number(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else value
+
+
+def replica_options(model: ModelSpec, group: WorkerGroup) -> dict[str, Any]:
+    """Ray options of one model's Serve replica (the part of a deployment Ray schedules)."""
+    cpu = _number(model.resources.cpu)
+    pin = {group.ray_resource: 1}
+    gpus = group.shape.gpus
+    if gpus > 1:
+        bundles: list[dict[str, Any]] = [{"CPU": cpu, "GPU": 1, **pin}]
+        bundles += [{"GPU": 1} for _ in range(gpus - 1)]
+        return {
+            "ray_actor_options": {"num_cpus": cpu, "num_gpus": 0, "resources": pin},
+            "placement_group_bundles": bundles,
+            "placement_group_strategy": "STRICT_PACK",
+        }
+    options: dict[str, Any] = {"num_cpus": cpu, "resources": pin}
+    if gpus == 1:
+        options["num_gpus"] = 1
+    return {"ray_actor_options": options}
+
+
+def serve_config(spec: FleetSpec, groups: list[WorkerGroup]) -> dict[str, Any]:
+    """The Serve config (``serveConfigV2`` parsed) of the fleet."""
+    first_group: dict[str, WorkerGroup] = {}
+    pods_max: dict[str, int] = {}
+    for group in groups:
+        first_group.setdefault(group.model.name, group)
+        pods_max[group.model.name] = pods_max.get(group.model.name, 0) + group.max_replicas
+    deployments = []
+    engine = {}
+    for model in spec.models:
+        if model.name not in first_group:
+            continue
+        group = first_group[model.name]
+        engine[model.name] = group.shape.engine.model_dump(mode="json")
+        replicas = model.replicas
+        deployments.append(
+            {
+                "name": deployment_name(model.name),
+                "max_ongoing_requests": replicas.max_ongoing_requests,
+                "autoscaling_config": {
+                    "min_replicas": replicas.min,
+                    # The worker groups can hold pods_max replicas; asking for more would
+                    # leave Serve replicas pending forever.
+                    "max_replicas": min(replicas.max, pods_max[model.name]),
+                    "target_ongoing_requests": _number(replicas.target_ongoing_requests),
+                },
+                "graceful_shutdown_timeout_s": _number(spec.server.drain_timeout_s),
+                **replica_options(model, group),
+            }
+        )
+    return {
+        "proxy_location": "EveryNode",
+        "http_options": {
+            "host": "0.0.0.0",
+            "port": spec.server.port,
+            "request_timeout_s": _number(spec.server.request_timeout_s),
+        },
+        "applications": [
+            {
+                "name": APP_NAME,
+                "route_prefix": "/",
+                "import_path": APP_IMPORT_PATH,
+                "args": {"spec": spec_for_cluster(spec), "engine": engine},
+                "deployments": deployments,
+            }
+        ],
+    }
