@@ -63,6 +63,16 @@ def parse_quantity(q: str | int | float) -> float:
     return float(m.group(1)) * _SUFFIX[m.group(2)]
 
 
+def as_dict(x: Any) -> dict[str, Any]:
+    """``x`` when it is a mapping, else ``{}`` (rules read untrusted YAML defensively)."""
+    return x if isinstance(x, dict) else {}
+
+
+def as_list(x: Any) -> list[Any]:
+    """``x`` when it is a list, else ``[]``."""
+    return x if isinstance(x, list) else []
+
+
 def try_quantity(q: Any) -> float | None:
     """:func:`parse_quantity`, or None when ``q`` is missing or malformed."""
     if q is None:
