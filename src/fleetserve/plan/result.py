@@ -22,6 +22,16 @@ class EngineSettings(_Frozen):
     max_num_seqs: int = Field(ge=1, description="vLLM max_num_seqs.")
     max_model_len: int = Field(ge=1, description="vLLM max_model_len.")
     max_num_batched_tokens: int = Field(ge=1, description="vLLM max_num_batched_tokens.")
+    slice_memory_utilization: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Fraction of the HAMi slice, for engines that run under HAMi's CUDA hook "
+        "(it reports the slice as the card's total memory). None for whole cards and CPU.",
+    )
+    kv_cache_tokens: int = Field(
+        default=0, ge=0, description="Tokens the planned KV cache holds (concurrency x len)."
+    )
 
 
 class ReplicaPlacement(_Frozen):
@@ -35,6 +45,23 @@ class ReplicaPlacement(_Frozen):
     memory_mb: int = Field(ge=0, description="GPU memory per card (HAMi nvidia.com/gpumem).")
     cores_percent: int = Field(ge=0, le=100, description="HAMi nvidia.com/gpucores per card.")
     engine: EngineSettings = Field(description="Derived vLLM settings.")
+    tenant: str | None = Field(default=None, description="Owning tenant (None: untenanted).")
+    gpu_type: str | None = Field(default=None, description="Card type (catalogue name).")
+    card_memory_mb: int = Field(default=0, ge=0, description="Memory of one card (MiB).")
+    num_gpus: float = Field(
+        default=0,
+        ge=0,
+        description="Ray num_gpus of the replica actor: a fraction of one card for a slice, "
+        "the card count (tensor_parallel x pipeline_parallel) for whole cards.",
+    )
+    tensor_parallel: int = Field(default=1, ge=1, description="vLLM tensor_parallel_size.")
+    pipeline_parallel: int = Field(default=1, ge=1, description="vLLM pipeline_parallel_size.")
+    whole_cards: bool = Field(
+        default=False, description="True when the replica owns its cards (HAMi gpucores 100)."
+    )
+    need_mb: int = Field(
+        default=0, ge=0, description="Memory the engine itself is planned to use per card (MiB)."
+    )
 
 
 class Unplaced(_Frozen):
@@ -43,6 +70,28 @@ class Unplaced(_Frozen):
     model: str
     index: int = Field(ge=0)
     reason: str
+    resource: str | None = Field(
+        default=None,
+        description="The resource that is short: gpu_memory, gpu_count, cpu, memory, pool, "
+        "capacity.",
+    )
+    shortfall: float | None = Field(
+        default=None, description="By how much (MiB for memory, cards, CPUs)."
+    )
+    fixes: list[str] = Field(default_factory=list, description="What would make it fit.")
+
+
+class PoolUsage(_Frozen):
+    """What the plan uses of one pool."""
+
+    name: str = Field(description="Pool name.")
+    gpu_type: str | None = Field(description="Card type (None: CPU-only pool).")
+    card_memory_mb: int = Field(ge=0, description="Memory of one card (MiB).")
+    gpus_per_node: int = Field(ge=0, description="Cards per node.")
+    nodes: int = Field(ge=0, description="Nodes the plan needs (at least min_nodes).")
+    gpus_used: int = Field(ge=0, description="Cards holding at least one replica.")
+    memory_used_mb: int = Field(ge=0, description="Sum of the slices on those cards (MiB).")
+    replicas: int = Field(ge=0, description="Replicas placed in this pool.")
 
 
 class PlanResult(_Frozen):
@@ -57,3 +106,12 @@ class PlanResult(_Frozen):
     )
     replicas: list[ReplicaPlacement]
     unplaced: list[Unplaced]
+    scenario: str = Field(default="min", description="'min' or 'max' replicas, or 'local'.")
+    solver: str = Field(
+        default="heuristic",
+        description="What produced the placement: 'milp' (HiGHS), 'heuristic', or 'local'.",
+    )
+    lower_bound: float | None = Field(
+        default=None, description="Proven lower bound on gpus_used (when known)."
+    )
+    pools: list[PoolUsage] = Field(default_factory=list, description="Per-pool summary.")

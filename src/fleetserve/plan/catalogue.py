@@ -1,0 +1,394 @@
+"""Built-in model catalogue: the config.json facts of common open-weight families.
+
+Each entry holds the architecture numbers of the model's published Hugging Face
+``config.json`` (only the keys the memory model reads), so a fleet can be planned without
+downloading anything: ``config: llama-3.1-8b``. The numbers are facts; the unit tests
+check each entry's parameter count against the published model size. Names are matched
+loosely (case and ``-instruct``/``-it``/``-chat`` suffixes do not matter, and a HF repo id
+such as ``meta-llama/Llama-3.1-8B-Instruct`` finds its entry).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_LLAMA3_8B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+_LLAMA3_70B: dict[str, Any] = {
+    **_LLAMA3_8B,
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+}
+_QWEN25_BASE: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "attention_bias": True,  # Qwen2 has q/k/v biases (not a config key upstream)
+    "use_sliding_window": False,
+    "sliding_window": 131072,
+    "torch_dtype": "bfloat16",
+}
+_GEMMA3_TEXT: dict[str, Any] = {
+    "model_type": "gemma3_text",
+    "head_dim": 256,
+    "sliding_window_pattern": 6,  # 5 local (sliding) layers, then 1 global
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "query_pre_attn_scalar": 256,
+}
+_SIGLIP_GEMMA3: dict[str, Any] = {
+    "model_type": "siglip_vision_model",
+    "hidden_size": 1152,
+    "intermediate_size": 4304,
+    "num_hidden_layers": 27,
+    "num_attention_heads": 16,
+    "patch_size": 14,
+    "image_size": 896,
+    "num_channels": 3,
+}
+_PHI3_MINI: dict[str, Any] = {
+    "architectures": ["Phi3ForCausalLM"],
+    "model_type": "phi3",
+    "vocab_size": 32064,
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+def _gemma3_mm(text: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "text_config": {**_GEMMA3_TEXT, **text},
+        "vision_config": dict(_SIGLIP_GEMMA3),
+        "mm_tokens_per_image": 256,
+        "torch_dtype": "bfloat16",
+    }
+
+
+#: Canonical name -> config.json facts.
+MODEL_CATALOGUE: dict[str, dict[str, Any]] = {
+    # Meta Llama 3.x (3.0 has 8k context; 3.1/3.3 128k with RoPE scaling)
+    "llama-3-8b": {**_LLAMA3_8B, "max_position_embeddings": 8192},
+    "llama-3.1-8b": {**_LLAMA3_8B, "max_position_embeddings": 131072},
+    "llama-3-70b": {**_LLAMA3_70B, "max_position_embeddings": 8192},
+    "llama-3.1-70b": {**_LLAMA3_70B, "max_position_embeddings": 131072},
+    "llama-3.3-70b": {**_LLAMA3_70B, "max_position_embeddings": 131072},
+    "llama-3.2-1b": {
+        **_LLAMA3_8B,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 131072,
+    },
+    "llama-3.2-3b": {
+        **_LLAMA3_8B,
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 131072,
+    },
+    # Mistral AI
+    "mistral-7b-v0.1": {
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "sliding_window": 4096,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    },
+    "mistral-7b-v0.3": {
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "vocab_size": 32768,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "sliding_window": None,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    },
+    "mixtral-8x7b": {
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "sliding_window": None,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    },
+    # Alibaba Qwen2.5
+    "qwen2.5-0.5b": {
+        **_QWEN25_BASE,
+        "vocab_size": 151936,
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 32768,
+    },
+    "qwen2.5-1.5b": {
+        **_QWEN25_BASE,
+        "vocab_size": 151936,
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 32768,
+    },
+    "qwen2.5-3b": {
+        **_QWEN25_BASE,
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 32768,
+    },
+    "qwen2.5-7b": {
+        **_QWEN25_BASE,
+        "vocab_size": 152064,
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 32768,
+    },
+    "qwen2.5-14b": {
+        **_QWEN25_BASE,
+        "vocab_size": 152064,
+        "hidden_size": 5120,
+        "intermediate_size": 13824,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 32768,
+    },
+    "qwen2.5-32b": {
+        **_QWEN25_BASE,
+        "vocab_size": 152064,
+        "hidden_size": 5120,
+        "intermediate_size": 27648,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 32768,
+    },
+    "qwen2.5-72b": {
+        **_QWEN25_BASE,
+        "vocab_size": 152064,
+        "hidden_size": 8192,
+        "intermediate_size": 29568,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 32768,
+    },
+    # Google Gemma 3 (270m and 1b are text-only; 4b+ carry a SigLIP vision tower)
+    "gemma-3-270m": {
+        "architectures": ["Gemma3ForCausalLM"],
+        **_GEMMA3_TEXT,
+        "vocab_size": 262144,
+        "hidden_size": 640,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 18,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "sliding_window": 512,
+        "max_position_embeddings": 32768,
+    },
+    "gemma-3-1b": {
+        "architectures": ["Gemma3ForCausalLM"],
+        **_GEMMA3_TEXT,
+        "vocab_size": 262144,
+        "hidden_size": 1152,
+        "intermediate_size": 6912,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "sliding_window": 512,
+        "max_position_embeddings": 32768,
+    },
+    "gemma-3-4b": _gemma3_mm(
+        {
+            "vocab_size": 262208,
+            "hidden_size": 2560,
+            "intermediate_size": 10240,
+            "num_hidden_layers": 34,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 4,
+            "sliding_window": 1024,
+            "max_position_embeddings": 131072,
+        }
+    ),
+    "gemma-3-12b": _gemma3_mm(
+        {
+            "vocab_size": 262208,
+            "hidden_size": 3840,
+            "intermediate_size": 15360,
+            "num_hidden_layers": 48,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "sliding_window": 1024,
+            "max_position_embeddings": 131072,
+        }
+    ),
+    "gemma-3-27b": _gemma3_mm(
+        {
+            "vocab_size": 262208,
+            "hidden_size": 5376,
+            "intermediate_size": 21504,
+            "num_hidden_layers": 62,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 16,
+            "head_dim": 128,
+            "query_pre_attn_scalar": 168,
+            "sliding_window": 1024,
+            "max_position_embeddings": 131072,
+        }
+    ),
+    # Microsoft Phi-3 / Phi-4
+    "phi-3-mini-4k": {**_PHI3_MINI, "sliding_window": 2047, "max_position_embeddings": 4096},
+    "phi-3-mini-128k": {
+        **_PHI3_MINI,
+        "sliding_window": 262144,
+        "max_position_embeddings": 131072,
+    },
+    "phi-3-medium-4k": {
+        **_PHI3_MINI,
+        "hidden_size": 5120,
+        "intermediate_size": 17920,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 10,
+        "sliding_window": 2047,
+        "max_position_embeddings": 4096,
+    },
+    "phi-4": {
+        **_PHI3_MINI,
+        "vocab_size": 100352,
+        "hidden_size": 5120,
+        "intermediate_size": 17920,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 10,
+        "sliding_window": None,
+        "max_position_embeddings": 16384,
+    },
+    "phi-4-mini": {
+        **_PHI3_MINI,
+        "vocab_size": 200064,
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": True,
+        "sliding_window": 262144,
+        "max_position_embeddings": 131072,
+    },
+}
+
+#: Other spellings -> canonical name.
+_ALIASES: dict[str, str] = {
+    "llama-3.1-8b": "llama-3.1-8b",
+    "meta-llama-3-8b": "llama-3-8b",
+    "meta-llama-3.1-8b": "llama-3.1-8b",
+    "meta-llama-3-70b": "llama-3-70b",
+    "meta-llama-3.1-70b": "llama-3.1-70b",
+    "mistral-7b": "mistral-7b-v0.3",
+    "mixtral-8x7b-v0.1": "mixtral-8x7b",
+    "phi-3-mini": "phi-3-mini-4k",
+    "phi-3.5-mini": "phi-3-mini-128k",
+    "phi-3-medium": "phi-3-medium-4k",
+    "gemma-3-270m": "gemma-3-270m",
+    "builtin:gemma-3-270m": "gemma-3-270m",
+}
+
+_SUFFIXES = ("-instruct", "-it", "-chat", "-hf", "-pt", "-base")
+
+
+def _normalise(name: str) -> str:
+    key = name.strip().lower().replace("_", "-")
+    if not key.startswith("builtin:"):
+        key = key.rsplit("/", 1)[-1]
+    changed = True
+    while changed:
+        changed = False
+        for suffix in _SUFFIXES:
+            if key.endswith(suffix):
+                key = key[: -len(suffix)]
+                changed = True
+        stripped = re.sub(r"-(awq|gptq|fp8|int4|int8|bnb-4bit)$", "", key)
+        if stripped != key:
+            key, changed = stripped, True
+    return key
+
+
+def catalogue_name(name: str) -> str | None:
+    """The canonical catalogue name ``name`` refers to, or None."""
+    key = _normalise(name)
+    if key in MODEL_CATALOGUE:
+        return key
+    return _ALIASES.get(key)
+
+
+def catalogue_entry(name: str) -> dict[str, Any] | None:
+    """A copy of the config.json facts for ``name`` (None if not in the catalogue)."""
+    canonical = catalogue_name(name)
+    if canonical is None:
+        return None
+    return dict(MODEL_CATALOGUE[canonical])

@@ -1,0 +1,125 @@
+"""``fleetserve plan fleet.yaml [--format table|json] [--scenario min|max] [--time-limit S]``.
+
+Prints a rich table by default and exactly ``PlanResult.model_dump(mode="json")`` with
+``--format json``. Exit codes: 0 every replica placed, 1 some replica could not be placed
+(the output says why), 2 bad input (unreadable spec, unknown GPU type or model config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from fleetserve.errors import UsageError
+from fleetserve.plan.planner import plan_fleet
+from fleetserve.plan.result import PlanResult
+from fleetserve.spec import load_spec
+
+
+def _time_limit(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: '{text}'") from None
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 seconds, got {value:g}")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="place every model replica on GPU pools (HAMi slices + vLLM settings)",
+        description=(
+            "Compute each replica's memory from its model config, pack the replicas onto the "
+            "fleet's GPU pools (exact MILP when it finishes in time, else a heuristic with its "
+            "gap to the lower bound), and derive HAMi limits and vLLM settings."
+        ),
+    )
+    parser.add_argument("spec", help="fleet spec (YAML)")
+    parser.add_argument(
+        "--format", choices=("table", "json"), default="table", help="output format"
+    )
+    parser.add_argument(
+        "--scenario",
+        choices=("min", "max"),
+        default="min",
+        help="plan the min replicas (default) or the max replicas of every model",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=_time_limit,
+        default=10.0,
+        metavar="S",
+        help="seconds the exact solver may take (0: heuristic only; default 10)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    result = plan_fleet(spec, scenario=args.scenario, time_limit_s=args.time_limit)
+    if args.format == "json":
+        json.dump(result.model_dump(mode="json"), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        # piped output keeps every column (rich would squeeze to 80 columns)
+        render_table(result, Console() if sys.stdout.isatty() else Console(width=150))
+    return 0 if result.feasible else 1
+
+
+def render_table(result: PlanResult, console: Console) -> None:
+    """The human-readable plan: summary, replicas, pools, and what did not fit."""
+    gap = "n/a" if result.optimality_gap is None else f"{result.optimality_gap:.1%}"
+    state = "[green]feasible[/]" if result.feasible else "[red]NOT feasible[/]"
+    console.print(
+        f"plan ({result.scenario} replicas): {state}; {result.gpus_used} GPUs, "
+        f"{sum(result.nodes.values())} nodes; solver {result.solver}, gap {gap}"
+        + (f" (lower bound {result.lower_bound:g} GPUs)" if result.lower_bound is not None else "")
+    )
+    table = Table(title="replicas", show_lines=False)
+    for col in ("replica", "tenant", "pool/node:cards", "gpumem MiB", "cores %", "num_gpus"):
+        table.add_column(col, justify="left" if col in ("replica", "tenant") else "right")
+    table.add_column("gpu_memory_util", justify="right")
+    table.add_column("seqs x len / batched", justify="right")
+    for r in result.replicas:
+        cards = ",".join(map(str, r.gpus)) or "cpu"
+        table.add_row(
+            f"{r.model}#{r.index}",
+            r.tenant or "-",
+            f"{r.pool}/{r.node}:{cards}",
+            f"{r.memory_mb:,}",
+            str(r.cores_percent),
+            f"{r.num_gpus:g}",
+            f"{r.engine.gpu_memory_utilization:.4f}",
+            f"{r.engine.max_num_seqs} x {r.engine.max_model_len} / "
+            f"{r.engine.max_num_batched_tokens}",
+        )
+    console.print(table)
+    if result.pools:
+        pools = Table(title="pools")
+        for col in ("pool", "gpu", "card MiB", "nodes", "GPUs used", "slices MiB", "replicas"):
+            pools.add_column(col, justify="left" if col in ("pool", "gpu") else "right")
+        for p in result.pools:
+            pools.add_row(
+                p.name,
+                p.gpu_type or "-",
+                f"{p.card_memory_mb:,}",
+                str(p.nodes),
+                f"{p.gpus_used} of {p.nodes * p.gpus_per_node}",
+                f"{p.memory_used_mb:,}",
+                str(p.replicas),
+            )
+        console.print(pools)
+    for u in result.unplaced:
+        console.print(f"[red]unplaced[/] {u.model}#{u.index}: {u.reason}")
+        for fix in u.fixes:
+            console.print(f"    fix: {fix}")
+
+
+__all__ = ["UsageError", "register", "render_table", "run"]

@@ -1,0 +1,192 @@
+"""Planning for ``fleetserve serve`` on this machine.
+
+Design note. The local machine is one node. With GPUs it is a pool of that node's cards
+and the fleet planner places the replicas on it (fractional Ray ``num_gpus`` and the
+engine's ``gpu_memory_utilization`` as a fraction of the whole card; no HAMi locally, so
+engines see whole cards and the fractions must sum to at most 1 per card). Without GPUs,
+vLLM CPU runs each replica in host RAM: its ``gpu_memory_utilization`` is the fraction of
+host RAM the worker may hold (vllm/v1/worker/cpu_worker.py: KV cache = fraction x total
+RAM - the worker's resident memory), so the fraction must cover the weights, the runtime
+and a KV cache of ``concurrency`` x ``max_model_len`` (at least one full sequence), and the
+fractions of all replicas together must fit what the host can spare.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+from fleetserve.plan.gpus import GpuType
+from fleetserve.plan.memory import MiB, estimate_replica
+from fleetserve.plan.planner import PoolCard, build_problem, compose_result, solve
+from fleetserve.plan.problem import DEVICE_SPLIT_COUNT, PoolShape
+from fleetserve.plan.result import EngineSettings, PlanResult, PoolUsage, ReplicaPlacement, Unplaced
+from fleetserve.plan.sizing import margin_mb, model_config_for
+from fleetserve.spec import FleetSpec, GpuSpec, PoolSpec
+
+#: Host RAM kept for the OS, Ray (GCS, raylet, dashboard) and the HTTP proxy on a CPU host.
+CPU_HOST_RESERVE_MB = 3072
+#: Upper bound on any one CPU replica's fraction (vLLM CPU allocates its KV cache eagerly).
+CPU_MAX_FRACTION = 0.9
+
+
+@dataclass(frozen=True)
+class LocalHost:
+    """This machine: logical CPUs, RAM and the memory of each GPU (MiB)."""
+
+    cpus: int
+    memory_mb: int
+    gpu_memory_mb: list[int] = field(default_factory=list)
+
+    @classmethod
+    def detect(cls) -> LocalHost:
+        """CPUs this process may use, total RAM, and CUDA cards (none without CUDA)."""
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            cpus = os.cpu_count() or 1
+        memory = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MiB)
+        gpus: list[int] = []
+        try:
+            import torch  # noqa: PLC0415 - heavy; only needed when detecting
+
+            if torch.cuda.is_available():
+                for i in range(torch.cuda.device_count()):
+                    gpus.append(int(torch.cuda.get_device_properties(i).total_memory // MiB))
+        except ImportError:
+            pass
+        return cls(cpus=cpus, memory_mb=memory, gpu_memory_mb=gpus)
+
+
+def plan_local(spec: FleetSpec, host: LocalHost) -> PlanResult:
+    """Plan ``spec`` (at least one replica per model) on ``host``."""
+    if host.gpu_memory_mb:
+        return _plan_gpu(spec, host)
+    return _plan_cpu(spec, host)
+
+
+def _plan_gpu(spec: FleetSpec, host: LocalHost) -> PlanResult:
+    card_mb = min(host.gpu_memory_mb)  # engines may land on any card: plan for the smallest
+    gpu = GpuType("local", card_mb, 0, bf16=True, fp8=False)
+    pool = PoolSpec(
+        name="local",
+        gpu=GpuSpec(count=len(host.gpu_memory_mb), memory_gb=card_mb * MiB / 1e9),
+        cpu=host.cpus,
+        memory_gb=host.memory_mb * MiB / 1e9,
+        max_nodes=1,
+    )
+    shape = PoolShape(
+        name="local",
+        gpu_type="local",
+        card_mb=card_mb,
+        cards_per_node=len(host.gpu_memory_mb),
+        cpu=float(host.cpus),
+        ram_mb=host.memory_mb,
+        max_nodes=1,
+        split_count=DEVICE_SPLIT_COUNT,
+    )
+    pools = [PoolCard(pool, gpu, shape)]
+    local_spec = spec.model_copy(
+        update={"models": [m.model_copy(update={"pools": None}) for m in spec.models]}
+    )
+    problem, plans = build_problem(local_spec, pools, "local")
+    packing = solve(problem, time_limit_s=5.0)
+    result = compose_result(
+        local_spec, pools=pools, plans=plans, problem=problem, packing=packing, scenario="local"
+    )
+    return result.model_copy(update={"solver": f"local/{result.solver}"})
+
+
+def _plan_cpu(spec: FleetSpec, host: LocalHost) -> PlanResult:
+    budget = host.memory_mb - CPU_HOST_RESERVE_MB
+    cpus_left = float(host.cpus)
+    replicas: list[ReplicaPlacement] = []
+    unplaced: list[Unplaced] = []
+    used_mb = 0
+    for model in spec.models:
+        config = model_config_for(model)
+        max_len = model.max_model_len or config.max_position_embeddings
+        seqs = model.max_num_seqs or model.concurrency
+        # vLLM CPU's OpenAI-server default (vllm/engine/arg_utils.py), never below max_num_seqs
+        tokens = max(model.max_num_batched_tokens or 2048, seqs)
+        memory = estimate_replica(
+            config,
+            max_model_len=max_len,
+            concurrency=model.concurrency,
+            max_num_seqs=seqs,
+            max_num_batched_tokens=tokens,
+            dtype=model.dtype,
+            quantization=model.quantization,
+            kv_cache_dtype=model.kv_cache_dtype,
+            device="cpu",
+        )
+        need = memory.total_mb
+        share = need + margin_mb(need)
+        fraction = math.ceil(share / host.memory_mb * 1000) / 1000
+        for index in range(max(1, model.replicas.min)):
+            short: tuple[str, float] | None = None
+            if fraction > CPU_MAX_FRACTION or used_mb + share > budget:
+                short = ("memory", used_mb + share - budget)
+            elif model.resources.cpu > cpus_left + 1e-9:
+                short = ("cpu", model.resources.cpu - cpus_left)
+            if short is not None:
+                unit = "MiB" if short[0] == "memory" else "CPUs"
+                unplaced.append(
+                    Unplaced(
+                        model=model.name,
+                        index=index,
+                        reason=f"this host has no room: needs {share:,} MiB RAM and "
+                        f"{model.resources.cpu:g} CPUs; {budget - used_mb:,} MiB and "
+                        f"{cpus_left:g} CPUs left (short {short[1]:,.0f} {unit})",
+                        resource=short[0],
+                        shortfall=float(short[1]),
+                        fixes=["lower concurrency or max_model_len", "fewer replicas"],
+                    )
+                )
+                continue
+            used_mb += share
+            cpus_left -= model.resources.cpu
+            replicas.append(
+                ReplicaPlacement(
+                    model=model.name,
+                    index=index,
+                    pool="local",
+                    node=0,
+                    gpus=[],
+                    memory_mb=share,
+                    cores_percent=0,
+                    engine=EngineSettings(
+                        gpu_memory_utilization=fraction,
+                        max_num_seqs=seqs,
+                        max_model_len=max_len,
+                        max_num_batched_tokens=tokens,
+                        kv_cache_tokens=model.concurrency * max_len,
+                    ),
+                    tenant=model.tenant,
+                    need_mb=need,
+                )
+            )
+    return PlanResult(
+        feasible=not unplaced,
+        gpus_used=0,
+        nodes={"local": 1},
+        optimality_gap=0.0,
+        replicas=replicas,
+        unplaced=unplaced,
+        scenario="local",
+        solver="local/cpu",
+        lower_bound=0.0,
+        pools=[
+            PoolUsage(
+                name="local",
+                gpu_type=None,
+                card_memory_mb=0,
+                gpus_per_node=0,
+                nodes=1,
+                gpus_used=0,
+                memory_used_mb=used_mb,
+                replicas=len(replicas),
+            )
+        ],
+    )

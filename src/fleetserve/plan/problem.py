@@ -1,0 +1,180 @@
+"""The packing problem the planner solves, as plain data (no spec, no I/O).
+
+A :class:`Problem` is a list of replicas (:class:`Item`), each with what it needs on every
+pool it may use (:class:`Demand`), and the node types (:class:`PoolShape`). A
+:class:`Packing` assigns items to ``(pool, node, cards)``. Both packers (the heuristic and
+the MILP) read a Problem and return a Packing; :func:`check_packing` states every rule a
+packing must keep, and the tests run it on every plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: HAMi's devicePlugin.deviceSplitCount default: at most this many slices share a card.
+DEVICE_SPLIT_COUNT = 10
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """One node type: its cards and allocatable CPU/RAM."""
+
+    name: str
+    gpu_type: str
+    card_mb: int
+    cards_per_node: int
+    cpu: float
+    ram_mb: int
+    max_nodes: int | None
+    min_nodes: int = 0
+    split_count: int = DEVICE_SPLIT_COUNT
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What one replica takes on one pool."""
+
+    mem_mb: int
+    """Per card (the HAMi slice, margin included); card_mb for whole cards."""
+    cores: int
+    """HAMi gpucores per card (100 for whole cards)."""
+    cards: int
+    """Cards it spans; > 1 or ``whole`` means whole cards on one node."""
+    whole: bool
+    cpu: float
+    ram_mb: int
+
+
+@dataclass(frozen=True)
+class Item:
+    """One replica to place."""
+
+    model: str
+    index: int
+    tenant: str | None
+    dedicated: bool
+    demands: dict[str, Demand]
+    """Pool name -> demand, for the pools it is allowed on and fits."""
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.model, self.index)
+
+    def size(self) -> float:
+        """Sort key of the decreasing orders: cards x the largest share of a card."""
+        return max(d.cards * d.mem_mb for d in self.demands.values()) if self.demands else 0.0
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Items and pools; ``policy_*`` are HAMi's two levels."""
+
+    items: tuple[Item, ...]
+    pools: tuple[PoolShape, ...]
+    policy_node: str = "spread"
+    policy_gpu: str = "binpack"
+
+    def pool(self, name: str) -> PoolShape:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Where one item went."""
+
+    pool: str
+    node: int
+    cards: tuple[int, ...]
+
+
+@dataclass
+class Packing:
+    """A solution: assignments, what stayed out, and how good it is."""
+
+    assigned: dict[tuple[str, int], Assignment] = field(default_factory=dict)
+    unplaced: list[tuple[str, int]] = field(default_factory=list)
+    solver: str = "heuristic"
+    gap: float | None = None
+    lower_bound: float | None = None
+
+    def cards_used(self) -> set[tuple[str, int, int]]:
+        return {(a.pool, a.node, c) for a in self.assigned.values() for c in a.cards}
+
+    def nodes_used(self) -> dict[str, int]:
+        """Per pool: nodes in use (highest node index + 1, nodes are numbered densely)."""
+        out: dict[str, int] = {}
+        for a in self.assigned.values():
+            out[a.pool] = max(out.get(a.pool, 0), a.node + 1)
+        return out
+
+
+def gpus_used(packing: Packing) -> int:
+    return len(packing.cards_used())
+
+
+def check_packing(problem: Problem, packing: Packing) -> list[str]:
+    """Every broken rule of ``packing`` as a sentence (empty: valid)."""
+    errors: list[str] = []
+    items = {it.key: it for it in problem.items}
+    seen = set(packing.assigned) | set(packing.unplaced)
+    for key in items:
+        if key not in seen:
+            errors.append(f"{key}: neither placed nor reported")
+    mem: dict[tuple[str, int, int], int] = {}
+    cores: dict[tuple[str, int, int], int] = {}
+    count: dict[tuple[str, int, int], int] = {}
+    whole: dict[tuple[str, int, int], int] = {}
+    owners: dict[tuple[str, int, int], set[str | None]] = {}
+    dedicated: dict[tuple[str, int, int], set[str | None]] = {}
+    cpu: dict[tuple[str, int], float] = {}
+    ram: dict[tuple[str, int], int] = {}
+    for key, a in packing.assigned.items():
+        item = items[key]
+        demand = item.demands.get(a.pool)
+        if demand is None:
+            errors.append(f"{key}: placed on pool {a.pool}, which it may not use")
+            continue
+        pool = problem.pool(a.pool)
+        if pool.max_nodes is not None and a.node >= pool.max_nodes:
+            errors.append(f"{key}: node {a.node} beyond max_nodes {pool.max_nodes}")
+        if len(a.cards) != demand.cards or len(set(a.cards)) != len(a.cards):
+            errors.append(f"{key}: got cards {a.cards}, needs {demand.cards} distinct")
+        for c in a.cards:
+            if not 0 <= c < pool.cards_per_node:
+                errors.append(f"{key}: card {c} not on a {pool.cards_per_node}-card node")
+            slot = (a.pool, a.node, c)
+            mem[slot] = mem.get(slot, 0) + demand.mem_mb
+            cores[slot] = cores.get(slot, 0) + demand.cores
+            count[slot] = count.get(slot, 0) + 1
+            if demand.whole:
+                whole[slot] = whole.get(slot, 0) + 1
+            owners.setdefault(slot, set()).add(item.tenant)
+            if item.dedicated:
+                dedicated.setdefault(slot, set()).add(item.tenant)
+        node = (a.pool, a.node)
+        cpu[node] = cpu.get(node, 0) + demand.cpu
+        ram[node] = ram.get(node, 0) + demand.ram_mb
+    for slot, used in mem.items():
+        pool = problem.pool(slot[0])
+        if used > pool.card_mb:
+            errors.append(f"card {slot}: {used} MiB > {pool.card_mb} MiB")
+        if cores[slot] > 100:
+            errors.append(f"card {slot}: {cores[slot]}% cores > 100%")
+        if count[slot] > pool.split_count:
+            errors.append(f"card {slot}: {count[slot]} slices > split count {pool.split_count}")
+        if whole.get(slot, 0) and count[slot] > 1:
+            errors.append(f"card {slot}: a whole-card replica shares it")
+        if slot in dedicated and len(owners[slot]) > 1:
+            errors.append(
+                f"card {slot}: dedicated tenant shares with {sorted(map(str, owners[slot]))}"
+            )
+    for node, used_cpu in cpu.items():
+        pool = problem.pool(node[0])
+        if used_cpu > pool.cpu + 1e-9:
+            errors.append(f"node {node}: {used_cpu:g} CPUs > {pool.cpu:g}")
+        if ram[node] > pool.ram_mb:
+            errors.append(f"node {node}: {ram[node]} MiB RAM > {pool.ram_mb}")
+    return errors

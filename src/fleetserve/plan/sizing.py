@@ -1,0 +1,261 @@
+"""Sizing: what one replica of a model takes on one kind of card, and its engine settings.
+
+Turns the memory model's estimate into the numbers a plan carries: the HAMi slice
+(``nvidia.com/gpumem``, MiB, margin included), ``gpucores``, Ray ``num_gpus`` and the vLLM
+settings. What must stay true: the engine's requested memory
+(``gpu_memory_utilization`` x card) is never more than its slice minus the margin, so
+co-located engines cannot OOM each other (ray#62553, ray#58328), and the KV cache it is
+left with holds ``concurrency`` x ``max_model_len`` tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fleetserve.errors import SpecError
+from fleetserve.plan.gpus import GPU_CATALOGUE, GpuType
+from fleetserve.plan.memory import (
+    MiB,
+    ModelConfig,
+    ReplicaMemory,
+    estimate_replica,
+    load_model_config,
+    max_model_len_within,
+)
+from fleetserve.plan.result import EngineSettings
+from fleetserve.spec import ModelSpec
+
+#: Safety margin of a slice over what the engine is told to use: max(5 %, 256 MiB). It
+#: absorbs allocator fragmentation and estimate error outside the engine's budget.
+MARGIN_FRACTION = 0.05
+MARGIN_MIN_MB = 256
+#: A whole card's engine keeps this headroom (seed 004 settled on 0.85-0.9 after OOMs
+#: on some driver/firmware combinations; 0.92 for large cards, at least 1 GiB free).
+WHOLE_CARD_HEADROOM = 0.08
+WHOLE_CARD_HEADROOM_MIN_MB = 1024
+#: Host RAM a replica's engine process takes when resources.memory_gb is not given (MiB
+#: per card: Python, torch, vLLM, tokenizer, pinned staging buffers).
+DEFAULT_HOST_RAM_MB = 4096
+#: max_num_batched_tokens vLLM's OpenAI server defaults to (vllm/engine/arg_utils.py):
+#: 8192 on >= 70 GB cards other than A100, 16384 on >= 160 GB, else 2048.
+SLICE_BATCHED_TOKENS = 2048
+
+
+def model_config_for(model: ModelSpec) -> ModelConfig:
+    """The architecture of ``model``: its ``config``, else derived from ``source``."""
+    ref = model.config or model.source
+    try:
+        return load_model_config(ref)
+    except SpecError as e:
+        where = "config" if model.config else "source"
+        raise SpecError(
+            f"model '{model.name}': {where} '{ref}' names no known model config",
+            hint=e.hint or "set 'config' to a catalogue entry, a config.json or its directory",
+        ) from e
+
+
+def margin_mb(need_mb: int) -> int:
+    return max(MARGIN_MIN_MB, math.ceil(need_mb * MARGIN_FRACTION))
+
+
+def whole_card_utilization(card_mb: int) -> float:
+    headroom = max(WHOLE_CARD_HEADROOM_MIN_MB, card_mb * WHOLE_CARD_HEADROOM)
+    return math.floor((card_mb - headroom) / card_mb * 100) / 100
+
+
+def default_batched_tokens(card_mb: int, gpu_name: str, whole: bool) -> int:
+    if not whole:
+        return SLICE_BATCHED_TOKENS
+    gib = card_mb / 1024
+    if gib >= 160:
+        return 16384
+    if gib >= 70 and "a100" not in gpu_name.lower():
+        return 8192
+    return 2048
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """One replica of a model on one card type."""
+
+    memory: ReplicaMemory
+    need_mb: int
+    """What the engine is told to use per card (MiB)."""
+    slice_mb: int
+    """HAMi gpumem per card (need + margin), or the card's memory for whole cards."""
+    cores: int
+    cards: int
+    whole: bool
+    num_gpus: float
+    engine: EngineSettings
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a replica cannot go on a card type / pool."""
+
+    resource: str
+    shortfall: float
+    reason: str
+
+
+def size_replica(
+    model: ModelSpec,
+    config: ModelConfig,
+    gpu: GpuType,
+    card_mb: int,
+    *,
+    split_count: int = 10,
+    batched_tokens: int | None = None,
+) -> Sizing | Rejection:
+    """Size one replica of ``model`` on cards of ``card_mb`` MiB (slice or whole cards)."""
+    if model.quantization == "fp8" and not gpu.bf16:
+        return Rejection(
+            "gpu_capability",
+            0,
+            f"quantization fp8 needs compute capability >= 8.0; {gpu.name} has none",
+        )
+    cards = model.tensor_parallel * model.pipeline_parallel
+    max_len = model.max_model_len or config.max_position_embeddings
+    seqs = model.max_num_seqs or model.concurrency
+
+    def attempt(whole: bool) -> tuple[ReplicaMemory, int, EngineSettings]:
+        tokens = model.max_num_batched_tokens or batched_tokens
+        if tokens is None:
+            tokens = default_batched_tokens(card_mb, gpu.name, whole)
+        tokens = max(tokens, seqs)
+        memory = estimate_replica(
+            config,
+            max_model_len=max_len,
+            concurrency=model.concurrency,
+            max_num_seqs=seqs,
+            max_num_batched_tokens=tokens,
+            dtype=model.dtype,
+            quantization=model.quantization,
+            kv_cache_dtype=model.kv_cache_dtype,
+            tensor_parallel=model.tensor_parallel,
+            pipeline_parallel=model.pipeline_parallel,
+        )
+        need = memory.total_mb
+        if whole:
+            util = whole_card_utilization(card_mb)
+            slice_util = None
+        else:
+            util = math.floor(need / card_mb * 10_000) / 10_000
+            slice_util = math.floor(need / (need + margin_mb(need)) * 10_000) / 10_000
+        engine = EngineSettings(
+            gpu_memory_utilization=min(1.0, max(util, 0.0001)),  # checked below
+            max_num_seqs=seqs,
+            max_model_len=max_len,
+            max_num_batched_tokens=tokens,
+            slice_memory_utilization=slice_util,
+            kv_cache_tokens=model.concurrency * max_len,
+        )
+        return memory, need, engine
+
+    if cards == 1:
+        memory, need, engine = attempt(whole=False)
+        slice_mb = need + margin_mb(need)
+        if slice_mb <= card_mb:
+            cores = min(100, max(math.ceil(100 * slice_mb / card_mb), math.ceil(100 / split_count)))
+            return Sizing(
+                memory=memory,
+                need_mb=need,
+                slice_mb=slice_mb,
+                cores=cores,
+                cards=1,
+                whole=cores >= 100,
+                num_gpus=max(0.0001, math.floor(slice_mb / card_mb * 10_000) / 10_000),
+                engine=engine,
+            )
+    memory, need, engine = attempt(whole=True)
+    usable = math.floor(engine.gpu_memory_utilization * card_mb)
+    if need > usable:
+        return Rejection(
+            "gpu_memory",
+            need - usable,
+            f"needs {need:,} MiB per card ({_terms(memory)}); {gpu.name} gives an engine "
+            f"{usable:,} of its {card_mb:,} MiB: short by {need - usable:,} MiB",
+        )
+    return Sizing(
+        memory=memory,
+        need_mb=need,
+        slice_mb=card_mb,
+        cores=100,
+        cards=cards,
+        whole=True,
+        num_gpus=float(cards),
+        engine=engine,
+    )
+
+
+def _terms(memory: ReplicaMemory) -> str:
+    runtime = (memory.runtime + memory.cuda_graphs) / MiB
+    return (
+        f"weights {memory.weights / MiB:,.0f} + KV {memory.kv_cache / MiB:,.0f} + activation "
+        f"{memory.activation / MiB:,.0f} + runtime {runtime:,.0f}"
+    )
+
+
+def suggest_fixes(
+    model: ModelSpec, config: ModelConfig, card_mb: int, gpu: GpuType, max_cards: int
+) -> list[str]:
+    """What would make one replica fit: each fix computed with the memory model."""
+    fixes: list[str] = []
+
+    def fits(m: ModelSpec, g: GpuType = gpu, mb: int = card_mb) -> Sizing | None:
+        result = size_replica(m, config, g, mb)
+        return result if isinstance(result, Sizing) else None
+
+    for g in sorted(GPU_CATALOGUE, key=lambda g: g.memory_mib):
+        if g.memory_mib > card_mb:
+            found = fits(model, g, g.memory_mib)
+            if found is not None:
+                fixes.append(f"a bigger card: {g.name} ({g.memory_mib:,} MiB)")
+                break
+    for tp in (2, 4, 8):
+        if tp <= model.tensor_parallel or tp > max(max_cards, 1) * 8:
+            continue
+        found = fits(model.model_copy(update={"tensor_parallel": tp}))
+        if found is not None:
+            note = "" if tp <= max_cards else f" (pools need {tp} cards per node)"
+            fixes.append(f"tensor_parallel: {tp} ({found.need_mb:,} MiB per card){note}")
+            break
+    if model.quantization is None:
+        for quant in ("fp8", "awq"):
+            update = {"quantization": quant}
+            found = fits(model.model_copy(update=update))
+            if found is not None:
+                fixes.append(f"quantization: {quant} ({found.need_mb:,} MiB per card)")
+                break
+    if model.kv_cache_dtype == "auto":
+        found = fits(model.model_copy(update={"kv_cache_dtype": "fp8"}))
+        if found is not None:
+            fixes.append(f"kv_cache_dtype: fp8 ({found.need_mb:,} MiB per card)")
+    max_len = model.max_model_len or config.max_position_embeddings
+    budget = math.floor(whole_card_utilization(card_mb) * card_mb) * MiB
+    longest = max_model_len_within(
+        config,
+        budget,
+        upper=max_len,
+        concurrency=model.concurrency,
+        max_num_seqs=model.max_num_seqs or model.concurrency,
+        max_num_batched_tokens=max(
+            model.max_num_batched_tokens or 2048, model.max_num_seqs or model.concurrency
+        ),
+        dtype=model.dtype,
+        quantization=model.quantization,
+        kv_cache_dtype=model.kv_cache_dtype,
+        tensor_parallel=model.tensor_parallel,
+        pipeline_parallel=model.pipeline_parallel,
+    )
+    if longest is not None and longest < max_len:
+        fixes.append(f"max_model_len: {longest} (from {max_len})")
+    if model.concurrency > 1:
+        for conc in range(model.concurrency - 1, 0, -1):
+            trial = model.model_copy(update={"concurrency": conc, "max_num_seqs": None})
+            if fits(trial) is not None:
+                fixes.append(f"concurrency: {conc} (from {model.concurrency})")
+                break
+    return fixes
