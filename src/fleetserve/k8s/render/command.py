@@ -12,7 +12,7 @@ from typing import Any
 from fleetserve.errors import RenderError, UsageError
 from fleetserve.k8s.render.groups import plan_worker_groups
 from fleetserve.k8s.render.options import RenderOptions
-from fleetserve.k8s.render.renderer import render
+from fleetserve.k8s.render.renderer import render, use_hami
 from fleetserve.k8s.render.writer import write_manifests
 from fleetserve.plan.result import PlanResult
 from fleetserve.spec import FleetSpec, load_spec
@@ -60,6 +60,7 @@ def _handle(args: argparse.Namespace) -> int:
             with_nodepools=args.with_nodepools,
             node_class=args.node_class,
             head_pool=args.head_pool,
+            gpu_sharing=args.gpu_sharing,
         )
     except ValueError as e:
         raise UsageError(f"render options: {e}") from e
@@ -68,12 +69,13 @@ def _handle(args: argparse.Namespace) -> int:
     plan_max = planner(spec, scenario="max")
     objects = render(spec, plan_min, plan_max, options)
     paths = write_manifests(objects, args.output)
+    hami = use_hami(plan_max, options)
     for group in plan_worker_groups(spec, plan_min, plan_max):
         shape = group.shape
         gpu = (
-            f"{shape.gpus} x {shape.memory_mb} MiB/{shape.cores_percent}%"
-            if shape.sliced
-            else f"{shape.gpus} card(s)"
+            f"{shape.gpus} x {shape.memory_mb} MiB/{shape.cores_percent}% (HAMi)"
+            if hami and shape.sliced
+            else f"{shape.gpus} whole card(s)"
         )
         print(
             f"  group {group.name}: model {group.model.name} on {group.pool.name}, "
@@ -122,4 +124,10 @@ def register(subparsers: Any) -> None:
         help="EC2NodeClass of the rendered NodePools",
     )
     parser.add_argument("--head-pool", default=None, help="pool the Ray head runs on")
+    parser.add_argument(
+        "--gpu-sharing",
+        choices=["auto", "hami", "none"],
+        default="auto",
+        help="HAMi vGPU slices, whole cards only, or auto: HAMi when the plan shares a card",
+    )
     parser.set_defaults(handler=_handle)

@@ -256,3 +256,41 @@ def _check_nodes_fit(
                 hint="lower models[].resources.cpu/memory_gb or use a larger pool "
                 "(pools[].cpu/memory_gb must be the node's allocatable resources)",
             )
+
+
+def shared_cards(plan: PlanResult) -> list[str]:
+    """Cards the plan gives to more than one replica, described (``pool a6000 node 0 card 1:
+    llama-3-8b#0, qwen2.5-7b#1``), sorted."""
+    holders: dict[tuple[str, int, int], list[str]] = defaultdict(list)
+    for placement in plan.replicas:
+        for card in placement.gpus:
+            holders[(placement.pool, placement.node, card)].append(
+                f"{placement.model}#{placement.index}"
+            )
+    return [
+        f"pool {pool} node {node} card {card}: {', '.join(sorted(names))}"
+        for (pool, node, card), names in sorted(holders.items())
+        if len(names) > 1
+    ]
+
+
+def check_pool_selectors(spec: FleetSpec, groups: list[WorkerGroup]) -> None:
+    """A group's nodeSelector (its pool's labels) must not also match another pool's nodes.
+
+    Otherwise Kubernetes may start a replica planned for one card type on another (a slice
+    cut for a 48 GB card on a 16 GB one), and the plan's arithmetic no longer holds.
+    """
+    for group in groups:
+        own = group.pool.labels.items()
+        for other in spec.pools:
+            if other.name == group.pool.name:
+                continue
+            if own <= other.labels.items():
+                shown = ", ".join(f"{k}={v}" for k, v in sorted(group.pool.labels.items()))
+                raise RenderError(
+                    f"pool '{group.pool.name}' is selected by its labels ({shown or 'none'}), "
+                    f"which pool '{other.name}' also carries: replicas of '{group.model.name}' "
+                    f"planned on {group.pool.name} could start on {other.name} nodes",
+                    hint=f"give pool '{group.pool.name}' a label no other pool has "
+                    "(e.g. its NodePool name: karpenter.sh/nodepool)",
+                )

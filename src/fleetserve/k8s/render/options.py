@@ -7,6 +7,8 @@ fields; the CLI exposes each as a flag.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleetserve.observe.alerts import AlertThresholds
@@ -37,6 +39,13 @@ class RenderOptions(BaseModel):
         max_length=63,
         description="Namespace of the KubeRay operator; the NetworkPolicy lets it reach the "
         "dashboard port (8265), through which it deploys the Serve config.",
+    )
+    gpu_sharing: Literal["auto", "hami", "none"] = Field(
+        default="auto",
+        description="How GPU pods get their cards: 'hami' (HAMi vGPU slices, "
+        "schedulerName hami-scheduler), 'none' (whole cards, the default scheduler; a plan "
+        "that shares a card is refused), 'auto' (HAMi exactly when the max plan puts two "
+        "replicas on one card).",
     )
     with_nodepools: bool = Field(
         default=False, description="Also render one Karpenter NodePool (karpenter.sh/v1) per pool."

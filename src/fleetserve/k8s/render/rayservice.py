@@ -58,7 +58,11 @@ def check_cluster_settings(spec: FleetSpec) -> None:
 
 
 class _LiteralDumper(yaml.SafeDumper):
-    """YAML dumper that writes multi-line strings as ``|`` blocks (readable serveConfigV2)."""
+    """YAML dumper that writes multi-line strings as ``|`` blocks (readable serveConfigV2)
+    and never emits anchors/aliases (each manifest stands alone, as kubectl shows it)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
@@ -85,11 +89,11 @@ def rayservice(
     options: RenderOptions,
     head_pool: PoolSpec | None,
     secrets: list[SecretEnv],
+    hami: bool,
 ) -> dict[str, Any]:
-    """The RayService object."""
+    """The RayService object (``hami``: GPU pods get HAMi slices and its scheduler)."""
     check_cluster_settings(spec)
     k8s = spec.kubernetes
-    hami = any(g.shape.sliced for g in groups)
     worker_groups = [
         {
             "groupName": group.name,

@@ -11,7 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from fleetserve.errors import RenderError
-from fleetserve.k8s.render.groups import plan_worker_groups
+from fleetserve.k8s.render.groups import (
+    check_pool_selectors,
+    plan_worker_groups,
+    shared_cards,
+)
 from fleetserve.k8s.render.monitoring import (
     dashboard_configmap,
     pod_monitor,
@@ -43,6 +47,19 @@ def _head_pool(spec: FleetSpec, options: RenderOptions) -> PoolSpec | None:
     return None
 
 
+def use_hami(plan_max: PlanResult, options: RenderOptions) -> bool:
+    """Whether GPU pods are HAMi slices (see ``RenderOptions.gpu_sharing``)."""
+    shared = shared_cards(plan_max)
+    if options.gpu_sharing == "none" and shared:
+        raise RenderError(
+            f"--gpu-sharing none, but the max plan shares cards between replicas ({shared[0]}"
+            + (f", and {len(shared) - 1} more" if len(shared) > 1 else "")
+            + "): without HAMi each pod takes whole cards",
+            hint="install HAMi and use --gpu-sharing hami (or auto), or give the pools more cards",
+        )
+    return options.gpu_sharing == "hami" or (options.gpu_sharing == "auto" and bool(shared))
+
+
 def render(
     spec: FleetSpec,
     plan_min: PlanResult,
@@ -52,6 +69,8 @@ def render(
     """Every Kubernetes object of the fleet, as plain dicts."""
     opts = options or RenderOptions()
     groups = plan_worker_groups(spec, plan_min, plan_max)
+    check_pool_selectors(spec, groups)
+    hami = use_hami(plan_max, opts)
     secrets = fleet_secret_envs(spec)
     labels = dict(sorted((opts.monitoring_labels or spec.kubernetes.monitoring_labels).items()))
     objects: list[dict[str, Any]] = [
@@ -68,6 +87,7 @@ def render(
             options=opts,
             head_pool=_head_pool(spec, opts),
             secrets=secrets,
+            hami=hami,
         ),
         service_monitor(spec, labels),
         pod_monitor(spec, labels),

@@ -15,11 +15,11 @@ in the cluster alike. What must stay true: no secret value ever enters a rendere
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from fleetserve.errors import RenderError
+from fleetserve.serve.api_keys import secret_env_name
 from fleetserve.spec import FleetSpec, SecretRef
 
 
@@ -46,10 +46,7 @@ def env_secret_name(instance: str) -> str:
 def secret_env(ref: SecretRef, instance: str) -> SecretEnv:
     """Where one reference is read from in the cluster."""
     if ref.secret is not None and ref.key is not None:
-        env = ref.env or re.sub(
-            r"[^A-Z0-9_]", "_", f"FLEETSERVE_SECRET_{ref.secret}_{ref.key}".upper()
-        )
-        return SecretEnv(env=env, secret=ref.secret, key=ref.key)
+        return SecretEnv(env=secret_env_name(ref), secret=ref.secret, key=ref.key)
     assert ref.env is not None  # SecretRef guarantees env or secret
     return SecretEnv(env=ref.env, secret=env_secret_name(instance), key=ref.env)
 
@@ -76,7 +73,7 @@ def fleet_secret_envs(spec: FleetSpec) -> list[SecretEnv]:
 def spec_for_cluster(spec: FleetSpec) -> dict[str, Any]:
     """The spec as the Serve app receives it: JSON-able, each secret ref with its env var."""
     instance = spec.kubernetes.name
-    data = spec.model_dump(mode="json", exclude_defaults=False)
+    data = spec.model_dump(mode="json", exclude_none=True)
 
     def ref_dict(ref: SecretRef) -> dict[str, Any]:
         item = secret_env(ref, instance)

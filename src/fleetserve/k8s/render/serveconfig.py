@@ -1,14 +1,17 @@
 """The RayService's ``serveConfigV2``: fleetserve's Serve app with the plan's engine settings.
 
-Design: one Serve application (``fleetserve.serve.app:build_app``) serves every model of the
-fleet behind one OpenAI endpoint. Its ``args`` carry the fleet spec (secret references
-rewritten to the env vars the pods get, see :mod:`.secrets`) and the per-model engine
-settings from the plan. Ray-level options live where Ray Serve and ``doctor`` read them, in
-``deployments[]``, one per model:
+Design: one Serve application (``fleetserve.serve.app:build_app``, args of its
+``BuildArgs`` shape) serves every model of the fleet behind one OpenAI endpoint: an
+``ingress`` deployment and one ``model-<name>`` deployment per model. Its ``args`` carry the
+fleet spec (secret references rewritten to the env vars the pods get, see :mod:`.secrets`)
+and the per-model ``engine_settings`` from the plan. Ray-level options are written where Ray
+Serve and ``doctor`` read them, in ``deployments[]`` (they override the app's code), one per
+model:
 
-* ``autoscaling_config`` from ``models[].replicas`` (min/max/target_ongoing_requests; never
-  ``num_replicas`` next to it) and ``max_ongoing_requests`` - the current field names, not
-  the removed ``max_concurrent_queries``/``target_num_ongoing_requests_per_replica``;
+* ``autoscaling_config`` from ``models[].replicas`` (min/max/target_ongoing_requests), or
+  ``num_replicas`` when min == max - never both - and ``max_ongoing_requests``: the current
+  field names, not the removed ``max_concurrent_queries``/
+  ``target_num_ongoing_requests_per_replica``;
 * ``ray_actor_options``: the replica's CPUs, one unit of the model's custom resource (pins it
   to its worker group), and its GPUs - ``num_gpus`` = the pod's cards for one card, or, for
   tensor/pipeline parallelism, a STRICT_PACK placement group with one ``{GPU: 1}`` bundle per
@@ -21,6 +24,7 @@ config is JSON-able and deterministic (dicts in a fixed order).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fleetserve.k8s.render.groups import WorkerGroup
@@ -33,8 +37,12 @@ APP_NAME = "fleetserve"
 
 
 def deployment_name(model_name: str) -> str:
-    """Name of the Serve deployment that runs ``model_name``'s engine replicas."""
-    return f"LLMServer:{model_name}"
+    """Name of the Serve deployment that runs ``model_name``'s replicas.
+
+    Must equal ``fleetserve.serve.app.deployment_name`` (a test holds them together; that
+    module imports Ray Serve, which rendering does not need).
+    """
+    return "model-" + re.sub(r"[^A-Za-z0-9_.-]", "-", model_name)
 
 
 def _number(value: float) -> float | int:
@@ -75,21 +83,27 @@ def serve_config(spec: FleetSpec, groups: list[WorkerGroup]) -> dict[str, Any]:
         group = first_group[model.name]
         engine[model.name] = group.shape.engine.model_dump(mode="json")
         replicas = model.replicas
-        deployments.append(
-            {
-                "name": deployment_name(model.name),
-                "max_ongoing_requests": replicas.max_ongoing_requests,
-                "autoscaling_config": {
-                    "min_replicas": replicas.min,
-                    # The worker groups can hold pods_max replicas; asking for more would
-                    # leave Serve replicas pending forever.
-                    "max_replicas": min(replicas.max, pods_max[model.name]),
-                    "target_ongoing_requests": _number(replicas.target_ongoing_requests),
-                },
-                "graceful_shutdown_timeout_s": _number(spec.server.drain_timeout_s),
-                **replica_options(model, group),
+        # The worker groups hold pods_max replicas; asking Serve for more would leave
+        # replicas pending forever (pitfall serve-replicas-exceed-workers).
+        high = min(replicas.max, pods_max[model.name])
+        deployment: dict[str, Any] = {
+            "name": deployment_name(model.name),
+            "max_ongoing_requests": replicas.max_ongoing_requests,
+        }
+        # As the app does in code: a fixed count when min == max, else autoscaling (Serve
+        # rejects num_replicas together with autoscaling_config).
+        if replicas.min == high:
+            deployment["num_replicas"] = high
+        else:
+            deployment["autoscaling_config"] = {
+                "min_replicas": replicas.min,
+                "max_replicas": high,
+                "initial_replicas": max(replicas.min, 1),
+                "target_ongoing_requests": _number(replicas.target_ongoing_requests),
             }
-        )
+        deployment["graceful_shutdown_timeout_s"] = _number(spec.server.drain_timeout_s)
+        deployment.update(replica_options(model, group))
+        deployments.append(deployment)
     return {
         "proxy_location": "EveryNode",
         "http_options": {
@@ -102,7 +116,11 @@ def serve_config(spec: FleetSpec, groups: list[WorkerGroup]) -> dict[str, Any]:
                 "name": APP_NAME,
                 "route_prefix": "/",
                 "import_path": APP_IMPORT_PATH,
-                "args": {"spec": spec_for_cluster(spec), "engine": engine},
+                "args": {
+                    "spec": spec_for_cluster(spec),
+                    "engine": "vllm",
+                    "engine_settings": engine,
+                },
                 "deployments": deployments,
             }
         ],
