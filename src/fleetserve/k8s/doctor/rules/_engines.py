@@ -1,0 +1,574 @@
+"""vLLM engines inside Ray Serve configs: what each Serve replica runs and what it is given.
+
+Design note: a RayService's ``serveConfigV2`` says what Ray gives a replica (``num_gpus``,
+placement-group bundles, autoscaling) and, depending on the app, what vLLM runs with. Three
+conventions carry vLLM's arguments, and all are read here so every rule sees the same engine:
+
+* Ray Serve LLM (``ray.serve.llm``): ``args.llm_configs[]`` with ``engine_kwargs``,
+  ``model_loading_config`` and ``deployment_config``; its placement group has one
+  ``{GPU: 1}`` bundle per TP x PP rank unless ``placement_group_config`` overrides it;
+* environment variables in ``runtime_env.env_vars`` that the app's code turns into engine
+  arguments (KubeRay's vLLM sample and the AI-on-EKS blueprint: ``MODEL_ID``,
+  ``TENSOR_PARALLEL_SIZE``, ``GPU_MEMORY_UTILIZATION``, ``MAX_NUM_SEQ``...);
+* engine arguments passed as the app's ``args`` (top level, ``engine_args`` or
+  ``engine_kwargs``; fleetserve's own app passes ``models[].engine_args``).
+
+What must stay true: a value is only reported when it is written in the config (rules never
+assume a default the app's code may override), and every value keeps its field path so a
+finding points at the line that sets it.
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+from fleetserve.k8s.doctor.finding import Finding
+from fleetserve.k8s.doctor.inventory import HelmValues, Manifest
+from fleetserve.k8s.doctor.ray_objects import serve_config
+
+#: Normalised engine argument -> accepted spellings in env vars (upper case) besides its own.
+_ENV_ALIASES: dict[str, tuple[str, ...]] = {
+    "model": ("MODEL_ID", "MODEL", "MODEL_NAME", "HF_MODEL_ID"),
+    "tensor_parallel_size": ("TENSOR_PARALLEL_SIZE", "TP_SIZE", "TENSOR_PARALLELISM"),
+    "pipeline_parallel_size": ("PIPELINE_PARALLEL_SIZE", "PP_SIZE"),
+    "gpu_memory_utilization": ("GPU_MEMORY_UTILIZATION",),
+    "max_model_len": ("MAX_MODEL_LEN",),
+    "max_num_seqs": ("MAX_NUM_SEQS", "MAX_NUM_SEQ"),
+    "max_num_batched_tokens": ("MAX_NUM_BATCHED_TOKENS",),
+    "enable_chunked_prefill": ("ENABLE_CHUNKED_PREFILL",),
+    "dtype": ("DTYPE",),
+    "quantization": ("QUANTIZATION",),
+    "kv_cache_dtype": ("KV_CACHE_DTYPE",),
+    "distributed_executor_backend": ("DISTRIBUTED_EXECUTOR_BACKEND",),
+}
+#: Engine arguments read from dicts (``engine_kwargs``, ``args``), with accepted spellings.
+_ARG_ALIASES: dict[str, tuple[str, ...]] = {
+    "model": ("model", "model_id"),
+    "tensor_parallel_size": ("tensor_parallel_size", "tensor_parallel"),
+    "pipeline_parallel_size": ("pipeline_parallel_size", "pipeline_parallel"),
+    "gpu_memory_utilization": ("gpu_memory_utilization",),
+    "max_model_len": ("max_model_len",),
+    "max_num_seqs": ("max_num_seqs",),
+    "max_num_batched_tokens": ("max_num_batched_tokens",),
+    "enable_chunked_prefill": ("enable_chunked_prefill",),
+    "dtype": ("dtype",),
+    "quantization": ("quantization",),
+    "kv_cache_dtype": ("kv_cache_dtype",),
+    "distributed_executor_backend": ("distributed_executor_backend",),
+}
+_INT_ARGS = {
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+}
+_FLOAT_ARGS = {"gpu_memory_utilization"}
+_BOOL_ARGS = {"enable_chunked_prefill"}
+
+
+@dataclass(frozen=True, eq=False)
+class EngineReplica:
+    """One kind of Serve replica of a RayService, with what vLLM runs in it (when known)."""
+
+    manifest: Manifest
+    #: ``app/deployment`` (or ``app/<model>`` for a Ray Serve LLM config).
+    name: str
+    #: Field path of the deployment (or llm_config) inside serveConfigV2.
+    path: str
+    #: The deployment options as written (``deployments[]`` item or Serve LLM
+    #: ``deployment_config``), ``{}`` when the config sets none.
+    options: dict[str, Any]
+    #: Field path of ``options``.
+    options_path: str
+    #: Normalised vLLM engine arguments written in the config (see module doc).
+    engine: dict[str, Any] = field(default_factory=dict)
+    #: Field path each engine argument was read from.
+    engine_paths: dict[str, str] = field(default_factory=dict)
+    #: ``runtime_env.env_vars`` of the app, overridden by the deployment's own.
+    env: dict[str, str] = field(default_factory=dict)
+    #: Field path of each env var.
+    env_paths: dict[str, str] = field(default_factory=dict)
+    #: ``ray_actor_options.num_gpus`` when written.
+    num_gpus: float | None = None
+    #: Placement-group bundles when written (or derived for Ray Serve LLM).
+    bundles: list[dict[str, float]] | None = None
+    #: Field path of the GPUs given (num_gpus or the bundles).
+    gpus_path: str = ""
+    #: True for Ray Serve LLM configs (Ray's distributed executor; bundles derived from TP).
+    serve_llm: bool = False
+    #: True when the bundles were derived (Serve LLM default), not written.
+    bundles_derived: bool = False
+
+    @property
+    def is_vllm(self) -> bool:
+        """True when the config shows this replica runs vLLM (engine args or Serve LLM)."""
+        return self.serve_llm or bool(self.engine)
+
+    @property
+    def parallel(self) -> int | None:
+        """TP x PP when either is written, else None."""
+        tp = self.engine.get("tensor_parallel_size")
+        pp = self.engine.get("pipeline_parallel_size")
+        if tp is None and pp is None:
+            return None
+        return int(tp or 1) * int(pp or 1)
+
+    @property
+    def gpu_units(self) -> tuple[int, float] | None:
+        """(GPU-holding units, GPU fraction per unit) given to one replica, or None if unknown.
+
+        A unit is a bundle with GPUs, or the actor itself for ``num_gpus``; a fractional
+        ``num_gpus`` is one unit holding that fraction of a card.
+        """
+        if self.bundles is not None:
+            gpu = [b.get("GPU", 0.0) for b in self.bundles if b.get("GPU", 0.0) > 0]
+            if not gpu:
+                return None
+            return len(gpu), max(gpu)
+        if self.num_gpus is None or self.num_gpus <= 0:
+            return None
+        if self.num_gpus < 1:
+            return 1, self.num_gpus
+        return round(self.num_gpus), 1.0
+
+    @property
+    def gpu_fraction(self) -> float | None:
+        """The fraction of one card each engine rank holds when below 1 (shared card)."""
+        units = self.gpu_units
+        if units is None or units[1] >= 1:
+            return None
+        return units[1]
+
+    def engine_path(self, key: str) -> str:
+        """Field path that sets engine argument ``key`` (the replica's path if unknown)."""
+        return self.engine_paths.get(key, self.path)
+
+    def autoscaling(self) -> dict[str, Any]:
+        """The written ``autoscaling_config`` ({} when absent or not a mapping)."""
+        cfg = self.options.get("autoscaling_config")
+        return cfg if isinstance(cfg, dict) else {}
+
+
+def _coerce(key: str, value: Any) -> Any:
+    """Engine argument ``value`` in its type (env vars are strings); None if unusable."""
+    if value is None:
+        return None
+    try:
+        if key in _INT_ARGS:
+            if isinstance(value, bool):
+                return None
+            return int(float(value))
+        if key in _FLOAT_ARGS:
+            if isinstance(value, bool):
+                return None
+            return float(value)
+        if key in _BOOL_ARGS:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            return None
+    except (TypeError, ValueError):
+        return None
+    return str(value)
+
+
+def _read_args(src: Any, base: str, engine: dict[str, Any], paths: dict[str, str]) -> None:
+    if not isinstance(src, dict):
+        return
+    for key, spellings in _ARG_ALIASES.items():
+        for spelling in spellings:
+            if spelling in src:
+                value = _coerce(key, src[spelling])
+                if value is not None:
+                    engine[key] = value
+                    paths[key] = f"{base}.{spelling}"
+                break
+
+
+def _read_env(
+    env: dict[str, str], env_paths: dict[str, str]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    engine: dict[str, Any] = {}
+    paths: dict[str, str] = {}
+    upper = {k.upper(): k for k in env}
+    for key, names in _ENV_ALIASES.items():
+        for name in names:
+            if name in upper:
+                value = _coerce(key, env[upper[name]])
+                if value is not None:
+                    engine[key] = value
+                    paths[key] = env_paths[upper[name]]
+                break
+    return engine, paths
+
+
+def _env_of(runtime_env: Any, base: str) -> tuple[dict[str, str], dict[str, str]]:
+    if not isinstance(runtime_env, dict):
+        return {}, {}
+    env = runtime_env.get("env_vars")
+    if not isinstance(env, dict):
+        return {}, {}
+    values = {str(k): str(v) for k, v in env.items() if v is not None}
+    return values, {k: f"{base}.env_vars.{k}" for k in values}
+
+
+def _float(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, int | float | str):
+        return None
+    try:
+        return float(x)
+    except ValueError:
+        return None
+
+
+def _bundles(raw: Any) -> list[dict[str, float]] | None:
+    if not isinstance(raw, list):
+        return None
+    out: list[dict[str, float]] = []
+    for b in raw:
+        if not isinstance(b, dict):
+            return None
+        bundle: dict[str, float] = {}
+        for k, v in b.items():
+            f = _float(v)
+            if f is not None:
+                bundle[str(k)] = f
+        out.append(bundle)
+    return out
+
+
+def _gpus_of(
+    options: dict[str, Any], base: str
+) -> tuple[float | None, list[dict[str, float]] | None, str]:
+    bundles = _bundles(options.get("placement_group_bundles"))
+    if bundles is not None:
+        return None, bundles, f"{base}.placement_group_bundles"
+    actor = options.get("ray_actor_options")
+    if isinstance(actor, dict) and "num_gpus" in actor:
+        return _float(actor.get("num_gpus")), None, f"{base}.ray_actor_options.num_gpus"
+    return None, None, ""
+
+
+def _serve_llm_replicas(
+    m: Manifest, app: dict[str, Any], app_path: str, app_name: str
+) -> list[EngineReplica]:
+    args = app.get("args")
+    configs = args.get("llm_configs") if isinstance(args, dict) else None
+    if not isinstance(configs, list):
+        return []
+    app_env, app_env_paths = _env_of(app.get("runtime_env"), f"{app_path}.runtime_env")
+    out: list[EngineReplica] = []
+    for k, cfg in enumerate(configs):
+        if not isinstance(cfg, dict):
+            continue  # a path to a config file: not readable statically
+        path = f"{app_path}.args.llm_configs[{k}]"
+        engine: dict[str, Any] = {}
+        paths: dict[str, str] = {}
+        loading = cfg.get("model_loading_config")
+        if isinstance(loading, dict):
+            for spelling in ("model_source", "model_id"):
+                if isinstance(loading.get(spelling), str):
+                    engine["model"] = loading[spelling]
+                    paths["model"] = f"{path}.model_loading_config.{spelling}"
+                    break
+        env, env_paths = dict(app_env), dict(app_env_paths)
+        cfg_env, cfg_env_paths = _env_of(cfg.get("runtime_env"), f"{path}.runtime_env")
+        env.update(cfg_env)
+        env_paths.update(cfg_env_paths)
+        _read_args(cfg.get("engine_kwargs"), f"{path}.engine_kwargs", engine, paths)
+        options = cfg.get("deployment_config")
+        options = options if isinstance(options, dict) else {}
+        pg = cfg.get("placement_group_config")
+        bundles = _bundles(pg.get("bundles")) if isinstance(pg, dict) else None
+        derived = bundles is None
+        if bundles is None:
+            ranks = int(engine.get("tensor_parallel_size") or 1) * int(
+                engine.get("pipeline_parallel_size") or 1
+            )
+            bundles = [{"GPU": 1.0} for _ in range(ranks)]
+        model_id = engine.get("model", f"llm_configs[{k}]")
+        out.append(
+            EngineReplica(
+                manifest=m,
+                name=f"{app_name}/{model_id}",
+                path=path,
+                options=options,
+                options_path=f"{path}.deployment_config",
+                engine=engine,
+                engine_paths=paths,
+                env=env,
+                env_paths=env_paths,
+                bundles=bundles,
+                gpus_path=f"{path}.placement_group_config.bundles" if not derived else path,
+                serve_llm=True,
+                bundles_derived=derived,
+            )
+        )
+    return out
+
+
+def _fleetserve_models(args: Any, base: str) -> list[tuple[str, dict[str, Any], str]]:
+    """fleetserve's own app: ``args.models[]`` each with ``name`` and engine settings."""
+    if not isinstance(args, dict) or not isinstance(args.get("models"), list):
+        return []
+    out = []
+    for i, item in enumerate(args["models"]):
+        if isinstance(item, dict):
+            out.append((str(item.get("name", f"models[{i}]")), item, f"{base}.models[{i}]"))
+    return out
+
+
+def engine_replicas(m: Manifest) -> list[EngineReplica]:
+    """Every Serve replica kind of a RayService, with its vLLM engine arguments when written."""
+    found = serve_config(m)
+    if found is None:
+        return []
+    cfg, root = found
+    apps = cfg.get("applications")
+    if not isinstance(apps, list):
+        return []
+    out: list[EngineReplica] = []
+    for i, app in enumerate(apps):
+        if not isinstance(app, dict):
+            continue
+        app_path = f"{root}:applications[{i}]"
+        app_name = str(app.get("name", f"#{i}"))
+        llm = _serve_llm_replicas(m, app, app_path, app_name)
+        if llm:
+            out.extend(llm)
+            continue
+        app_env, app_env_paths = _env_of(app.get("runtime_env"), f"{app_path}.runtime_env")
+        app_engine: dict[str, Any] = {}
+        app_paths: dict[str, str] = {}
+        args = app.get("args")
+        _read_args(args, f"{app_path}.args", app_engine, app_paths)
+        for sub in ("engine_args", "engine_kwargs"):
+            if isinstance(args, dict):
+                _read_args(args.get(sub), f"{app_path}.args.{sub}", app_engine, app_paths)
+        deps_raw = app.get("deployments")
+        deps = (
+            [(j, d) for j, d in enumerate(deps_raw) if isinstance(d, dict)]
+            if isinstance(deps_raw, list)
+            else []
+        )
+        with_gpus = [j for j, d in deps if _gpus_of(d, "")[0] or _gpus_of(d, "")[1] is not None]
+        for j, dep in deps:
+            dep_path = f"{app_path}.deployments[{j}]"
+            env, env_paths = dict(app_env), dict(app_env_paths)
+            actor = dep.get("ray_actor_options")
+            if isinstance(actor, dict):
+                dep_env, dep_env_paths = _env_of(
+                    actor.get("runtime_env"), f"{dep_path}.ray_actor_options.runtime_env"
+                )
+                env.update(dep_env)
+                env_paths.update(dep_env_paths)
+            num_gpus, bundles, gpus_path = _gpus_of(dep, dep_path)
+            engine, paths = _read_env(env, env_paths)
+            # App-level args describe "the" engine: they belong to the one deployment that
+            # holds GPUs (or the only deployment); with several GPU deployments they are
+            # ambiguous and left out rather than guessed.
+            owns_args = (len(with_gpus) == 1 and j in with_gpus) or (
+                not with_gpus and len(deps) == 1
+            )
+            if owns_args:
+                engine.update(app_engine)
+                paths.update(app_paths)
+            out.append(
+                EngineReplica(
+                    manifest=m,
+                    name=f"{app_name}/{dep.get('name', f'#{j}')}",
+                    path=dep_path,
+                    options=dep,
+                    options_path=dep_path,
+                    engine=engine,
+                    engine_paths=paths,
+                    env=env,
+                    env_paths=env_paths,
+                    num_gpus=num_gpus,
+                    bundles=bundles,
+                    gpus_path=gpus_path,
+                )
+            )
+        if not deps:
+            engine, paths = _read_env(app_env, app_env_paths)
+            engine.update(app_engine)
+            paths.update(app_paths)
+            if engine:
+                out.append(
+                    EngineReplica(
+                        manifest=m,
+                        name=app_name,
+                        path=app_path,
+                        options={},
+                        options_path=app_path,
+                        engine=engine,
+                        engine_paths=paths,
+                        env=app_env,
+                        env_paths=app_env_paths,
+                    )
+                )
+    return out
+
+
+def http_port(m: Manifest) -> int:
+    """The Serve HTTP port of a RayService (``http_options.port``, default 8000)."""
+    found = serve_config(m)
+    if found is not None:
+        opts = found[0].get("http_options")
+        if isinstance(opts, dict):
+            port = _float(opts.get("port"))
+            if port is not None:
+                return int(port)
+    return 8000
+
+
+# --------------------------------------------------------------------------- locations
+
+
+@functools.lru_cache(maxsize=64)
+def _embedded_lines(text: str) -> dict[str, int]:
+    """Field path -> 0-based line inside an embedded YAML document (serveConfigV2)."""
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return {}
+    out: dict[str, int] = {}
+
+    def walk(node: yaml.Node, path: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                sub = f"{path}.{key.value}" if path else str(key.value)
+                out[sub] = key.start_mark.line
+                walk(value, sub)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                sub = f"{path}[{i}]"
+                out[sub] = item.start_mark.line
+                walk(item, sub)
+
+    if root is not None:
+        walk(root, "")
+    return out
+
+
+def line_of(m: Manifest | HelmValues, path: str) -> int:
+    """1-based source line of ``path``, looking inside serveConfigV2 (``spec.serveConfigV2:x``)."""
+    outer, sep, inner = path.partition(":")
+    base = m.line_of(outer)
+    if not sep:
+        return base
+    raw = m.get(outer)
+    if not isinstance(raw, str):
+        return base
+    lines = _embedded_lines(raw)
+    probe = inner
+    while probe:
+        if probe in lines:
+            # A block scalar starts on the line after its key.
+            return base + 1 + lines[probe]
+        cut = max(probe.rfind("."), probe.rfind("["))
+        if cut <= 0:
+            break
+        probe = probe[:cut]
+    return base
+
+
+Severity = Literal["error", "warning", "info"]
+
+
+def finding(  # noqa: PLR0917 - one positional call shape shared by every rule
+    rule_id: str, severity: Severity, m: Manifest | HelmValues, path: str, message: str, fix: str
+) -> Finding:
+    """A finding about ``m`` at ``path``, with its file and line."""
+    return Finding(
+        rule=rule_id,
+        severity=severity,
+        object=m.ref,
+        path=path,
+        message=message,
+        fix=fix,
+        file=m.file,
+        line=line_of(m, path),
+    )
+
+
+# --------------------------------------------------------------------------- vLLM CLI pods
+
+_CLI_FLAGS: dict[str, str] = {
+    "--model": "model",
+    "--tensor-parallel-size": "tensor_parallel_size",
+    "-tp": "tensor_parallel_size",
+    "--pipeline-parallel-size": "pipeline_parallel_size",
+    "-pp": "pipeline_parallel_size",
+    "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--max-model-len": "max_model_len",
+    "--max-num-seqs": "max_num_seqs",
+    "--max-num-batched-tokens": "max_num_batched_tokens",
+    "--dtype": "dtype",
+    "--quantization": "quantization",
+    "-q": "quantization",
+    "--kv-cache-dtype": "kv_cache_dtype",
+    "--distributed-executor-backend": "distributed_executor_backend",
+}
+
+
+def container_engine(container: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """vLLM engine arguments of a container that runs the vLLM server (``vllm serve``,
+    ``python -m vllm.entrypoints.openai.api_server``, or the vllm-openai image), read from its
+    command/args and literal env vars; ({}, {}) for any other container."""
+    words: list[tuple[str, str]] = []
+    for key in ("command", "args"):
+        items = container.get(key)
+        if not isinstance(items, list):
+            continue
+        for i, item in enumerate(items):
+            text = str(item)
+            try:
+                parts = shlex.split(text) if " " in text else [text]
+            except ValueError:
+                parts = [text]
+            words.extend((w, f"{path}.{key}[{i}]") for w in parts)
+    image = str(container.get("image", "")).lower()
+    if "vllm" not in image and not any("vllm" in w for w, _ in words):
+        return {}, {}
+    engine: dict[str, Any] = {}
+    paths: dict[str, str] = {}
+    for n, (word, where) in enumerate(words):
+        flag, eq, value = word.partition("=")
+        if not eq:
+            value = words[n + 1][0] if n + 1 < len(words) else ""
+        found = _CLI_FLAGS.get(flag)
+        if found is None and word == "serve" and n + 1 < len(words):
+            nxt = words[n + 1][0]
+            if n > 0 and words[n - 1][0].endswith("vllm") and not nxt.startswith("-"):
+                engine["model"] = nxt
+                paths["model"] = words[n + 1][1]
+            continue
+        if found is None:
+            continue
+        coerced = _coerce(found, value)
+        if coerced is not None:
+            engine[found] = coerced
+            paths[found] = where
+    env = container.get("env")
+    literal: dict[str, str] = {}
+    literal_paths: dict[str, str] = {}
+    for i, e in enumerate(env if isinstance(env, list) else []):
+        if isinstance(e, dict) and "value" in e and isinstance(e.get("name"), str):
+            literal[e["name"]] = str(e["value"])
+            literal_paths[e["name"]] = f"{path}.env[{i}].value"
+    from_env, env_paths = _read_env(literal, literal_paths)
+    for key, value in from_env.items():
+        engine.setdefault(key, value)
+        paths.setdefault(key, env_paths[key])
+    return engine, paths

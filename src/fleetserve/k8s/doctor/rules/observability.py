@@ -1,0 +1,579 @@
+"""Rules: observability and security (pitfalls.md, "Observability and security").
+
+Monitoring rules match label selectors the way the Prometheus Operator and Kubernetes do
+(matchLabels and matchExpressions; an empty selector selects everything, a missing one
+nothing). Exposure and secret rules look at every place a value can reach the outside: Service
+types, KubeRay's own head Service and Ingress switches, Ingress/Istio/Gateway API routes, env
+vars of every container, and the ``runtime_env`` inside Serve configs and RayJobs.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import yaml
+
+from fleetserve.k8s.doctor.finding import Finding
+from fleetserve.k8s.doctor.inventory import Inventory, Manifest
+from fleetserve.k8s.doctor.ray_objects import RAY_KINDS, cluster_spec, serve_config
+from fleetserve.k8s.doctor.registry import rule
+from fleetserve.k8s.doctor.rules._devices import PodView, pods
+from fleetserve.k8s.doctor.rules._engines import finding
+
+_MONITOR_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+_SELECTOR_FIELD = {
+    "ServiceMonitor": ("serviceMonitorSelector", "serviceMonitorNamespaceSelector"),
+    "PodMonitor": ("podMonitorSelector", "podMonitorNamespaceSelector"),
+    "PrometheusRule": ("ruleSelector", "ruleNamespaceSelector"),
+}
+#: The label kube-prometheus-stack's Prometheus selects by (its Helm release name).
+_DEFAULT_LABEL = ("release", "kube-prometheus-stack")
+
+
+def _labels(m: Manifest) -> dict[str, str]:
+    meta = m.body.get("metadata")
+    raw = meta.get("labels") if isinstance(meta, dict) else None
+    return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+
+
+def selector_matches(selector: Any, labels: dict[str, str]) -> bool | None:
+    """A LabelSelector against labels: True/False, or None for a missing (null) selector."""
+    if selector is None:
+        return None
+    if not isinstance(selector, dict):
+        return False
+    ml = selector.get("matchLabels")
+    if isinstance(ml, dict) and any(labels.get(str(k)) != str(v) for k, v in ml.items()):
+        return False
+    exprs = selector.get("matchExpressions")
+    for e in exprs if isinstance(exprs, list) else []:
+        if not isinstance(e, dict):
+            continue
+        key, op = str(e.get("key")), e.get("operator")
+        values = {str(v) for v in e.get("values") or []}
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and labels.get(key) in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------- release label
+
+
+@rule("servicemonitor-release-label")
+def servicemonitor_release_label(inv: Inventory) -> Iterator[Finding]:
+    """Monitors and rules must carry the label the Prometheus CR selects them by."""
+    proms = inv.of_kind("Prometheus")
+    for m in inv.of_kind(*_MONITOR_KINDS):
+        labels = _labels(m)
+        sel_field, ns_field = _SELECTOR_FIELD[m.kind]
+        if proms:
+            wanted: list[str] = []
+            picked = False
+            for p in proms:
+                spec = p.body.get("spec") if isinstance(p.body.get("spec"), dict) else {}
+                assert isinstance(spec, dict)
+                ok = selector_matches(spec.get(sel_field), labels)
+                ns_sel = spec.get(ns_field)
+                ns_ok = m.namespace == p.namespace if ns_sel is None else True
+                if ok and ns_ok:
+                    picked = True
+                    break
+                wanted.append(
+                    f"{p.ref} selects {sel_field}={_sel_text(spec.get(sel_field))}"
+                    + ("" if ns_ok else f" in namespace {p.namespace!r} only")
+                )
+            if picked:
+                continue
+            yield finding(
+                "servicemonitor-release-label",
+                "warning",
+                m,
+                "metadata.labels",
+                f"No Prometheus in the input picks up this {m.kind} (labels "
+                f"{_dict_text(labels)}, namespace {m.namespace!r}): {'; '.join(wanted)}. "
+                "Prometheus ignores it without a word and nothing is scraped/evaluated.",
+                f"Add the labels the Prometheus selects by to metadata.labels (or move the "
+                f"{m.kind} into a namespace it watches).",
+            )
+            continue
+        if _DEFAULT_LABEL[0] in labels:
+            continue
+        yield finding(
+            "servicemonitor-release-label",
+            "warning",
+            m,
+            "metadata.labels",
+            f"This {m.kind} has no '{_DEFAULT_LABEL[0]}' label (labels: {_dict_text(labels)}): "
+            f"kube-prometheus-stack's Prometheus selects {m.kind}s by "
+            f"{_DEFAULT_LABEL[0]}: <helm release> ({_DEFAULT_LABEL[0]}: {_DEFAULT_LABEL[1]} in "
+            "the default install) and silently ignores the rest.",
+            f"Add metadata.labels.{_DEFAULT_LABEL[0]}: {_DEFAULT_LABEL[1]} (your Prometheus "
+            f"release name; see its {sel_field}).",
+        )
+
+
+def _sel_text(sel: Any) -> str:
+    if sel is None:
+        return "null (selects nothing)"
+    if isinstance(sel, dict) and not sel:
+        return "{} (everything)"
+    if isinstance(sel, dict) and isinstance(sel.get("matchLabels"), dict) and len(sel) == 1:
+        return _dict_text({str(k): str(v) for k, v in sel["matchLabels"].items()})
+    return str(sel)
+
+
+def _dict_text(d: dict[str, str]) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in sorted(d.items())) + "}" if d else "none"
+
+
+# --------------------------------------------------------------------------- worker metrics
+
+
+def _ray_pod_labels(pod: PodView) -> dict[str, str]:
+    labels = dict(pod.labels)
+    labels.setdefault("app.kubernetes.io/created-by", "kuberay-operator")
+    labels.setdefault("app.kubernetes.io/name", "kuberay")
+    return labels
+
+
+def _selects_pod(selector: Any, pod: PodView) -> bool:
+    """A PodMonitor selector against the pods KubeRay creates for ``pod``'s group."""
+    if not isinstance(selector, dict):
+        return False
+    labels = _ray_pod_labels(pod)
+    ml = selector.get("matchLabels")
+    if isinstance(ml, dict) and "ray.io/cluster" in ml:
+        # The cluster name is the RayCluster's, or generated from the RayService's name.
+        want = str(ml["ray.io/cluster"])
+        if pod.manifest.kind == "RayService" and want.startswith(pod.manifest.name):
+            labels["ray.io/cluster"] = want
+        else:
+            labels.setdefault("ray.io/cluster", pod.manifest.name)
+    return bool(selector_matches(selector, labels))
+
+
+def _watches(monitor: Manifest, namespace: str) -> bool:
+    ns = monitor.get("spec.namespaceSelector")
+    if isinstance(ns, dict):
+        if ns.get("any") is True:
+            return True
+        names = ns.get("matchNames")
+        if isinstance(names, list):
+            return namespace in [str(n) for n in names]
+    return monitor.namespace == namespace
+
+
+@rule("worker-metrics-podmonitor")
+def worker_metrics_podmonitor(inv: Inventory) -> Iterator[Finding]:
+    """Ray worker metrics need a PodMonitor: KubeRay creates no Service for workers."""
+    monitors = inv.of_kind("ServiceMonitor", "PodMonitor")
+    if not monitors:
+        return  # monitoring is not part of this input; nothing to compare against
+    for sm in inv.of_kind("ServiceMonitor"):
+        ml = sm.get("spec.selector.matchLabels")
+        if isinstance(ml, dict) and str(ml.get("ray.io/node-type")) == "worker":
+            yield finding(
+                "worker-metrics-podmonitor",
+                "warning",
+                sm,
+                "spec.selector.matchLabels",
+                "This ServiceMonitor selects Services labelled ray.io/node-type: worker, but "
+                "KubeRay creates a Service for the head only: it matches nothing and worker "
+                "metrics (vLLM engine, GPU, Serve replica) are never scraped.",
+                "Use a PodMonitor selecting ray.io/node-type: worker (port 'metrics', 8080).",
+            )
+    podmons = inv.of_kind("PodMonitor")
+    for m in inv.of_kind(*RAY_KINDS):
+        workers = [p for p in pods(inv) if p.manifest is m and p.group and not p.group.is_head]
+        if not workers:
+            continue
+        covered = [
+            w
+            for w in workers
+            if any(
+                _watches(pm, m.namespace) and _selects_pod(pm.get("spec.selector"), w)
+                for pm in podmons
+            )
+        ]
+        missing = [w for w in workers if w not in covered]
+        if not missing:
+            continue
+        found = cluster_spec(m)
+        path = f"{found[1]}.workerGroupSpecs" if found else "spec"
+        names = ", ".join(w.group.name for w in missing if w.group)
+        yield finding(
+            "worker-metrics-podmonitor",
+            "warning",
+            m,
+            path,
+            f"No PodMonitor in the input selects the worker pods of {m.ref} (group(s): "
+            f"{names}), though the input sets up monitoring ({len(monitors)} "
+            "ServiceMonitor/PodMonitor): KubeRay creates no Service for workers, so a "
+            "ServiceMonitor cannot reach them and the engines' metrics are missing.",
+            "Add a PodMonitor with selector.matchLabels ray.io/node-type: worker, "
+            "podMetricsEndpoints port 'metrics', in (or watching) namespace "
+            f"{m.namespace!r}.",
+        )
+
+
+# --------------------------------------------------------------------------- dashboard
+
+_RAY_PRIVATE_PORTS = {8265: "dashboard / Jobs API", 10001: "Ray client"}
+_RAY_PRIVATE_NAMES = {"dashboard": 8265, "client": 10001, "http-dashboard": 8265}
+_EXPOSING_TYPES = ("LoadBalancer", "NodePort")
+
+
+def _private_port(port: Any, name: Any = None) -> int | None:
+    if isinstance(port, int) and port in _RAY_PRIVATE_PORTS:
+        return port
+    for candidate in (port, name):
+        if isinstance(candidate, str) and candidate in _RAY_PRIVATE_NAMES:
+            return _RAY_PRIVATE_NAMES[candidate]
+    return None
+
+
+def _danger(port: int) -> str:
+    return (
+        f"port {port} ({_RAY_PRIVATE_PORTS[port]}) is reachable from outside the cluster: "
+        "anyone who reaches it can submit jobs and run arbitrary code on the cluster "
+        "(CVE-2023-48022 class; Ray has no authentication)"
+    )
+
+
+_FIX = (
+    "Keep the head Service ClusterIP and expose only the Serve port (8000); reach the "
+    "dashboard with kubectl port-forward, or behind an authenticating proxy."
+)
+
+
+def _exposed_service_ports(m: Manifest) -> Iterator[tuple[str, int]]:
+    svc_type = m.get("spec.type")
+    if svc_type not in _EXPOSING_TYPES:
+        return
+    ports = m.get("spec.ports")
+    for i, p in enumerate(ports if isinstance(ports, list) else []):
+        if not isinstance(p, dict):
+            continue
+        hit = _private_port(p.get("port"), p.get("name")) or _private_port(p.get("targetPort"))
+        if hit:
+            yield f"spec.ports[{i}]", hit
+
+
+def _walk(node: Any, path: str) -> Iterator[tuple[str, Any]]:
+    yield path, node
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _walk(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _walk(v, f"{path}[{i}]")
+
+
+@rule("dashboard-exposed")
+def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
+    """The Ray dashboard/Jobs API (8265) and client port (10001) must not leave the cluster."""
+    for m in inv.of_kind("Service"):
+        for path, port in _exposed_service_ports(m):
+            yield finding(
+                "dashboard-exposed",
+                "error",
+                m,
+                path,
+                f"Service of type {m.get('spec.type')}: {_danger(port)}.",
+                _FIX,
+            )
+    for m in inv.of_kind(*RAY_KINDS):
+        found = cluster_spec(m)
+        if found is None:
+            continue
+        spec, base = found
+        head = spec.get("headGroupSpec")
+        if not isinstance(head, dict):
+            continue
+        hpath = f"{base}.headGroupSpec"
+        stype = head.get("serviceType")
+        hs_type = m.get(f"{hpath}.headService.spec.type")
+        for where, value in (
+            (f"{hpath}.serviceType", stype),
+            (f"{hpath}.headService.spec.type", hs_type),
+        ):
+            if value in _EXPOSING_TYPES:
+                yield finding(
+                    "dashboard-exposed",
+                    "error",
+                    m,
+                    where,
+                    f"The head Service KubeRay creates is of type {value}, and it carries "
+                    f"every head port: {_danger(8265)}; the client port 10001 is exposed too.",
+                    _FIX + " Use serveService (RayService) or a separate Service for 8000.",
+                )
+        if head.get("enableIngress") is True:
+            yield finding(
+                "dashboard-exposed",
+                "error",
+                m,
+                f"{hpath}.enableIngress",
+                f"enableIngress: true makes KubeRay create an Ingress for the dashboard: "
+                f"{_danger(8265)}.",
+                _FIX,
+            )
+        for pod in pods(inv):
+            if pod.manifest is not m:
+                continue
+            for c, cpath in pod.containers():
+                ports = c.get("ports")
+                for i, p in enumerate(ports if isinstance(ports, list) else []):
+                    if (
+                        isinstance(p, dict)
+                        and p.get("hostPort")
+                        and _private_port(p.get("containerPort"))
+                    ):
+                        port = int(p["containerPort"])
+                        yield finding(
+                            "dashboard-exposed",
+                            "error",
+                            m,
+                            f"{cpath}.ports[{i}].hostPort",
+                            f"hostPort {p['hostPort']} maps the node's port to the {pod.label}'s "
+                            f"{port}: {_danger(port)}.",
+                            "Remove the hostPort.",
+                        )
+    for m in inv.of_kind("Ingress", "VirtualService", "HTTPRoute", "TCPRoute", "GRPCRoute"):
+        for path, node in _walk(m.body.get("spec"), "spec"):
+            if not isinstance(node, dict):
+                continue
+            hit: int | None = None
+            if m.kind == "Ingress" and isinstance(node.get("service"), dict):
+                sp = node["service"].get("port")
+                if isinstance(sp, dict):
+                    hit = _private_port(sp.get("number"), sp.get("name"))
+            elif m.kind == "VirtualService" and isinstance(node.get("destination"), dict):
+                dp = node["destination"].get("port")
+                if isinstance(dp, dict):
+                    hit = _private_port(dp.get("number"))
+            elif m.kind.endswith("Route") and path.split(".")[-1].startswith("backendRefs"):
+                hit = _private_port(node.get("port"))
+            if hit:
+                yield finding(
+                    "dashboard-exposed",
+                    "error",
+                    m,
+                    path,
+                    f"This {m.kind} routes outside traffic to {_danger(hit)}.",
+                    _FIX,
+                )
+
+
+# --------------------------------------------------------------------------- secrets
+
+_TOKEN_SHAPES = (
+    (re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"), "a Hugging Face token"),
+    (re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}"), "an OpenAI/Anthropic-style API key"),
+    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{36,}\b"), "a GitHub token"),
+    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{40,}\b"), "a GitHub token"),
+    (re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}\b"), "a GitLab token"),
+    (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), "an AWS access key id"),
+    (re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"), "a Slack token"),
+)
+_SECRET_NAME = re.compile(
+    r"(^|_)(TOKEN|API_?KEY|SECRET|SECRET_KEY|PASSWORD|PASSWD|ACCESS_KEY|PRIVATE_KEY|"
+    r"CREDENTIALS?|AUTH)$",
+    re.IGNORECASE,
+)
+_PLACEHOLDER = re.compile(
+    r"^(\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|<[^>]*>|\{\{.*\}\}|\(\(.*\)\)|"
+    r"changeme|change-me|replace-?me|xxx+|dummy|example|none|null|true|false|\d+|)$",
+    re.IGNORECASE,
+)
+
+
+def _token_shape(value: str) -> str | None:
+    for pattern, what in _TOKEN_SHAPES:
+        if pattern.search(value):
+            return what
+    return None
+
+
+def _secret_literal(name: str, value: Any) -> str | None:
+    """Why (name, value) is a literal secret, or None."""
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        return None
+    text = str(value).strip()
+    shape = _token_shape(text)
+    if shape:
+        return shape
+    if _SECRET_NAME.search(name) and not _PLACEHOLDER.match(text):
+        return f"a literal value for {name}"
+    return None
+
+
+_SECRET_FIX = (
+    "Put the value in a Secret (created out of band, or by ExternalSecrets/SealedSecrets) and "
+    "reference it: env valueFrom.secretKeyRef, or envFrom.secretRef; rotate the leaked value."
+)
+
+
+def _env_vars_in(node: Any, base: str) -> Iterator[tuple[str, str, Any]]:
+    """(path, name, value) of every ``env_vars`` entry and secret-named key in a runtime env."""
+    for path, sub in _walk(node, base):
+        if not isinstance(sub, dict):
+            continue
+        for k, v in sub.items():
+            if isinstance(v, dict | list):
+                continue
+            yield f"{path}.{k}", str(k), v
+
+
+@rule("plaintext-secret")
+def plaintext_secret(inv: Inventory) -> Iterator[Finding]:
+    """Tokens and API keys written as literals instead of Secret references."""
+    for pod in pods(inv):
+        for c, cpath in pod.containers():
+            env = c.get("env")
+            for i, e in enumerate(env if isinstance(env, list) else []):
+                if not isinstance(e, dict) or "value" not in e:
+                    continue
+                why = _secret_literal(str(e.get("name", "")), e.get("value"))
+                if why:
+                    yield finding(
+                        "plaintext-secret",
+                        "error",
+                        pod.manifest,
+                        f"{cpath}.env[{i}].value",
+                        f"Env var {e.get('name')!r} of container {c.get('name', '?')!r} in the "
+                        f"{pod.label} holds {why} in clear text: anyone who can read the "
+                        "manifest (git, kubectl get -o yaml, the Ray dashboard) has it.",
+                        _SECRET_FIX,
+                    )
+    for m in inv.of_kind("RayService"):
+        found = serve_config(m)
+        if found is None:
+            continue
+        cfg, root = found
+        for path, name, value in _env_vars_in(cfg, f"{root}:"):
+            why = _secret_literal(name, value)
+            if why:
+                yield finding(
+                    "plaintext-secret",
+                    "error",
+                    m,
+                    path.replace(":.", ":"),
+                    f"serveConfigV2 sets {name!r} to {why} in clear text; the Serve config "
+                    "is also shown by the Ray dashboard and the Serve REST API.",
+                    _SECRET_FIX + " In runtime_env, read it from the pod env instead.",
+                )
+    for m in inv.of_kind("RayJob"):
+        raw = m.get("spec.runtimeEnvYAML")
+        parsed: Any = None
+        if isinstance(raw, str):
+            try:
+                parsed = yaml.safe_load(raw)
+            except yaml.YAMLError:
+                parsed = None
+        for path, name, value in _env_vars_in(parsed, "spec.runtimeEnvYAML:"):
+            why = _secret_literal(name, value)
+            if why:
+                yield finding(
+                    "plaintext-secret",
+                    "error",
+                    m,
+                    path.replace(":.", ":"),
+                    f"The RayJob's runtime env sets {name!r} to {why} in clear text.",
+                    _SECRET_FIX,
+                )
+        entry = m.get("spec.entrypoint")
+        if isinstance(entry, str) and (why := _token_shape(entry)):
+            yield finding(
+                "plaintext-secret",
+                "error",
+                m,
+                "spec.entrypoint",
+                f"The RayJob's entrypoint contains {why} in clear text.",
+                _SECRET_FIX,
+            )
+    for m in inv.of_kind("Secret", "ConfigMap"):
+        for section in ("data", "stringData"):
+            table = m.get(section)
+            for key, value in table.items() if isinstance(table, dict) else []:
+                text = str(value)
+                if m.kind == "Secret" and section == "data":
+                    text = _b64(text)
+                why = _token_shape(text)
+                if why:
+                    yield finding(
+                        "plaintext-secret",
+                        "error",
+                        m,
+                        f"{section}.{key}",
+                        f"This {m.kind} manifest carries {why} in {section}.{key}"
+                        + (" (base64 is an encoding, not encryption)" if section == "data" else "")
+                        + ": the file itself is the leak.",
+                        "Do not keep the value in the manifest: create the Secret out of band "
+                        "(kubectl create secret) or through ExternalSecrets/SealedSecrets, and "
+                        "rotate the token.",
+                    )
+
+
+def _b64(text: str) -> str:
+    try:
+        return base64.b64decode(text, validate=True).decode("utf-8", "replace")
+    except (binascii.Error, ValueError):
+        return text
+
+
+# --------------------------------------------------------------------------- network policy
+
+
+def _restricts_ingress(policy: Manifest, pod: PodView) -> bool:
+    spec = policy.body.get("spec")
+    if not isinstance(spec, dict):
+        return False
+    if not selector_matches(spec.get("podSelector", {}), _ray_pod_labels(pod)):
+        return False
+    types = spec.get("policyTypes")
+    if isinstance(types, list) and "Ingress" not in types:
+        return False
+    rules = spec.get("ingress")
+    if not isinstance(rules, list):
+        return True  # Ingress type with no rules: deny all
+    # A rule without 'from' admits every source: the policy restricts nothing.
+    return all(isinstance(r, dict) and r.get("from") for r in rules)
+
+
+@rule("no-network-policy")
+def no_network_policy(inv: Inventory) -> Iterator[Finding]:
+    """Serving pods need a NetworkPolicy that restricts who can reach them."""
+    policies = inv.of_kind("NetworkPolicy")
+    for m in inv.of_kind(*RAY_KINDS):
+        ray_pods = [p for p in pods(inv) if p.manifest is m]
+        if not ray_pods:
+            continue
+        local = [p for p in policies if p.namespace == m.namespace]
+        open_pods = [p for p in ray_pods if not any(_restricts_ingress(np, p) for np in local)]
+        if not open_pods:
+            continue
+        which = ", ".join(p.label for p in open_pods)
+        yield finding(
+            "no-network-policy",
+            "warning",
+            m,
+            "metadata",
+            f"No NetworkPolicy in the input restricts ingress to the pods of {m.ref} ({which}) "
+            f"in namespace {m.namespace!r}"
+            + (f" ({len(local)} policies there, none selecting them)" if local else "")
+            + ": any pod in the cluster can reach the dashboard (8265), GCS (6379) and client "
+            "(10001) ports as well as Serve.",
+            "Add a NetworkPolicy for the namespace: deny ingress by default and allow only the "
+            "Serve port (8000) from your gateway, plus Ray's own pod-to-pod traffic "
+            "(podSelector ray.io/is-ray-node: 'yes').",
+        )

@@ -1,0 +1,574 @@
+"""Rules: Ray Serve and vLLM configuration inside RayServices (pitfalls.md, "Serve and vLLM").
+
+Each rule reads the Serve replicas of a RayService through :mod:`._engines` (one view of
+what vLLM runs with and what Ray gives it) and the worker groups through ``ray_objects``;
+memory rules add the card behind a pod (:mod:`._devices`) and the model's facts
+(:mod:`._models`). A rule stays silent when a number it needs is not written in the input:
+the app's code may set it, and a guess would be a false positive.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from fleetserve.k8s.doctor.finding import Finding
+from fleetserve.k8s.doctor.inventory import Inventory, Manifest
+from fleetserve.k8s.doctor.ray_objects import (
+    RAY_KINDS,
+    GroupView,
+    cluster_spec,
+    fmt_num,
+    groups,
+    worker_groups,
+)
+from fleetserve.k8s.doctor.registry import rule
+from fleetserve.k8s.doctor.rules._devices import (
+    HamiConfig,
+    card_memory,
+    container_slice,
+    hami_config,
+    pods,
+)
+from fleetserve.k8s.doctor.rules._engines import (
+    EngineReplica,
+    engine_replicas,
+    finding,
+    http_port,
+)
+from fleetserve.k8s.doctor.rules._models import gib, replica_need
+
+#: Ray Serve's defaults (ray/serve/_private/constants.py, Ray 2.60).
+SERVE_DEFAULT_MAX_ONGOING = 5
+SERVE_DEFAULT_TARGET_ONGOING = 2.0
+#: vLLM's default gpu_memory_utilization (vllm/config/cache.py, vLLM 0.32).
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+
+
+def _replicas(inv: Inventory) -> Iterator[EngineReplica]:
+    for m in inv.of_kind("RayService"):
+        yield from engine_replicas(m)
+
+
+# --------------------------------------------------------------------------- deprecated
+
+
+def _deployment_dicts(inv: Inventory) -> Iterator[tuple[Manifest, str, str, dict[str, Any]]]:
+    """(manifest, name, path, options) of every deployment options dict written."""
+    for r in _replicas(inv):
+        if r.options:
+            yield r.manifest, r.name, r.options_path, r.options
+
+
+@rule("deprecated-serve-field")
+def deprecated_serve_field(inv: Inventory) -> Iterator[Finding]:
+    """Removed Serve fields that Ray drops silently, and num_replicas with autoscaling."""
+    for m, name, path, opts in _deployment_dicts(inv):
+        auto = opts.get("autoscaling_config")
+        auto = auto if isinstance(auto, dict) else None
+        if "max_concurrent_queries" in opts:
+            meant = opts["max_concurrent_queries"]
+            real = opts.get("max_ongoing_requests", SERVE_DEFAULT_MAX_ONGOING)
+            yield finding(
+                "deprecated-serve-field",
+                "error",
+                m,
+                f"{path}.max_concurrent_queries",
+                f"Serve deployment {name!r} sets max_concurrent_queries: {meant}, a field Ray "
+                "Serve removed; Ray accepts the config without a word and drops it, so each "
+                f"replica takes max_ongoing_requests = {real}"
+                + (" (Ray's default)" if "max_ongoing_requests" not in opts else "")
+                + f", not {meant}.",
+                f"Rename it to max_ongoing_requests: {meant}.",
+            )
+        for where, table in (("", opts), (".autoscaling_config", auto or {})):
+            if "target_num_ongoing_requests_per_replica" not in table:
+                continue
+            meant = table["target_num_ongoing_requests_per_replica"]
+            has_new = "target_ongoing_requests" in (auto or {}) or "target_ongoing_requests" in opts
+            real = (auto or {}).get(
+                "target_ongoing_requests",
+                opts.get("target_ongoing_requests", SERVE_DEFAULT_TARGET_ONGOING),
+            )
+            yield finding(
+                "deprecated-serve-field",
+                "error",
+                m,
+                f"{path}{where}.target_num_ongoing_requests_per_replica",
+                f"Serve deployment {name!r} sets target_num_ongoing_requests_per_replica: "
+                f"{meant}, a field Ray Serve removed; it is dropped silently, so the autoscaler "
+                f"targets {fmt_num(float(real))} ongoing requests per replica"
+                + (" (Ray's default)" if not has_new else "")
+                + f", not {meant}: it scales up "
+                + ("earlier" if float(real) < float(meant) else "later")
+                + " than intended.",
+                f"Rename it to autoscaling_config.target_ongoing_requests: {meant}.",
+            )
+        num = opts.get("num_replicas")
+        if isinstance(num, int) and not isinstance(num, bool) and auto is not None:
+            yield finding(
+                "deprecated-serve-field",
+                "error",
+                m,
+                f"{path}.num_replicas",
+                f"Serve deployment {name!r} sets num_replicas: {num} together with "
+                'autoscaling_config: Serve rejects the application ("Manually setting '
+                'num_replicas is not allowed when autoscaling_config is provided").',
+                "Remove num_replicas (or write num_replicas: auto); set "
+                "autoscaling_config.min_replicas/initial_replicas instead.",
+            )
+
+
+# --------------------------------------------------------------------------- TP vs GPUs
+
+
+def _gpu_groups(m: Manifest) -> list[GroupView]:
+    return [g for g in worker_groups(m) if g.gpus_per_pod > 0]
+
+
+@rule("tp-gpus-mismatch")
+def tp_gpus_mismatch(inv: Inventory) -> Iterator[Finding]:
+    """TP x PP must equal the GPUs Ray gives the replica; TP beyond one pod needs Ray's executor."""
+    for r in _replicas(inv):
+        ranks = r.parallel
+        if ranks is None:
+            continue
+        tp = int(r.engine.get("tensor_parallel_size") or 1)
+        pp = int(r.engine.get("pipeline_parallel_size") or 1)
+        what = f"tensor_parallel_size {tp}" + (f" x pipeline_parallel_size {pp}" if pp > 1 else "")
+        units = r.gpu_units
+        if units is not None and not r.bundles_derived:
+            count, per_unit = units
+            given = (
+                f"{fmt_num(r.num_gpus)} GPU{'s' if r.num_gpus != 1 else ''} "
+                "(ray_actor_options.num_gpus)"
+                if r.num_gpus is not None
+                else f"{count} GPU bundle{'s' if count != 1 else ''} (placement_group_bundles)"
+            )
+            if per_unit < 1 and ranks > 1:
+                yield finding(
+                    "tp-gpus-mismatch",
+                    "error",
+                    r.manifest,
+                    r.gpus_path,
+                    f"Serve replica {r.name!r} runs vLLM with {what} = {ranks} ranks, each "
+                    f"needing a whole GPU, but Ray gives it {given}, a fraction of a card: "
+                    "the ranks cannot each own a GPU and NCCL init hangs.",
+                    f"Give the replica {ranks} whole GPUs (num_gpus: {ranks}, or {ranks} "
+                    "bundles of {GPU: 1}), or lower tensor_parallel_size to 1.",
+                )
+            elif per_unit >= 1 and count != ranks:
+                effect = (
+                    "vLLM waits for ranks that have no GPU and NCCL init hangs"
+                    if count < ranks
+                    else f"{count - ranks} of the {count} GPUs sit idle"
+                )
+                yield finding(
+                    "tp-gpus-mismatch",
+                    "error",
+                    r.manifest,
+                    r.engine_path("tensor_parallel_size"),
+                    f"Serve replica {r.name!r} runs vLLM with {what} = {ranks} GPUs but Ray "
+                    f"gives it {given}: {effect}.",
+                    f"Make them equal: tensor_parallel_size x pipeline_parallel_size = {count}, "
+                    f"or give the replica {ranks} GPUs.",
+                )
+        # TP across pods needs Ray's distributed executor (Serve LLM always uses it). A
+        # replica given num_gpus must fit one pod anyway (the infeasible-request rule).
+        backend = r.engine.get("distributed_executor_backend")
+        if r.serve_llm or backend == "ray" or r.num_gpus is not None:
+            continue
+        gpu_groups = _gpu_groups(r.manifest)
+        if not gpu_groups:
+            continue
+        most = max(g.gpus_per_pod for g in gpu_groups)
+        if ranks > most:
+            widest = max(gpu_groups, key=lambda g: g.gpus_per_pod)
+            yield finding(
+                "tp-gpus-mismatch",
+                "error",
+                r.manifest,
+                r.engine_path("tensor_parallel_size"),
+                f"Serve replica {r.name!r} runs vLLM with {what} = {ranks} GPUs, more than "
+                f"any worker pod has (largest: {widest.label}, {fmt_num(most)} GPU per pod), "
+                f"and distributed_executor_backend is {backend or 'not set (mp)'}: the "
+                "multiprocessing executor keeps every rank on one node, so the engine cannot "
+                "start.",
+                f"Give a worker group {ranks} GPUs per pod, or set "
+                "distributed_executor_backend: ray to span pods (slower over the network).",
+            )
+
+
+# --------------------------------------------------------------------------- VLLM_PORT
+
+#: Ports Ray itself listens on inside its pods (KubeRay defaults).
+_RAY_PORTS = {
+    6379: "the GCS",
+    8265: "the dashboard",
+    10001: "the Ray client server",
+    8080: "the metrics exporter",
+    52365: "the dashboard agent",
+}
+
+
+def _env_literal(container: dict[str, Any], name: str) -> tuple[str, int] | None:
+    env = container.get("env")
+    if not isinstance(env, list):
+        return None
+    for i, e in enumerate(env):
+        if isinstance(e, dict) and e.get("name") == name and "value" in e:
+            return str(e.get("value")), i
+    return None
+
+
+def _runs_vllm(m: Manifest) -> bool:
+    if any(r.is_vllm for r in engine_replicas(m)):
+        return True
+    for g in groups(m):
+        image = str(g.container.get("image", ""))
+        if "vllm" in image.lower():
+            return True
+    return False
+
+
+def _port(text: str) -> int | None:
+    return int(text) if re.fullmatch(r"\s*\d{1,5}\s*", text) else None
+
+
+@rule("vllm-port-conflict")
+def vllm_port_conflict(inv: Inventory) -> Iterator[Finding]:
+    """VLLM_PORT on a port already taken, shared by replicas of one pod, or set by a Service."""
+    service_links = {(s.namespace, s.name) for s in inv.of_kind("Service") if s.name == "vllm"}
+    for m in inv.of_kind(*RAY_KINDS):
+        serve_port = http_port(m) if m.kind == "RayService" else 8000
+        replicas = engine_replicas(m) if m.kind == "RayService" else []
+        vllm = _runs_vllm(m)
+        for g in groups(m):
+            hit = _env_literal(g.container, "VLLM_PORT")
+            env_path = f"{g.container_path}.env[{hit[1]}].value" if hit else ""
+            port = _port(hit[0]) if hit else None
+            if port is not None:
+                taken = {serve_port: "Ray Serve's HTTP proxy", **_RAY_PORTS}
+                declared = g.container.get("ports")
+                for p in declared if isinstance(declared, list) else []:
+                    if isinstance(p, dict) and isinstance(p.get("containerPort"), int):
+                        taken.setdefault(p["containerPort"], f"container port {p.get('name', '')}")
+                if port in taken:
+                    yield finding(
+                        "vllm-port-conflict",
+                        "error",
+                        m,
+                        env_path,
+                        f"VLLM_PORT={port} in the {g.label} is the port {taken[port]} listens "
+                        "on: vLLM's distributed init races it for the socket and one side fails "
+                        "with 'Address already in use'.",
+                        "Set VLLM_PORT to a free port (e.g. 8004), or remove it.",
+                    )
+                    continue
+                per_pod = _replicas_per_pod(g, replicas)
+                if per_pod >= 2:
+                    yield finding(
+                        "vllm-port-conflict",
+                        "error",
+                        m,
+                        env_path,
+                        f"VLLM_PORT={port} is fixed for every process of the {g.label}, and "
+                        f"one pod ({fmt_num(g.gpus_per_pod)} GPUs) holds up to {per_pod} vLLM "
+                        "replicas: replicas starting together probe the same free port and "
+                        "all but one fail with 'Address already in use' "
+                        "(torch.distributed DistNetworkError).",
+                        "Remove VLLM_PORT (vLLM then picks a free port per engine), or give "
+                        "each pod one replica.",
+                    )
+            elif hit is None and vllm and (m.namespace, "vllm") in service_links:
+                if g.pod_spec.get("enableServiceLinks") is False:
+                    continue
+                yield finding(
+                    "vllm-port-conflict",
+                    "error",
+                    m,
+                    g.container_path,
+                    f"A Service named 'vllm' in namespace {m.namespace!r} makes Kubernetes "
+                    "inject VLLM_PORT=tcp://<cluster-ip>:<port> into the pods of the "
+                    f"{g.label}; vLLM reads it as its own port setting and refuses to start "
+                    '("VLLM_PORT ... appears to be a URI").',
+                    "Rename the Service, set enableServiceLinks: false on the pod, or set "
+                    "VLLM_PORT explicitly in the container env.",
+                )
+        for r in replicas:
+            raw = r.env.get("VLLM_PORT")
+            port = _port(raw) if raw is not None else None
+            if port is None:
+                continue
+            if port == serve_port or port in _RAY_PORTS:
+                owner = "Ray Serve's HTTP proxy" if port == serve_port else _RAY_PORTS[port]
+                yield finding(
+                    "vllm-port-conflict",
+                    "error",
+                    m,
+                    r.env_paths["VLLM_PORT"],
+                    f"Serve replica {r.name!r} runs with VLLM_PORT={port}, the port {owner} "
+                    "listens on in every Ray pod: one of them fails with 'Address already in "
+                    "use'.",
+                    "Set VLLM_PORT to a free port (e.g. 8004), or remove it.",
+                )
+                continue
+            for g in _gpu_groups(m):
+                per_pod = _replicas_per_pod(g, [r])
+                if per_pod >= 2:
+                    yield finding(
+                        "vllm-port-conflict",
+                        "error",
+                        m,
+                        r.env_paths["VLLM_PORT"],
+                        f"Serve replica {r.name!r} fixes VLLM_PORT={port} for all its replicas, "
+                        f"and one pod of the {g.label} ({fmt_num(g.gpus_per_pod)} GPUs) holds "
+                        f"up to {per_pod} of them: they race for the same port and all but one "
+                        "fail with 'Address already in use'.",
+                        "Remove VLLM_PORT from runtime_env (vLLM picks a free port per engine).",
+                    )
+                    break
+
+
+def _replicas_per_pod(g: GroupView, replicas: list[EngineReplica]) -> int:
+    """Most vLLM replicas one pod of ``g`` can hold at once (by GPUs), over ``replicas``."""
+    if g.is_head or g.gpus_per_pod <= 0:
+        return 0
+    best = 0
+    for r in replicas:
+        units = r.gpu_units
+        if not r.is_vllm or units is None:
+            continue
+        count, per_unit = units
+        need = count * per_unit
+        if need <= 0 or need > g.gpus_per_pod:
+            continue
+        best = max(best, math.floor(g.gpus_per_pod / need + 1e-9))
+    return best
+
+
+# --------------------------------------------------------------------------- rayVersion
+
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def ray_version_of_image(image: str) -> str | None:
+    """The Ray version an image carries, when its name says so; None for other images.
+
+    ``rayproject/ray:2.35.0-py311-cu121`` -> 2.35.0 (also ray-ml, ray-llm, anyscale/ray);
+    ``.../ray2.24.0-py310-vllm-gpu:v1`` -> 2.24.0. A custom image's tag is not Ray's
+    version, so ``my/llm:1.2.3`` gives None.
+    """
+    ref = image.split("@", 1)[0]
+    last = ref.rsplit("/", 1)[-1]
+    name, _, tag = last.partition(":")
+    embedded = re.match(r"^ray[-_]?v?(\d+\.\d+(?:\.\d+)?)(?:[-_.]|$)", name)
+    if embedded:
+        return _normal(embedded.group(1))
+    if re.fullmatch(r"ray(-ml|-llm|-gpu|-cpu)?", name) and tag:
+        found = _VERSION.match(tag)
+        if found:
+            return _normal(found.group(0))
+    return None
+
+
+def _normal(version: str) -> str:
+    parts = version.lstrip("v").split(".")
+    while len(parts) < 3:
+        parts.append("0")
+    return ".".join(str(int(p)) for p in parts[:3])
+
+
+@rule("rayversion-image-mismatch")
+def rayversion_image_mismatch(inv: Inventory) -> Iterator[Finding]:
+    """rayVersion must equal the Ray version in the head/worker images."""
+    for m in inv.of_kind(*RAY_KINDS):
+        found = cluster_spec(m)
+        if found is None:
+            continue
+        spec, path = found
+        declared = spec.get("rayVersion")
+        if not isinstance(declared, str | int | float) or not _VERSION.match(str(declared)):
+            continue
+        want = _normal(_VERSION.match(str(declared)).group(0))  # type: ignore[union-attr]
+        for g in groups(m):
+            containers = g.pod_spec.get("containers")
+            for i, c in enumerate(containers if isinstance(containers, list) else []):
+                if not isinstance(c, dict) or not isinstance(c.get("image"), str):
+                    continue
+                have = ray_version_of_image(c["image"])
+                if have is None or have == want:
+                    continue
+                yield finding(
+                    "rayversion-image-mismatch",
+                    "error",
+                    m,
+                    f"{g.path}.template.spec.containers[{i}].image",
+                    f"rayVersion is {declared!s} but the {g.label} runs {c['image']} (Ray "
+                    f"{have}): KubeRay configures the cluster (autoscaler, health checks, "
+                    "start parameters) for a Ray it is not running.",
+                    f"Set {path}.rayVersion: '{have}', or use a Ray {want} image.",
+                )
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _replica_groups(r: EngineReplica) -> list[GroupView]:
+    """Worker groups a vLLM replica can run on (pods with at least one GPU per rank)."""
+    units = r.gpu_units
+    per_rank = units[1] if units else 1.0
+    return [g for g in _gpu_groups(r.manifest) if g.gpus_per_pod >= per_rank]
+
+
+@rule("kv-cache-too-small")
+def kv_cache_too_small(inv: Inventory) -> Iterator[Finding]:
+    """Weights + overhead + one max_model_len sequence must fit the engine's memory budget."""
+    cfg = hami_config(inv)
+    pod_of = {id(p.group): p for p in pods(inv) if p.group is not None}
+    for r in _replicas(inv):
+        if not r.is_vllm:
+            continue
+        need = replica_need(r.engine)
+        if need is None:
+            continue  # model or settings unknown to the memory model: stay silent
+        per_card = need.per_card
+        util = float(r.engine.get("gpu_memory_utilization", VLLM_DEFAULT_GPU_MEMORY_UTILIZATION))
+        for g in _replica_groups(r):
+            pod = pod_of.get(id(g))
+            slice_mib = _slice_mib(g, cfg)
+            card = card_memory(pod, inv) if pod is not None else None
+            # HAMi-core virtualises device memory: inside a slice the engine sees the slice
+            # as the whole card, so its budget is a fraction of the slice. Otherwise it is a
+            # fraction of the largest card the pool may have (never a false positive).
+            if slice_mib is not None:
+                visible, where = slice_mib, f"the {fmt_num(round(slice_mib))} MiB HAMi slice"
+            elif card is not None:
+                visible = card.largest
+                where = f"a {fmt_num(round(visible))} MiB card ({card.source})"
+            else:
+                continue
+            budget = util * visible * 2**20
+            if per_card.total <= budget:
+                continue
+            fixed = per_card.non_kv
+            yield finding(
+                "kv-cache-too-small",
+                "error",
+                r.manifest,
+                r.engine_path("max_model_len"),
+                f"Serve replica {r.name!r} ({need.model}, max_model_len {need.max_model_len}, "
+                f"{need.ranks} rank{'s' if need.ranks > 1 else ''}) on the {g.label}: "
+                f"gpu_memory_utilization {util:g} of {where} gives each rank {gib(budget)}; "
+                f"weights take {gib(per_card.weights)} and activations, CUDA context and "
+                f"graphs about {gib(fixed - per_card.weights)}, leaving "
+                f"{gib(max(budget - fixed, 0))} for the KV cache, but one "
+                f"{need.max_model_len}-token sequence needs {gib(per_card.kv_cache)}: vLLM "
+                'fails at start-up ("not enough KV cache" / out of memory).',
+                "Lower max_model_len, raise gpu_memory_utilization or the slice, quantize "
+                "(fp8/awq) or raise tensor_parallel_size.",
+            )
+            break
+
+
+def _slice_mib(g: GroupView, cfg: HamiConfig) -> float | None:
+    """MiB of the HAMi memory slice of the group's ray container, when one is set."""
+    s = container_slice(g.container, cfg)
+    if s is None or not s.is_hami:
+        return None
+    if s.mem_mib is not None:
+        return s.mem_mib
+    return None
+
+
+@rule("gpu-memory-utilization-exceeds-slice")
+def gpu_memory_utilization_exceeds_slice(inv: Inventory) -> Iterator[Finding]:
+    """Replicas sharing a card must each claim at most their share of it."""
+    for r in _replicas(inv):
+        frac = r.gpu_fraction
+        if frac is None or not r.is_vllm:
+            continue
+        written = "gpu_memory_utilization" in r.engine
+        util = float(r.engine.get("gpu_memory_utilization", VLLM_DEFAULT_GPU_MEMORY_UTILIZATION))
+        if util <= frac + 1e-9:
+            continue
+        sharers = math.floor(1 / frac + 1e-9)
+        yield finding(
+            "gpu-memory-utilization-exceeds-slice",
+            "error",
+            r.manifest,
+            r.engine_path("gpu_memory_utilization") if written else r.gpus_path,
+            f"Serve replica {r.name!r} holds {fmt_num(frac)} of a GPU, so Ray packs up to "
+            f"{sharers} replicas on one card, but each vLLM engine claims "
+            f"gpu_memory_utilization {util:g}"
+            + ("" if written else " (vLLM's default)")
+            + f" of the card: {sharers} x {util:g} = {sharers * util:g} > 1, and the second "
+            "replica fails at start-up with out-of-memory (ray#62553).",
+            f"Set gpu_memory_utilization <= {frac:g} (minus a margin, e.g. "
+            f"{max(frac - 0.05, 0.01):.2f}), or give each replica a whole GPU.",
+        )
+
+
+# --------------------------------------------------------------------------- batching
+
+
+@rule("max-num-batched-tokens")
+def max_num_batched_tokens(inv: Inventory) -> Iterator[Finding]:
+    """Batch token budget vs context length, and max_num_seqs vs the traffic Serve sends."""
+    for r in _replicas(inv):
+        if not r.is_vllm:
+            continue
+        mnbt = r.engine.get("max_num_batched_tokens")
+        mml = r.engine.get("max_model_len")
+        seqs = r.engine.get("max_num_seqs")
+        chunked = r.engine.get("enable_chunked_prefill", True)
+        if mnbt is not None and mml is not None and mnbt < mml and chunked is False:
+            yield finding(
+                "max-num-batched-tokens",
+                "warning",
+                r.manifest,
+                r.engine_path("max_num_batched_tokens"),
+                f"Serve replica {r.name!r}: max_num_batched_tokens {mnbt} < max_model_len "
+                f"{mml} with chunked prefill off: a prompt longer than {mnbt} tokens can never "
+                "be scheduled, and vLLM refuses this configuration at start-up.",
+                f"Raise max_num_batched_tokens to >= {mml}, or enable chunked prefill.",
+            )
+        if mnbt is not None and seqs is not None and mnbt < seqs:
+            yield finding(
+                "max-num-batched-tokens",
+                "warning",
+                r.manifest,
+                r.engine_path("max_num_batched_tokens"),
+                f"Serve replica {r.name!r}: max_num_batched_tokens {mnbt} < max_num_seqs "
+                f"{seqs}: vLLM refuses this at start-up.",
+                f"Raise max_num_batched_tokens to >= {seqs}.",
+            )
+        if seqs is None:
+            continue
+        auto = r.autoscaling()
+        targets: list[tuple[str, float]] = []
+        for table, where in ((auto, "autoscaling_config."), (r.options, "")):
+            for key in ("target_ongoing_requests", "target_num_ongoing_requests_per_replica"):
+                val = table.get(key)
+                if isinstance(val, int | float) and not isinstance(val, bool):
+                    targets.append((f"{where}{key}", float(val)))
+        if not targets:
+            continue
+        key, target = max(targets, key=lambda t: t[1])
+        if seqs >= target:
+            continue
+        yield finding(
+            "max-num-batched-tokens",
+            "warning",
+            r.manifest,
+            r.engine_path("max_num_seqs"),
+            f"Serve replica {r.name!r}: vLLM runs at most max_num_seqs {seqs} sequences at "
+            f"once, but Serve is told to keep {fmt_num(target)} requests per replica "
+            f"({key}): {fmt_num(target - seqs)} of them wait in vLLM's queue while the GPU "
+            f"is capped at {seqs} concurrent sequences, and the autoscaler adds replicas "
+            "late.",
+            f"Raise max_num_seqs to at least {fmt_num(math.ceil(target))} (the KV cache "
+            "permitting), or lower the autoscaling target.",
+        )
