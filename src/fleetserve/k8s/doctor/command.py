@@ -1,0 +1,122 @@
+"""``fleetserve doctor PATH...``: find known traps in manifests and Ray Train scripts.
+
+Exit codes (the contract CI relies on): 0 no error findings, 1 error findings, 2 unreadable
+input or bad usage (the message names the file and line). The handler is a thin shell: load,
+validate schemas, run rules, print; all judgement lives in the pure rule functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from fleetserve.errors import UsageError
+from fleetserve.k8s.doctor.inventory import Inventory
+from fleetserve.k8s.doctor.loader import expand_paths, load_paths
+from fleetserve.k8s.doctor.registry import load_rules, run_rules
+from fleetserve.k8s.doctor.report import DoctorResult, print_text, to_json
+from fleetserve.k8s.doctor.schema import validate_schemas
+
+SCHEMA_RULE = "schema"
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``doctor`` sub-command."""
+    p = subparsers.add_parser(
+        "doctor",
+        help="check KubeRay/HAMi/monitoring manifests and Ray Train scripts for known traps",
+        description=(
+            "Read YAML files or directories (RayService, RayCluster, RayJob, HAMi Helm values, "
+            "Karpenter NodePools, monitoring objects, core kinds, fleet specs) and Python files "
+            "with a Ray Train ScalingConfig (read statically, never executed); report schema "
+            "violations and every pitfall of the catalogue. Exit 0: no errors, 1: errors, "
+            "2: unreadable input."
+        ),
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="files or directories to check")
+    p.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text: readable report (default); json: a list of findings",
+    )
+    p.add_argument(
+        "--crds",
+        metavar="DIR",
+        default=None,
+        help="directory of CRD YAML files whose OpenAPI schemas validate custom resources "
+        "(e.g. kuberay's ray-operator/config/crd/bases)",
+    )
+    p.add_argument(
+        "--rules",
+        metavar="ID,ID",
+        default=None,
+        help="only these rule ids (comma-separated; 'schema' selects schema validation)",
+    )
+    p.add_argument(
+        "--k8s-version",
+        metavar="X.Y",
+        default=None,
+        help="Kubernetes version whose schemas validate core kinds (default: newest known)",
+    )
+    p.set_defaults(handler=run)
+
+
+def _parse_rules(raw: str | None) -> set[str] | None:
+    if raw is None:
+        return None
+    wanted = {r.strip() for r in raw.split(",") if r.strip()}
+    known = set(load_rules()) | {SCHEMA_RULE}
+    unknown = sorted(wanted - known)
+    if unknown or not wanted:
+        raise UsageError(
+            f"--rules: unknown rule id(s) {', '.join(unknown) or '(none given)'}",
+            hint="known: " + ", ".join(sorted(known)),
+        )
+    return wanted
+
+
+def diagnose(
+    paths: list[str],
+    *,
+    crds: str | None = None,
+    rules: set[str] | None = None,
+    k8s_version: str | None = None,
+) -> DoctorResult:
+    """Load ``paths`` and return every finding (the library entry point behind the command)."""
+    if crds is not None and not Path(crds).is_dir():
+        raise UsageError(f"--crds {crds}: not a directory")
+    files = expand_paths(paths)
+    inv: Inventory = load_paths(files)
+    findings = []
+    unchecked: list[str] = []
+    notes: list[str] = []
+    if rules is None or SCHEMA_RULE in rules:
+        schema = validate_schemas(inv, crds, k8s_version)
+        findings.extend(schema.findings)
+        unchecked = schema.unchecked
+        if unchecked:
+            shown = ", ".join(sorted(set(unchecked))[:5]) + (" ..." if len(unchecked) > 5 else "")
+            hint = "" if crds else " (pass --crds DIR to validate custom resources)"
+            notes.append(f"no schema known for {shown}: not schema-checked{hint}")
+    rule_ids = None if rules is None else rules - {SCHEMA_RULE}
+    if rule_ids is None or rule_ids:
+        findings.extend(run_rules(inv, rule_ids))
+    findings = sorted(set(findings), key=lambda f: f.sort_key())
+    objects = len(inv.manifests) + len(inv.helm_values) + len(inv.scaling_configs)
+    return DoctorResult(findings, unchecked, len(files), objects, tuple(notes))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler: print the report; exit 1 when there are error findings."""
+    rules = _parse_rules(args.rules)
+    result = diagnose(args.paths, crds=args.crds, rules=rules, k8s_version=args.k8s_version)
+    if args.format == "json":
+        sys.stdout.write(to_json(result.findings) + "\n")
+    else:
+        print_text(result, Console(highlight=False))
+    return 1 if result.has_errors else 0
