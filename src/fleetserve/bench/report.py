@@ -1,0 +1,83 @@
+"""The run report: settings, per-point summaries and every per-request record.
+
+Stored as JSON (``--output``; format ``fleetserve-bench/1``), read back by
+``fleetserve bench compare``. Strict on read: unknown keys or a wrong format name are errors
+that name the file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fleetserve.bench.metrics import PointSummary
+from fleetserve.errors import InputFileError
+
+REPORT_FORMAT = "fleetserve-bench/1"
+
+
+class RunInfo(BaseModel):
+    """What was measured, and how."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    label: str = Field(description="Name of the run (defaults to the model).")
+    base_url: str = Field(description="Endpoint base URL.")
+    model: str = Field(description="Model id sent in requests.")
+    endpoint: Literal["chat", "completions"] = Field(description="OpenAI API used.")
+    workload: str = Field(description="Workload description.")
+    seed: int = Field(description="Seed of the request stream and arrivals.")
+    num_requests: int | None = Field(default=None, description="Measured requests per point.")
+    duration_s: float | None = Field(default=None, description="Seconds per point.")
+    warmup: int = Field(ge=0, description="Warm-up requests per point (excluded).")
+    ignore_eos: bool = Field(description="Whether ignore_eos was sent.")
+    ignore_eos_note: str = Field(default="", description="How ignore_eos was decided.")
+    tokens_source: str = Field(description="How tokens were counted.")
+    prompt_lengths: str = Field(description="'exact (tokenizer)' or 'approximate'.")
+    slo: str = Field(default="none", description="SLO used for goodput.")
+    started_at: str = Field(description="Wall-clock start (ISO 8601, UTC).")
+    monotonic_origin: float = Field(
+        description="perf_counter() at the origin of record times (same-host correlation)."
+    )
+    version: str = Field(description="fleetserve version.")
+
+
+class BenchReport(BaseModel):
+    """A complete run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["fleetserve-bench/1"] = Field(
+        default="fleetserve-bench/1", description="Report format and version."
+    )
+    run: RunInfo
+    points: list[PointSummary]
+    records: list[dict[str, Any]] = Field(
+        default_factory=list, description="Every request record (see RequestRecord)."
+    )
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.model_dump_json(indent=1) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: Path) -> BenchReport:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise InputFileError(f"{path}: cannot read: {e.strerror or e}") from e
+        except json.JSONDecodeError as e:
+            raise InputFileError(f"{path}:{e.lineno}:{e.colno}: not JSON: {e.msg}") from e
+        if not isinstance(data, dict) or data.get("format") != REPORT_FORMAT:
+            raise InputFileError(
+                f"{path}: not a fleetserve bench report (format {REPORT_FORMAT!r} expected)"
+            )
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise InputFileError(f"{path}: {where}: {first['msg']}") from e
