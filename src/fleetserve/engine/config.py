@@ -9,12 +9,13 @@ run identical engines (the parity test relies on this).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleetserve.plan.result import EngineSettings
-from fleetserve.spec import ModelSpec
+from fleetserve.spec import ModelSpec, SecretRef
 
 EngineKind = Literal["vllm", "fake"]
 
@@ -38,6 +39,11 @@ class EngineConfig(BaseModel):
     )
     fake_token_delay_s: float = Field(
         default=0.0, ge=0, le=10, description="Fake engine only: delay per generated token."
+    )
+    hf_token_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Env var holding a Hugging Face token (exported as HF_TOKEN to vLLM).",
     )
 
     @classmethod
@@ -63,6 +69,7 @@ class EngineConfig(BaseModel):
             kv_cache_dtype=model.kv_cache_dtype,
             engine_args=dict(model.engine_args),
             fake_token_delay_s=fake_token_delay_s,
+            hf_token_env=secret_env_name(model.hf_token) if model.hf_token else None,
         )
 
     def vllm_cli_args(self) -> list[str]:
@@ -95,6 +102,17 @@ class EngineConfig(BaseModel):
         for key, value in sorted(self.engine_args.items()):
             args += _cli_option(key, value)
         return args
+
+
+def secret_env_name(ref: SecretRef) -> str:
+    """The env var a secret reference is read from at serve time.
+
+    ``${VAR}`` is ``VAR``; ``{secret: NAME, key: KEY}`` is ``FLEETSERVE_SECRET_<NAME>_<KEY>``
+    (upper case, other characters as ``_``), the variable the Kubernetes rendering mounts.
+    """
+    if ref.env is not None:
+        return ref.env
+    return re.sub(r"[^A-Za-z0-9_]", "_", f"FLEETSERVE_SECRET_{ref.secret}_{ref.key}").upper()
 
 
 def _num(value: float) -> str:

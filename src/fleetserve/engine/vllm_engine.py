@@ -63,11 +63,21 @@ class VllmEngine:
         self._engine: Any = None
         self._bridge: AsgiBridge | None = None
         self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = None
+        self._placement_group: Any = None
 
     async def start(self) -> None:
         # spawn, not fork: this process runs Ray's threads (vllm serve's CLI does the same).
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        token_env = self._config.hf_token_env
+        if token_env and os.environ.get(token_env):
+            os.environ["HF_TOKEN"] = os.environ[token_env]
         args = parse_vllm_args(self._config)
+        placement_group = _replica_placement_group(self._config)
+        if placement_group is not None and args.distributed_executor_backend is None:
+            # TP/PP inside a Serve replica: vLLM's Ray executor starts one worker per GPU
+            # bundle of the replica's placement group (as Ray Serve LLM does).
+            args.distributed_executor_backend = "ray"
+        self._placement_group = placement_group
         try:
             await self._start(args)
         except EngineError:
@@ -150,3 +160,10 @@ def _ray_stat_loggers() -> list[Any] | None:
     if not ray.is_initialized():
         return None
     return [RayPrometheusStatLogger]
+
+
+def _replica_placement_group(config: EngineConfig) -> Any:
+    """The Serve replica's placement group when the engine spans several GPUs."""
+    if config.tensor_parallel * config.pipeline_parallel <= 1 or not ray.is_initialized():
+        return None
+    return ray.util.get_current_placement_group()

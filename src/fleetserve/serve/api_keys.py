@@ -20,20 +20,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from fleetserve.engine.config import secret_env_name
 from fleetserve.errors import SpecError
-from fleetserve.spec import FleetSpec, SecretRef
-
-
-def secret_env_name(ref: SecretRef) -> str:
-    """The environment variable a secret reference is read from at serve time."""
-    if ref.env is not None:
-        return ref.env
-    raw = f"FLEETSERVE_SECRET_{ref.secret}_{ref.key}"
-    return re.sub(r"[^A-Za-z0-9_]", "_", raw).upper()
+from fleetserve.spec import FleetSpec
 
 
 def _digest(key: str) -> str:
@@ -111,3 +103,6 @@ class ApiKeyTable:
     def from_args(cls, data: Mapping[str, Mapping[str, str | None]]) -> ApiKeyTable:
         keys = {k: str(v) for k, v in data.get("key_tenants", {}).items()}
         return cls(key_tenants=keys, model_tenants=dict(data.get("model_tenants", {})))
+
+
+__all__ = ["ApiKeyTable", "AuthError", "secret_env_name"]

@@ -7,13 +7,19 @@ plan" (``fleetserve.plan.local.plan_local``): everything else reads
 
 from __future__ import annotations
 
+import os
+
 from fleetserve.plan.result import EngineSettings
 from fleetserve.spec import FleetSpec, ModelSpec
 
-#: Fraction of host RAM for one replica's KV cache on a CPU host (vLLM's CPU backend reads
-#: ``gpu_memory_utilization`` as a fraction of RAM); small because several engines and
-#: the test suite share one machine.
-CPU_MEMORY_FRACTION = 0.1
+#: Host RAM one replica may use on a CPU host (GiB). vLLM's CPU backend reads
+#: ``gpu_memory_utilization`` as a fraction of the NUMA node's RAM that must cover the
+#: engine process's whole RSS (weights, compiled graphs: ~2.3 GiB for Gemma 3 270M) plus the
+#: KV cache; a flat fraction such as 0.1 fails on a 24 GiB host ("requested memory for kv
+#: (-0.25 GiB)"), so the budget is absolute and converted per host.
+CPU_REPLICA_MEMORY_GIB = 4.0
+#: Upper bound of that fraction on small hosts.
+CPU_MAX_FRACTION = 0.5
 #: Fraction of a whole card for a replica that owns its GPU(s).
 GPU_MEMORY_FRACTION = 0.9
 #: Context length when neither the spec nor a plan gives one.
@@ -22,13 +28,30 @@ DEFAULT_MAX_MODEL_LEN = 4096
 DEFAULT_BATCHED_TOKENS = 2048
 
 
-def derived_settings(model: ModelSpec, *, gpu_host: bool) -> EngineSettings:
+def host_memory_bytes() -> int:
+    """Physical RAM of this host."""
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def cpu_memory_fraction(total_bytes: int) -> float:
+    """``gpu_memory_utilization`` giving one CPU replica its RAM budget on this host."""
+    fraction = CPU_REPLICA_MEMORY_GIB * 2**30 / max(total_bytes, 1)
+    return round(min(CPU_MAX_FRACTION, fraction), 4)
+
+
+def derived_settings(
+    model: ModelSpec, *, gpu_host: bool, host_memory: int | None = None
+) -> EngineSettings:
     """Conservative settings from the spec alone (no plan)."""
     max_model_len = model.max_model_len or DEFAULT_MAX_MODEL_LEN
     max_num_seqs = model.max_num_seqs or model.concurrency
     batched = model.max_num_batched_tokens or max(DEFAULT_BATCHED_TOKENS, max_num_seqs)
     return EngineSettings(
-        gpu_memory_utilization=GPU_MEMORY_FRACTION if gpu_host else CPU_MEMORY_FRACTION,
+        gpu_memory_utilization=(
+            GPU_MEMORY_FRACTION
+            if gpu_host
+            else cpu_memory_fraction(host_memory or host_memory_bytes())
+        ),
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
         max_num_batched_tokens=batched,

@@ -1,0 +1,324 @@
+"""``fleetserve serve``'s lifecycle: check, prepare, start, wait, drain, stop.
+
+Design note. Everything that can be refused is refused before anything starts: the spec
+(by the CLI), the API-key variables, the arithmetic of logical resources against the
+cluster (against this host's CPUs before a local Ray is even started; against
+``ray.cluster_resources()`` when joining one). Then models are prepared (progress from
+the model store), Ray and Serve are started, the application is deployed without
+blocking, and its deployments' states are printed until it runs or fails - a failed
+replica's message is shown, never a hang.
+
+Shutdown (SIGTERM, or Ctrl-C once): the ingress stops accepting model requests (503 +
+Retry-After), in-flight ones - whole streams - get up to ``server.drain_timeout_s`` to
+finish, then Serve is shut down, and Ray too when this process started it. When joined to
+an existing cluster only this application is deleted. A second Ctrl-C skips the drain.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from rich.console import Console
+
+from fleetserve.engine.config import EngineKind
+from fleetserve.errors import ServeError
+from fleetserve.plan.result import EngineSettings
+from fleetserve.serve.api_keys import ApiKeyTable
+from fleetserve.serve.app import APP_NAME, build_application, resolve_model_paths
+from fleetserve.serve.resources import ClusterCapacity, ResourcePlan, fit_resources
+from fleetserve.serve.settings import engine_settings
+from fleetserve.spec import FleetSpec
+
+#: Seconds between deployment status polls while starting.
+_POLL_S = 1.0
+#: Longest wait for the application to run (engine load is ~1 min on a laptop CPU;
+#: large models on GPUs download and compile for much longer).
+START_TIMEOUT_S = 3600.0
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What ``fleetserve serve`` was asked to do."""
+
+    spec: FleetSpec
+    host: str
+    port: int
+    address: str | None = None
+    engine: EngineKind = "vllm"
+    fake_token_delay_s: float = 0.0
+    metrics_export_port: int | None = None
+    verbose: bool = False
+
+
+def local_capacity() -> ClusterCapacity:
+    """This host, as a Ray cluster started here would see it."""
+    cpus = float(os.cpu_count() or 1)
+    gpus = float(_local_gpu_count())
+    return ClusterCapacity(
+        cpus=cpus, gpus=gpus, node_cpus=cpus, node_gpus=gpus, description="this host"
+    )
+
+
+def _local_gpu_count() -> int:
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+class FleetServer:
+    """One run of ``fleetserve serve``."""
+
+    def __init__(self, options: ServeOptions, console: Console | None = None) -> None:
+        self.options = options
+        self.console = console or Console(highlight=False)
+        self._started_ray = False
+        self._deployed = False
+        self._stop = threading.Event()
+        self._interrupts = 0
+
+    # ------------------------------------------------------------------ start
+
+    def check(self) -> tuple[ApiKeyTable, dict[str, EngineSettings], ResourcePlan]:
+        """Everything refusable before start (keys, settings, fit on this host)."""
+        spec = self.options.spec
+        keys = ApiKeyTable.from_spec(spec)
+        capacity = local_capacity()
+        if self.options.address is not None:
+            capacity = self._connect_ray()
+        settings = engine_settings(spec, gpu_host=capacity.gpus > 0)
+        plan = fit_resources(spec, settings, capacity)
+        for warning in plan.warnings:
+            self.console.print(f"[yellow]warning:[/] {warning}")
+        return keys, settings, plan
+
+    def start(self) -> str:
+        """Check, prepare models, start Ray/Serve, deploy; returns the base URL."""
+        o = self.options
+        spec = o.spec
+        keys, settings, plan = self.check()
+        n = len(spec.models)
+        self.console.print(
+            f"fleetserve: serving {n} model{'s' if n != 1 else ''}: "
+            + ", ".join(f"{m.name} ({m.source})" for m in spec.models)
+        )
+        paths = resolve_model_paths(spec, o.engine)
+        if not self._ray_initialized():
+            self._start_ray()
+        app = build_application(
+            spec,
+            settings=settings,
+            model_paths=paths,
+            resources=plan,
+            keys=keys,
+            engine=o.engine,
+            fake_token_delay_s=o.fake_token_delay_s,
+        )
+        self._deploy(app)
+        url = f"http://{_display_host(o.host)}:{o.port}"
+        self._announce(url, keys.enabled)
+        return url
+
+    @staticmethod
+    def _ray_initialized() -> bool:
+        import ray  # noqa: PLC0415 - importing Ray costs seconds; not before checks pass
+
+        return bool(ray.is_initialized())
+
+    def _connect_ray(self) -> ClusterCapacity:
+        import ray  # noqa: PLC0415
+
+        address = self.options.address
+        self.console.print(f"fleetserve: joining the Ray cluster at {address}")
+        try:
+            ray.init(address=address, log_to_driver=self.options.verbose)
+        except Exception as e:
+            raise ServeError(f"cannot join the Ray cluster at {address}: {e}") from e
+        total = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        nodes = ray.nodes()  # type: ignore[no-untyped-call]
+        return ClusterCapacity.from_ray(total, nodes)
+
+    def _start_ray(self) -> None:
+        import ray  # noqa: PLC0415
+
+        self.console.print(f"fleetserve: starting Ray ({os.cpu_count()} CPUs)")
+        kwargs: dict[str, Any] = {
+            "num_cpus": os.cpu_count(),
+            "include_dashboard": False,
+            "log_to_driver": self.options.verbose,
+            "configure_logging": self.options.verbose,
+        }
+        if self.options.metrics_export_port is not None:
+            kwargs["_metrics_export_port"] = self.options.metrics_export_port
+        try:
+            ray.init(**kwargs)
+        except Exception as e:
+            raise ServeError(f"cannot start Ray: {e}") from e
+        self._started_ray = True
+
+    def _deploy(self, app: Any) -> None:
+        from ray import serve  # noqa: PLC0415
+
+        o = self.options
+        try:
+            serve.start(
+                http_options={
+                    "host": o.host,
+                    "port": o.port,
+                    "request_timeout_s": o.spec.server.request_timeout_s,
+                }
+            )
+            # Private but stable since Ray 2.7: deploy without waiting, so we can report
+            # progress (serve.run would block silently until every replica is up).
+            serve._run(app, _blocking=False, name=APP_NAME, route_prefix="/")
+        except Exception as e:
+            raise ServeError(f"cannot deploy the application: {e}") from e
+        self._deployed = True
+        self._wait_running()
+
+    def _wait_running(self) -> None:
+        from ray import serve  # noqa: PLC0415
+        from ray.serve.schema import ApplicationStatus  # noqa: PLC0415
+
+        deadline = time.monotonic() + START_TIMEOUT_S
+        last: dict[str, str] = {}
+        started = time.monotonic()
+        while time.monotonic() < deadline:
+            if self._stop.is_set():
+                raise KeyboardInterrupt
+            status = serve.status().applications.get(APP_NAME)
+            if status is not None:
+                for name, dep in sorted(status.deployments.items()):
+                    line = _deployment_line(dep)
+                    if last.get(name) != line:
+                        last[name] = line
+                        self.console.print(
+                            f"fleetserve: [{time.monotonic() - started:5.1f}s] {name}: {line}"
+                        )
+                if status.status == ApplicationStatus.RUNNING:
+                    return
+                if status.status in (
+                    ApplicationStatus.DEPLOY_FAILED,
+                    ApplicationStatus.UNHEALTHY,
+                ):
+                    raise ServeError(
+                        f"the application failed to start: {_failure(status)}",
+                        hint="rerun with --verbose to see the replicas' logs",
+                    )
+            time.sleep(_POLL_S)
+        raise ServeError(f"the application did not start within {START_TIMEOUT_S:.0f} s")
+
+    def _announce(self, url: str, auth: bool) -> None:
+        model = self.options.spec.models[0].name
+        auth_header = ' -H "Authorization: Bearer $API_KEY"' if auth else ""
+        self.console.print(
+            f"fleetserve: ready - OpenAI API at {url}/v1 (Ctrl-C or SIGTERM drains and stops)"
+        )
+        self.console.print(
+            f"  try: curl {url}/v1/chat/completions -H 'Content-Type: application/json'"
+            f'{auth_header} -d \'{{"model": "{model}", "messages": '
+            '[{"role": "user", "content": "Hello!"}]}\'',
+            soft_wrap=True,
+        )
+
+    # ------------------------------------------------------------------ run / stop
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT request a drain; a second SIGINT skips it."""
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            self._interrupts += 1
+            if self._interrupts > 1 and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self._stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
+    def wait(self) -> None:
+        """Block until a stop is requested."""
+        while not self._stop.wait(1.0):
+            pass
+
+    def stop(self, *, drain: bool = True) -> None:
+        """Drain (bounded) and stop what this process started."""
+        try:
+            if self._deployed and drain:
+                self._drain()
+        finally:
+            self._shutdown()
+
+    def _drain(self) -> None:
+        from ray import serve  # noqa: PLC0415
+
+        timeout = self.options.spec.server.drain_timeout_s
+        try:
+            ingress = serve.get_deployment_handle("ingress", app_name=APP_NAME)
+            left = int(ingress.begin_drain.remote().result(timeout_s=10))
+        except Exception as e:
+            self.console.print(f"fleetserve: cannot drain ({e}); stopping now")
+            return
+        if left <= 0:
+            return
+        self.console.print(
+            f"fleetserve: draining {left} in-flight request{'s' if left != 1 else ''} "
+            f"(up to {timeout:g} s)"
+        )
+        deadline = time.monotonic() + timeout
+        while left > 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            try:
+                left = int(ingress.in_flight.remote().result(timeout_s=10))
+            except Exception:
+                break
+        if left > 0:
+            self.console.print(f"fleetserve: drain timeout; cutting {left} request(s)")
+
+    def _shutdown(self) -> None:
+        import ray  # noqa: PLC0415
+        from ray import serve  # noqa: PLC0415
+
+        if not ray.is_initialized():
+            return
+        self.console.print("fleetserve: stopping")
+        try:
+            if self._started_ray:
+                serve.shutdown()  # type: ignore[no-untyped-call]
+            elif self._deployed:
+                serve.delete(APP_NAME)
+        finally:
+            if self._started_ray:
+                ray.shutdown()
+        self.console.print("fleetserve: stopped")
+
+
+def _display_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def _deployment_line(dep: Any) -> str:
+    counts = dict(getattr(dep, "replica_states", {}) or {})
+    parts = ", ".join(f"{n} {str(s).lower()}" for s, n in sorted(counts.items(), key=str))
+    status = str(getattr(dep.status, "value", dep.status))
+    return f"{status}" + (f" ({parts})" if parts else "")
+
+
+def _failure(status: Any) -> str:
+    messages = [status.message] if status.message else []
+    for name, dep in status.deployments.items():
+        if dep.message and str(getattr(dep.status, "value", dep.status)) != "HEALTHY":
+            messages.append(f"{name}: {dep.message}")
+    return "; ".join(messages) or str(status.status)
