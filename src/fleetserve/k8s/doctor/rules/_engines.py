@@ -545,8 +545,8 @@ def container_engine(container: dict[str, Any], path: str) -> tuple[dict[str, An
     paths: dict[str, str] = {}
     for n, (word, where) in enumerate(words):
         flag, eq, value = word.partition("=")
-        if not eq:
-            value = words[n + 1][0] if n + 1 < len(words) else ""
+        if not eq and n + 1 < len(words):
+            value, where = words[n + 1]
         found = _CLI_FLAGS.get(flag)
         if found is None and word == "serve" and n + 1 < len(words):
             nxt = words[n + 1][0]

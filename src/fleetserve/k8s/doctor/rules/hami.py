@@ -65,6 +65,10 @@ def _describe(pod: PodView) -> str:
     return f"the {pod.label} of {pod.manifest.ref}"
 
 
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 # --------------------------------------------------------------------------- scheduler
 
 
@@ -89,7 +93,10 @@ def hami_scheduler_disabled(inv: Inventory) -> Iterator[Finding]:
     sliced = [
         (pod, path, s) for pod in pods(inv) for _, path, s in _hami_slices(pod, cfg) if s.is_hami
     ]
-    if cfg.values is not None and not cfg.kube_scheduler_enabled:
+    for values in inv.charts("hami"):
+        enabled = values.get("scheduler.kubeScheduler.enabled")
+        if enabled is not False and str(enabled).lower() != "false":
+            continue
         example = ""
         if sliced:
             pod, _, s = sliced[0]
@@ -101,7 +108,7 @@ def hami_scheduler_disabled(inv: Inventory) -> Iterator[Finding]:
         yield finding(
             "hami-scheduler-disabled",
             "error",
-            cfg.values,
+            values,
             "scheduler.kubeScheduler.enabled",
             "HAMi's chart runs without its kube-scheduler (scheduler.kubeScheduler.enabled: "
             "false): the default scheduler places GPU pods by nvidia.com/gpu alone and ignores "
@@ -125,7 +132,7 @@ def hami_scheduler_disabled(inv: Inventory) -> Iterator[Finding]:
             "error",
             pod.manifest,
             f"{pod.path}.schedulerName",
-            f"{_describe(pod).capitalize()} asks for HAMi resources ({_slice_text(s)} at "
+            f"{_cap(_describe(pod))} asks for HAMi resources ({_slice_text(s)} at "
             f"{path}) but is placed by {who!r}: {why}. That scheduler ignores gpumem/gpucores, "
             "so slices can oversubscribe a card and the engines OOM.",
             f"Set schedulerName: {cfg.scheduler_name} in the pod template.",
@@ -501,7 +508,7 @@ def tenant_shares_gpu(inv: Inventory) -> Iterator[Finding]:
                 "warning",
                 b.manifest,
                 f"{path_b}.resources.limits",
-                f"{_describe(b).capitalize()} (tenant {tb!r}, from {src_b}) and "
+                f"{_cap(_describe(b))} (tenant {tb!r}, from {src_b}) and "
                 f"{_describe(a)} (tenant {ta!r}) both take partial HAMi slices and nothing "
                 "keeps them on different nodes: HAMi may put both on one physical card, and "
                 "vGPU slicing is software isolation (shared memory bus, driver, and faults), "

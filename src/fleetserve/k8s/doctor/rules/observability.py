@@ -369,7 +369,7 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
                     "error",
                     m,
                     path,
-                    f"This {m.kind} routes outside traffic to {_danger(hit)}.",
+                    f"This {m.kind} routes outside traffic to the Ray head: {_danger(hit)}.",
                     _FIX,
                 )
 
@@ -570,7 +570,7 @@ def no_network_policy(inv: Inventory) -> Iterator[Finding]:
             "metadata",
             f"No NetworkPolicy in the input restricts ingress to the pods of {m.ref} ({which}) "
             f"in namespace {m.namespace!r}"
-            + (f" ({len(local)} policies there, none selecting them)" if local else "")
+            + (f" ({len(local)} there, none restricting their ingress)" if local else "")
             + ": any pod in the cluster can reach the dashboard (8265), GCS (6379) and client "
             "(10001) ports as well as Serve.",
             "Add a NetworkPolicy for the namespace: deny ingress by default and allow only the "

@@ -27,6 +27,7 @@ from fleetserve.k8s.doctor.ray_objects import (
 from fleetserve.k8s.doctor.registry import rule
 from fleetserve.k8s.doctor.rules._devices import (
     HamiConfig,
+    PodView,
     card_memory,
     container_slice,
     hami_config,
@@ -283,7 +284,10 @@ def vllm_port_conflict(inv: Inventory) -> Iterator[Finding]:
                         "each pod one replica.",
                     )
             elif hit is None and vllm and (m.namespace, "vllm") in service_links:
-                if g.pod_spec.get("enableServiceLinks") is False:
+                # Only pods that run engines matter: skip links switched off, and a head
+                # that takes no work (num-cpus 0, no GPUs).
+                idle_head = g.is_head and g.advertised.get("CPU") == 0 and not g.gpus_per_pod
+                if g.pod_spec.get("enableServiceLinks") is False or idle_head:
                     continue
                 yield finding(
                     "vllm-port-conflict",
@@ -416,18 +420,25 @@ def rayversion_image_mismatch(inv: Inventory) -> Iterator[Finding]:
 # --------------------------------------------------------------------------- memory
 
 
-def _replica_groups(r: EngineReplica) -> list[GroupView]:
-    """Worker groups a vLLM replica can run on (pods with at least one GPU per rank)."""
+def _replica_pods(r: EngineReplica, all_pods: list[PodView]) -> list[PodView]:
+    """Worker pods a vLLM replica can run on (at least one rank's GPU share per pod)."""
     units = r.gpu_units
     per_rank = units[1] if units else 1.0
-    return [g for g in _gpu_groups(r.manifest) if g.gpus_per_pod >= per_rank]
+    return [
+        p
+        for p in all_pods
+        if p.manifest is r.manifest
+        and p.group is not None
+        and not p.group.is_head
+        and p.group.gpus_per_pod >= per_rank
+    ]
 
 
 @rule("kv-cache-too-small")
 def kv_cache_too_small(inv: Inventory) -> Iterator[Finding]:
     """Weights + overhead + one max_model_len sequence must fit the engine's memory budget."""
     cfg = hami_config(inv)
-    pod_of = {id(p.group): p for p in pods(inv) if p.group is not None}
+    all_pods = pods(inv)
     for r in _replicas(inv):
         if not r.is_vllm:
             continue
@@ -436,10 +447,11 @@ def kv_cache_too_small(inv: Inventory) -> Iterator[Finding]:
             continue  # model or settings unknown to the memory model: stay silent
         per_card = need.per_card
         util = float(r.engine.get("gpu_memory_utilization", VLLM_DEFAULT_GPU_MEMORY_UTILIZATION))
-        for g in _replica_groups(r):
-            pod = pod_of.get(id(g))
+        for pod in _replica_pods(r, all_pods):
+            g = pod.group
+            assert g is not None
             slice_mib = _slice_mib(g, cfg)
-            card = card_memory(pod, inv) if pod is not None else None
+            card = card_memory(pod, inv)
             # HAMi-core virtualises device memory: inside a slice the engine sees the slice
             # as the whole card, so its budget is a fraction of the slice. Otherwise it is a
             # fraction of the largest card the pool may have (never a false positive).
