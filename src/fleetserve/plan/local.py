@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fleetserve.plan.gpus import GpuType
 from fleetserve.plan.memory import MiB, estimate_replica
@@ -46,7 +47,7 @@ class LocalHost:
             cpus = len(os.sched_getaffinity(0))
         except AttributeError:  # not on Linux
             cpus = os.cpu_count() or 1
-        memory = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MiB)
+        memory = _engine_visible_memory() // MiB
         gpus: list[int] = []
         try:
             import torch  # noqa: PLC0415 - heavy; only needed when detecting
@@ -57,6 +58,28 @@ class LocalHost:
         except ImportError:
             pass
         return cls(cpus=cpus, memory_mb=memory, gpu_memory_mb=gpus)
+
+
+def _engine_visible_memory() -> int:
+    """Host RAM as vLLM CPU measures it, since its fraction applies to this figure:
+    NUMA node 0's MemTotal, clamped to the cgroup limit (mirrors
+    vllm/utils/cpu_resource_utils.py ``get_memory_node_info``); else physical RAM."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    node = Path("/sys/devices/system/node/node0/meminfo")
+    try:
+        for line in node.read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 4 and parts[2] == "MemTotal:":
+                total = int(parts[3]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            total = min(total, int(limit))
+    except OSError:
+        pass
+    return total
 
 
 def plan_local(spec: FleetSpec, host: LocalHost) -> PlanResult:

@@ -1,0 +1,81 @@
+"""Rules every plan keeps, checked on the output contract itself.
+
+Used by the tests on every plan they make (including hypothesis-generated fleets), and
+usable by anything that receives a :class:`PlanResult` (e.g. a doctor checking a plan that
+was edited by hand): card memory and cores never oversubscribed, HAMi's deviceSplitCount
+respected, tensor-parallel replicas on whole cards of one node, dedicated tenants alone on
+their cards, engines never asking for more than their slice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetserve.plan.problem import DEVICE_SPLIT_COUNT
+from fleetserve.plan.result import PlanResult
+from fleetserve.plan.sizing import MARGIN_MIN_MB
+from fleetserve.spec import FleetSpec
+
+
+def plan_violations(spec: FleetSpec, result: PlanResult) -> list[str]:
+    """Every rule ``result`` breaks for ``spec``, as sentences (empty: none)."""
+    errors: list[str] = []
+    pools = {p.name: p for p in spec.pools}
+    tenants = {t.name: t.isolation for t in spec.tenants}
+    cards: dict[tuple[str, int, int], list[Any]] = {}
+    for r in result.replicas:
+        pool = pools.get(r.pool)
+        if pool is None or pool.gpu is None:
+            errors.append(f"{r.model}#{r.index}: pool '{r.pool}' has no GPUs")
+            continue
+        model = spec.model(r.model)
+        if model.pools is not None and r.pool not in model.pools:
+            errors.append(f"{r.model}#{r.index} on a pool it may not use")
+        want = model.tensor_parallel * model.pipeline_parallel
+        if len(r.gpus) != want or len(set(r.gpus)) != want:
+            errors.append(f"{r.model}#{r.index}: {r.gpus} for {want} cards")
+        if want > 1 and not r.whole_cards:
+            errors.append(f"{r.model}#{r.index}: TP replica on slices")
+        if pool.max_nodes is not None and r.node >= pool.max_nodes:
+            errors.append(f"{r.model}#{r.index}: node {r.node} >= max_nodes")
+        # the engine never asks for more than its slice minus the margin
+        if not r.whole_cards:
+            asked = r.engine.gpu_memory_utilization * r.card_memory_mb
+            if asked > r.memory_mb - MARGIN_MIN_MB + 1:
+                errors.append(f"{r.model}#{r.index}: engine asks {asked:.0f} > slice")
+        for g in r.gpus:
+            if not 0 <= g < pool.gpu.count:
+                errors.append(f"{r.model}#{r.index}: card {g} not on node")
+            cards.setdefault((r.pool, r.node, g), []).append(r)
+    for slot, reps in cards.items():
+        card_mb = reps[0].card_memory_mb
+        if sum(r.memory_mb for r in reps) > card_mb:
+            errors.append(f"{slot}: memory over the card")
+        if sum(r.cores_percent for r in reps) > 100:
+            errors.append(f"{slot}: cores over 100%")
+        if len(reps) > DEVICE_SPLIT_COUNT:
+            errors.append(f"{slot}: more than deviceSplitCount slices")
+        if any(r.whole_cards for r in reps) and len(reps) > 1:
+            errors.append(f"{slot}: whole card shared")
+        owners = {r.tenant for r in reps}
+        if len(owners) > 1 and any(tenants.get(t or "") == "dedicated" for t in owners):
+            errors.append(f"{slot}: dedicated tenant shares a card: {owners}")
+    placed = {(r.model, r.index) for r in result.replicas}
+    missing = {(u.model, u.index) for u in result.unplaced}
+    if placed & missing:
+        errors.append("a replica is both placed and unplaced")
+    if len(placed) != len(result.replicas):
+        errors.append("a replica is placed twice")
+    wanted = expected_replicas(spec, result.scenario) if result.scenario in ("min", "max") else None
+    if wanted is not None and placed | missing != wanted:
+        errors.append(f"replicas neither placed nor reported: {sorted(wanted - placed - missing)}")
+    return errors
+
+
+def expected_replicas(spec: FleetSpec, scenario: str = "min") -> set[tuple[str, int]]:
+    """(model, index) of every replica the scenario asks for."""
+    return {
+        (m.name, i)
+        for m in spec.models
+        for i in range(m.replicas.min if scenario == "min" else m.replicas.max)
+    }

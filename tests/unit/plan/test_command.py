@@ -1,0 +1,78 @@
+"""`fleetserve plan` end to end through the CLI entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fleetserve.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "plan"
+
+
+def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(EXAMPLES / "seed-004.yaml"), "--time-limit", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "feasible" in out
+    assert "llama-3-70b#0" in out
+    assert "RTX-A6000" in out
+
+
+def test_json_output_is_exactly_the_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(EXAMPLES / "seed-004.yaml"), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"feasible", "gpus_used", "nodes", "optimality_gap", "replicas", "unplaced"} <= set(data)
+    assert data["feasible"] is True
+    assert data["nodes"]["a6000"] >= 1
+    first = data["replicas"][0]
+    assert isinstance(first["gpus"], list)
+    assert 0 < first["engine"]["gpu_memory_utilization"] <= 1
+
+
+def test_max_scenario_infeasible_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", str(EXAMPLES / "seed-004.yaml"), "--scenario", "max", "--format", "json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == (0 if data["feasible"] else 1)
+
+
+def _spec(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_bad_yaml_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _spec(tmp_path, "models: [\n  - name: x\n   bad")
+    assert main(["plan", path]) == 2
+    err = capsys.readouterr().err
+    assert "invalid YAML" in err
+    assert "Traceback" not in err
+
+
+def test_unknown_gpu_type_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _spec(
+        tmp_path,
+        "models: [{name: q, source: x, config: qwen2.5-0.5b}]\n"
+        "pools: [{name: p, gpu: {type: GTX-9999, count: 1}}]\n",
+    )
+    assert main(["plan", path]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fleetserve: error: unknown GPU type 'GTX-9999'")
+
+
+def test_unknown_model_config_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _spec(
+        tmp_path,
+        "models: [{name: q, source: x, config: does-not-exist}]\n"
+        "pools: [{name: p, gpu: {type: L4, count: 1}}]\n",
+    )
+    assert main(["plan", path]) == 2
+    assert "model 'q': config 'does-not-exist'" in capsys.readouterr().err
+
+
+def test_bad_time_limit_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["plan", str(EXAMPLES / "seed-004.yaml"), "--time-limit", "-1"])
+    assert info.value.code == 2

@@ -1,0 +1,131 @@
+"""plan_local: `fleetserve serve` on this machine (CPU host and GPU host)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetserve.plan import LocalHost, plan_local
+from fleetserve.plan.memory import MiB, estimate_replica, load_model_config
+from fleetserve.spec import default_fleet, parse_spec
+
+
+def test_detect_reports_this_machine() -> None:
+    host = LocalHost.detect()
+    assert host.cpus >= 1
+    assert host.memory_mb > 1024
+    assert all(mb > 0 for mb in host.gpu_memory_mb)
+
+
+def test_cpu_host_fraction_covers_weights_runtime_and_kv() -> None:
+    host = LocalHost(cpus=2, memory_mb=21_209)
+    result = plan_local(default_fleet(), host)
+    assert result.feasible
+    (r,) = result.replicas
+    assert r.gpus == []
+    cfg = load_model_config("gemma-3-270m")
+    need = estimate_replica(
+        cfg,
+        max_model_len=4096,
+        concurrency=8,
+        max_num_seqs=64,
+        max_num_batched_tokens=2048,
+        device="cpu",
+    )
+    asked = r.engine.gpu_memory_utilization * host.memory_mb * MiB
+    # the worker gets its RSS plus a KV cache for concurrency x max_model_len ...
+    assert asked >= need.total
+    # ... and not wildly more (bounded)
+    assert asked <= need.total * 1.2 + 0.01 * host.memory_mb * MiB
+    assert r.engine.kv_cache_tokens == 8 * 4096
+    assert r.engine.max_num_seqs == 64
+
+
+def test_cpu_host_without_room_reports_memory() -> None:
+    spec = parse_spec(
+        {
+            "models": [
+                {
+                    "name": "big",
+                    "source": "x",
+                    "config": "llama-3-8b",
+                    "max_model_len": 8192,
+                    "concurrency": 16,
+                }
+            ]
+        }
+    )
+    result = plan_local(spec, LocalHost(cpus=2, memory_mb=16_000))
+    assert not result.feasible
+    (u,) = result.unplaced
+    assert u.resource == "memory"
+    assert "MiB" in u.reason
+
+
+def test_cpu_host_sums_replicas() -> None:
+    spec = parse_spec(
+        {
+            "models": [
+                {
+                    "name": "q",
+                    "source": "x",
+                    "config": "qwen2.5-0.5b",
+                    "max_model_len": 4096,
+                    "replicas": {"min": 3, "max": 3},
+                    "resources": {"cpu": 0.5},
+                }
+            ]
+        }
+    )
+    result = plan_local(spec, LocalHost(cpus=2, memory_mb=64_000))
+    assert len(result.replicas) == 3
+    assert sum(r.engine.gpu_memory_utilization for r in result.replicas) < 0.9
+
+
+def test_gpu_host_uses_fractions_of_whole_cards() -> None:
+    spec = parse_spec(
+        {
+            "models": [
+                {
+                    "name": "a",
+                    "source": "x",
+                    "config": "llama-3-8b",
+                    "max_model_len": 8192,
+                    "concurrency": 4,
+                    "pools": None,
+                },
+                {
+                    "name": "b",
+                    "source": "x",
+                    "config": "qwen2.5-1.5b",
+                    "max_model_len": 4096,
+                    "replicas": {"min": 0, "max": 2},
+                },
+            ]
+        }
+    )
+    result = plan_local(spec, LocalHost(cpus=16, memory_mb=128_000, gpu_memory_mb=[81_559]))
+    assert result.feasible
+    assert {r.model for r in result.replicas} == {"a", "b"}  # min 0 still gets one locally
+    assert all(r.gpus == [0] for r in result.replicas)
+    total = sum(r.engine.gpu_memory_utilization for r in result.replicas)
+    assert total <= 1.0
+    for r in result.replicas:
+        assert 0 < r.num_gpus < 1
+        assert r.engine.gpu_memory_utilization * 81_559 <= r.memory_mb
+
+
+def test_gpu_host_too_small_is_reported() -> None:
+    spec = parse_spec(
+        {"models": [{"name": "a", "source": "x", "config": "llama-3-70b", "max_model_len": 8192}]}
+    )
+    result = plan_local(spec, LocalHost(cpus=16, memory_mb=128_000, gpu_memory_mb=[24_576]))
+    assert not result.feasible
+    assert result.unplaced[0].resource == "gpu_memory"
+    assert result.unplaced[0].fixes
+
+
+@pytest.mark.parametrize("gpus", [[], [24_576, 24_576]])
+def test_local_plan_is_json_serialisable(gpus: list[int]) -> None:
+    result = plan_local(default_fleet(), LocalHost(cpus=4, memory_mb=32_000, gpu_memory_mb=gpus))
+    data = result.model_dump(mode="json")
+    assert data["scenario"] == "local"
