@@ -113,16 +113,9 @@ class CrdSchemas:
             raise InputFileError(f"{root}: --crds must be a directory of CRD YAML files")
         out = cls()
         for f in sorted(p for p in root.rglob("*") if p.suffix in (".yaml", ".yml")):
-            try:
-                docs = list(yaml.load_all(f.read_text(encoding="utf-8"), Loader=_FAST_LOADER))
-            except yaml.MarkedYAMLError as e:
-                line = e.problem_mark.line + 1 if e.problem_mark else 0
-                raise InputFileError(f"{f}:{line}: invalid YAML in CRD: {e.problem}") from e
-            except (OSError, yaml.YAMLError) as e:
-                raise InputFileError(f"{f}: cannot read CRD ({e})") from e
-            for doc in docs:
-                if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
-                    out.add_crd(doc)
+            stat = f.stat()
+            for doc in _crd_documents(str(f), stat.st_mtime_ns, stat.st_size):
+                out.add_crd(doc)
         return out
 
     def lookup(self, api_version: str, kind: str) -> tuple[CrdVersion | None, list[str]]:
@@ -138,6 +131,22 @@ class CrdSchemas:
     def knows(self, api_version: str, kind: str) -> bool:
         group = api_version.rpartition("/")[0]
         return (group, kind) in self.versions
+
+
+@lru_cache(maxsize=64)
+def _crd_documents(file: str, mtime_ns: int, size: int) -> tuple[dict[str, Any], ...]:
+    """CRD documents of one file, cached by (path, mtime, size): CRDs are large and reused."""
+    del mtime_ns, size  # cache key only
+    try:
+        docs = list(yaml.load_all(Path(file).read_text(encoding="utf-8"), Loader=_FAST_LOADER))
+    except yaml.MarkedYAMLError as e:
+        line = e.problem_mark.line + 1 if e.problem_mark else 0
+        raise InputFileError(f"{file}:{line}: invalid YAML in CRD: {e.problem}") from e
+    except (OSError, yaml.YAMLError) as e:
+        raise InputFileError(f"{file}: cannot read CRD ({e})") from e
+    return tuple(
+        d for d in docs if isinstance(d, dict) and d.get("kind") == "CustomResourceDefinition"
+    )
 
 
 _TYPE_NAMES = {
@@ -311,7 +320,8 @@ class _Walk:
         props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
         assert isinstance(props, dict)
         for req in schema.get("required") or []:
-            if req not in value or value[req] is None:
+            has_default = isinstance(props.get(req), dict) and "default" in props[req]
+            if (req not in value or value[req] is None) and not has_default:
                 self.error(
                     _join(path, req),
                     f"{_join(path, req)}: Required value.",
