@@ -61,9 +61,14 @@ class HfTokenizer:
         except Exception as e:  # transformers raises OSError/ValueError/others
             raise InputFileError(f"--tokenizer {path}: cannot load: {e}") from e
         self._name = str(path)
+        # Sample only tokens that decode alone to clean printable text: byte-fallback and
+        # partial-UTF-8 tokens decode to U+FFFD, which re-encodes to other tokens, so a
+        # prompt made of them never reaches its target length.
         special = set(self._tok.all_special_ids)
-        vocab = [i for i in range(len(self._tok)) if i not in special]
-        self._ordinary = np.asarray(vocab, dtype=np.int64)
+        ids = [i for i in range(len(self._tok)) if i not in special]
+        pieces = self._tok.batch_decode([[i] for i in ids], skip_special_tokens=True)
+        vocab = [i for i, p in zip(ids, pieces, strict=True) if _clean(p)]
+        self._ordinary = np.asarray(vocab or ids, dtype=np.int64)
         self._has_template = bool(getattr(self._tok, "chat_template", None))
 
     @property
@@ -88,7 +93,7 @@ class HfTokenizer:
                 ids = self._tok.apply_chat_template(
                     messages, tokenize=True, add_generation_prompt=True
                 )
-                if isinstance(ids, dict):  # BatchEncoding in newer transformers
+                if hasattr(ids, "keys"):  # a BatchEncoding (mapping) in newer transformers
                     ids = ids["input_ids"]
                 return len(ids)
             except Exception:  # a template that rejects system roles etc.: plain count
@@ -100,3 +105,7 @@ class HfTokenizer:
 def is_tokenizer_dir(path: Path) -> bool:
     """True when ``path`` is a directory holding tokenizer files."""
     return path.is_dir() and any((path / f).exists() for f in _TOKENIZER_FILES)
+
+
+def _clean(piece: str) -> bool:
+    return bool(piece.strip()) and "\ufffd" not in piece and piece.isprintable()
