@@ -61,7 +61,17 @@ def network_policy(
             "policyTypes": ["Ingress"],
             "ingress": [
                 {"from": [{"podSelector": pods}]},
-                {"ports": [{"port": spec.server.port, "protocol": "TCP"}]},
+                {
+                    # Anyone: every pod of every namespace, and any address outside the
+                    # cluster (written out rather than omitting `from`, so the rule reads as
+                    # what it is: the one port open to all).
+                    "from": [
+                        {"namespaceSelector": {}},
+                        {"ipBlock": {"cidr": "0.0.0.0/0"}},
+                        {"ipBlock": {"cidr": "::/0"}},
+                    ],
+                    "ports": [{"port": spec.server.port, "protocol": "TCP"}],
+                },
                 {
                     "from": [
                         {"namespaceSelector": {"matchLabels": {_NS_LABEL: prometheus_namespace}}}

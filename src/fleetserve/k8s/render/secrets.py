@@ -8,7 +8,7 @@ a Kubernetes Secret through ``secretKeyRef``:
 * ``${VAR}`` (an env var at local serve time) reads key ``VAR`` of the fleet's own Secret
   ``<fleet>-env``, which the operator creates (``kubectl create secret generic``).
 
-The spec handed to the Serve app is rewritten so every reference carries the ``env`` it
+The spec handed to the Serve app is rewritten so every reference is just the ``env`` it
 will find at run time: the app resolves secrets from its environment only, on a laptop and
 in the cluster alike. What must stay true: no secret value ever enters a rendered file.
 """
@@ -76,11 +76,10 @@ def spec_for_cluster(spec: FleetSpec) -> dict[str, Any]:
     data = spec.model_dump(mode="json", exclude_none=True)
 
     def ref_dict(ref: SecretRef) -> dict[str, Any]:
-        item = secret_env(ref, instance)
-        out: dict[str, Any] = {"env": item.env}
-        if ref.secret is not None:
-            out.update(secret=ref.secret, key=ref.key)
-        return out
+        # Only the env var: in the cluster the pod env is the one source (the Secret is
+        # already wired to it by secretKeyRef), and the Serve config - shown by the Ray
+        # dashboard - names no secret at all.
+        return {"env": secret_env(ref, instance).env}
 
     for i, model in enumerate(spec.models):
         if model.hf_token is not None:
