@@ -8,6 +8,8 @@ from importlib.resources import files
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
 
 from .fake_openai import FakeOpenAIServer
 
@@ -33,9 +35,6 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Byte-level BPE is what makes decode/encode non-bijective (merges across piece
     boundaries), which the exact-length prompt builder must cope with.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     words = json.loads(files("fleetserve.bench").joinpath("data/words.json").read_text())["words"]
     corpus = [" ".join(words[i : i + 12]) for i in range(0, len(words), 3)] * 4
     tok = Tokenizer(models.BPE(unk_token=None))

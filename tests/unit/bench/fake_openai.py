@@ -120,10 +120,7 @@ class FakeOpenAIServer:
         self._count += 1
         if b.fail_every and self._count % b.fail_every == 0:
             return self._error(b.fail_status, "injected failure")
-        if chat:
-            prompt = " ".join(m["content"] for m in body["messages"])
-        else:
-            prompt = body["prompt"]
+        prompt = " ".join(m["content"] for m in body["messages"]) if chat else body["prompt"]
         words = prompt.split() or ["x"]
         n = int(body.get("max_tokens") or b.default_tokens)
         tokens = [words[i % len(words)] + " " for i in range(n)]

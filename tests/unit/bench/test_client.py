@@ -21,7 +21,9 @@ from .fake_openai import FakeOpenAIServer
 SLACK_S = 0.100
 
 
-async def send_many(client: StreamingClient, n: int, concurrency: int, tokens: int) -> list[RequestRecord]:
+async def send_many(
+    client: StreamingClient, n: int, concurrency: int, tokens: int
+) -> list[RequestRecord]:
     req = BenchRequest(prompt="alpha beta gamma delta", max_tokens=tokens)
     records = [RequestRecord(id=i, point="t") for i in range(n)]
     sem = asyncio.Semaphore(concurrency)
@@ -62,7 +64,11 @@ async def test_timings_match_injected_delays(fake_server: FakeOpenAIServer, endp
 async def test_request_body(fake_server: FakeOpenAIServer) -> None:
     req = BenchRequest(prompt="hi there", system="be brief", max_tokens=3)
     async with StreamingClient(
-        fake_server.url + "/v1/", "fake-model", "chat", ignore_eos=True, extra_body={"temperature": 0}
+        fake_server.url + "/v1/",
+        "fake-model",
+        "chat",
+        ignore_eos=True,
+        extra_body={"temperature": 0},
     ) as client:
         await client.send(req, RequestRecord(id=0, point="t"))
     body = fake_server.bodies[0]

@@ -60,7 +60,9 @@ def test_slo_parse_and_match() -> None:
     assert slo.tpot == pytest.approx(0.02)
     good = RequestRecord(id=0, point="p", ok=True, ttft=0.1, e2e=0.1 + 9 * 0.015, tokens_out=10)
     slow_first = RequestRecord(id=1, point="p", ok=True, ttft=0.3, e2e=0.4, tokens_out=10)
-    slow_tokens = RequestRecord(id=2, point="p", ok=True, ttft=0.1, e2e=0.1 + 9 * 0.03, tokens_out=10)
+    slow_tokens = RequestRecord(
+        id=2, point="p", ok=True, ttft=0.1, e2e=0.1 + 9 * 0.03, tokens_out=10
+    )
     failed = RequestRecord(id=3, point="p", ok=False)
     assert slo.met_by(good)
     assert not slo.met_by(slow_first)

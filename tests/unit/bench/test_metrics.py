@@ -48,10 +48,24 @@ def test_throughput_goodput_errors_and_warmup() -> None:
         rec(1, 1.0, 0.1, 1.1, 11),  # ends at 2.1, tpot 0.1
         rec(2, 1.5, 0.5, 1.5, 11),  # ends at 3.0, ttft too slow for the SLO
         rec(3, 2.0, 0.1, 0.6, 6),  # ends at 2.6, tpot 0.1
-        RequestRecord(id=4, point="c=2", start=2.5, e2e=0.5, status=500, error_type="http_error",
-                      error="HTTP 500: boom"),
-        RequestRecord(id=5, point="c=2", start=2.6, e2e=0.1, status=None,
-                      error_type="connection_refused", error="refused"),
+        RequestRecord(
+            id=4,
+            point="c=2",
+            start=2.5,
+            e2e=0.5,
+            status=500,
+            error_type="http_error",
+            error="HTTP 500: boom",
+        ),
+        RequestRecord(
+            id=5,
+            point="c=2",
+            start=2.6,
+            e2e=0.1,
+            status=None,
+            error_type="connection_refused",
+            error="refused",
+        ),
     ]
     s = summarize("c=2", 2, records, Slo(ttft=0.2))
     assert (s.requests, s.succeeded, s.failed, s.warmup) == (5, 3, 2, 1)

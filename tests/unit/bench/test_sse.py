@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -32,7 +34,7 @@ def test_whole_stream_in_one_read() -> None:
 @given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=20))
 def test_any_split_gives_the_same_events(cuts: list[int]) -> None:
     bounds = [0, *sorted(cuts), len(STREAM)]
-    pieces = [STREAM[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    pieces = [STREAM[a:b] for a, b in itertools.pairwise(bounds)]
     assert feed_all(SseParser(), pieces) == EXPECTED
 
 
@@ -40,7 +42,7 @@ def test_any_split_gives_the_same_events(cuts: list[int]) -> None:
 def test_crlf_line_endings(cuts: list[int]) -> None:
     stream = STREAM.replace(b"\n", b"\r\n")
     bounds = [0, *sorted(c for c in cuts if c <= len(stream)), len(stream)]
-    pieces = [stream[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    pieces = [stream[a:b] for a, b in itertools.pairwise(bounds)]
     assert feed_all(SseParser(), pieces) == EXPECTED
 
 

@@ -64,12 +64,21 @@ def test_prompt_file(tmp_path: Path) -> None:
     f.write_text("first prompt\n\n  second prompt  \nthird\n", encoding="utf-8")
     w = PromptFileWorkload(f, L("8"))
     assert w.size == 3
-    assert [r.prompt for r in take(w, 4)] == ["first prompt", "second prompt", "third", "first prompt"]
+    assert [r.prompt for r in take(w, 4)] == [
+        "first prompt",
+        "second prompt",
+        "third",
+        "first prompt",
+    ]
 
 
 @pytest.mark.parametrize(
     ("content", "match"),
-    [(None, "cannot read"), (b"\n  \n", "no prompts"), (b"ok\n\xff\xfe\n", r"prompts.txt:2: not UTF-8")],
+    [
+        (None, "cannot read"),
+        (b"\n  \n", "no prompts"),
+        (b"ok\n\xff\xfe\n", r"prompts.txt:2: not UTF-8"),
+    ],
 )
 def test_prompt_file_errors(tmp_path: Path, content: bytes | None, match: str) -> None:
     f = tmp_path / "prompts.txt"
@@ -81,8 +90,18 @@ def test_prompt_file_errors(tmp_path: Path, content: bytes | None, match: str) -
 
 def test_sharegpt(tmp_path: Path) -> None:
     data = [
-        {"conversations": [{"from": "human", "value": "Tell me a story"}, {"from": "gpt", "value": "Once upon a time there was"}]},
-        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]},
+        {
+            "conversations": [
+                {"from": "human", "value": "Tell me a story"},
+                {"from": "gpt", "value": "Once upon a time there was"},
+            ]
+        },
+        {
+            "messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello there"},
+            ]
+        },
         {"conversations": [{"from": "human", "value": "no reply"}]},
         "garbage",
     ]
