@@ -1,0 +1,385 @@
+"""Serve and vLLM rules: the numbers in the messages, the edges, and no guessing."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fleetserve.k8s.doctor.finding import Finding
+from fleetserve.k8s.doctor.loader import load_paths, load_text
+from fleetserve.k8s.doctor.registry import run_rules
+from fleetserve.k8s.doctor.rules._engines import engine_replicas
+from fleetserve.k8s.doctor.rules.serve import ray_version_of_image
+
+from .conftest import FIXTURES, SEEDS
+
+
+def _run(rule_id: str, text: str) -> list[Finding]:
+    return [f for f in run_rules(load_text(textwrap.dedent(text)), {rule_id}) if f.rule == rule_id]
+
+
+def _fixture(rule_id: str, name: str) -> list[Finding]:
+    inv = load_paths([FIXTURES / rule_id / name])
+    return [f for f in run_rules(inv, {rule_id}) if f.rule == rule_id]
+
+
+_CLUSTER = """  rayClusterConfig:
+    rayVersion: '{ray}'
+    enableInTreeAutoscaling: true
+    headGroupSpec:
+      rayStartParams:
+        num-cpus: "0"
+      template:
+        spec:
+          containers:
+            - name: ray-head
+              image: rayproject/ray:{ray}-py311
+    workerGroupSpecs:
+"""
+
+
+def _rayservice(serve: str, workers: str, ray: str = "2.60.0") -> str:
+    head = "apiVersion: ray.io/v1\nkind: RayService\nmetadata:\n  name: svc\n  namespace: ns\n"
+    return (
+        head
+        + "spec:\n  serveConfigV2: |\n"
+        + textwrap.indent(textwrap.dedent(serve).strip("\n"), "    ")
+        + "\n"
+        + _CLUSTER.format(ray=ray)
+        + textwrap.indent(workers, "      ")
+        + "\n"
+    )
+
+
+def _worker(gpus: int = 1, env: str = "", selector: str = "") -> str:
+    lines = [
+        "- groupName: gpu",
+        "  minReplicas: 1",
+        "  maxReplicas: 4",
+        "  rayStartParams: {}",
+        "  template:",
+        "    spec:",
+        "      containers:",
+        "        - name: ray-worker",
+        "          image: rayproject/ray:2.60.0-py311-cu128",
+    ]
+    if env:
+        lines.append("          env:")
+        lines += ["            " + x for x in textwrap.dedent(env).strip("\n").splitlines()]
+    lines += [
+        "          resources:",
+        "            limits:",
+        "              cpu: 8",
+        "              memory: 32Gi",
+        f"              nvidia.com/gpu: {gpus}",
+    ]
+    if selector:
+        lines += ["      nodeSelector:", f"        {selector}"]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- engines view
+
+
+def test_engine_view_reads_env_args_and_serve_llm() -> None:
+    inv = load_paths([FIXTURES / "max-num-batched-tokens" / "trigger.yaml"])
+    (r,) = engine_replicas(inv.manifests[0])
+    assert r.engine["model"] == "mistralai/Mistral-7B-Instruct-v0.2"
+    assert r.engine["max_num_seqs"] == 4  # MAX_NUM_SEQ, seed 002's spelling
+    assert r.engine["gpu_memory_utilization"] == 0.9
+    assert r.num_gpus == 1
+    assert r.engine_paths["max_num_seqs"].endswith("runtime_env.env_vars.MAX_NUM_SEQ")
+
+    inv = load_paths([FIXTURES / "tp-gpus-mismatch" / "near_miss_serve_llm.yaml"])
+    (r,) = engine_replicas(inv.manifests[0])
+    assert r.serve_llm
+    assert r.engine["tensor_parallel_size"] == 4
+    assert r.bundles == [{"GPU": 1.0}] * 4  # Serve LLM: one bundle per TP rank
+
+
+def test_finding_line_points_inside_serve_config() -> None:
+    (f,) = _fixture("tp-gpus-mismatch", "trigger.yaml")
+    assert f.file is not None
+    assert f.line is not None
+    line = Path(f.file).read_text(encoding="utf-8").splitlines()[f.line - 1]
+    assert line.strip() == 'TENSOR_PARALLEL_SIZE: "4"'
+
+
+# --------------------------------------------------------------------------- deprecated
+
+
+def test_deprecated_fields_name_the_values_that_really_apply() -> None:
+    found = {
+        f.path.rsplit(".", 1)[-1]: f for f in _fixture("deprecated-serve-field", "trigger.yaml")
+    }
+    target = found["target_num_ongoing_requests_per_replica"]
+    assert "targets 2 ongoing requests per replica (Ray's default), not 20" in target.message
+    assert "target_ongoing_requests: 20" in target.fix
+    queries = found["max_concurrent_queries"]
+    assert "max_ongoing_requests = 5 (Ray's default), not 100" in queries.message
+    assert "max_ongoing_requests: 100" in queries.fix
+
+
+def test_deprecated_field_with_new_name_present_reports_the_new_value() -> None:
+    found = _run(
+        "deprecated-serve-field",
+        _rayservice(
+            """
+            applications:
+              - name: a
+                import_path: app:app
+                deployments:
+                  - name: D
+                    max_concurrent_queries: 100
+                    max_ongoing_requests: 32
+                    ray_actor_options: {num_gpus: 1}
+            """,
+            _worker(),
+        ),
+    )
+    (f,) = found
+    assert "max_ongoing_requests = 32, not 100" in f.message
+
+
+def test_seed_002_original_has_both_removed_fields() -> None:
+    inv = load_paths([SEEDS / "seed002" / "original"])
+    found = run_rules(inv, {"deprecated-serve-field"})
+    assert sorted(f.path.rsplit(".", 1)[-1] for f in found) == [
+        "max_concurrent_queries",
+        "target_num_ongoing_requests_per_replica",
+    ]
+
+
+# --------------------------------------------------------------------------- TP
+
+
+def test_tp_mismatch_says_which_way() -> None:
+    (fewer,) = _fixture("tp-gpus-mismatch", "trigger.yaml")
+    assert "tensor_parallel_size 4 = 4 GPUs but Ray gives it 2 GPUs" in fewer.message
+    assert "NCCL init hangs" in fewer.message
+    (more,) = _fixture("tp-gpus-mismatch", "trigger_bundles.yaml")
+    assert "4 GPU bundles" in more.message
+    assert "2 of the 4 GPUs sit idle" in more.message
+
+
+def test_tp_in_code_only_is_not_guessed() -> None:
+    # Seed 004 writes num_gpus: 4 in the config and tensor_parallel_size=4 in llm_app.py:
+    # the config alone says nothing about TP, so there is no finding.
+    inv = load_paths([SEEDS / "seed004" / "rayservice-llama3-70b.yaml"])
+    assert not run_rules(inv, {"tp-gpus-mismatch"})
+
+
+def test_fractional_gpu_with_tp_is_a_mismatch() -> None:
+    (f,) = _run(
+        "tp-gpus-mismatch",
+        _rayservice(
+            """
+            applications:
+              - name: a
+                import_path: app:app
+                args: {model: Qwen/Qwen2.5-7B-Instruct, tensor_parallel_size: 2}
+                deployments:
+                  - name: D
+                    ray_actor_options: {num_gpus: 0.5}
+            """,
+            _worker(gpus=2),
+        ),
+    )
+    assert "a fraction of a card" in f.message
+
+
+def test_tp_across_pods_is_fine_with_ray_executor() -> None:
+    serve = """
+        applications:
+          - name: a
+            import_path: app:app
+            args:
+              model: meta-llama/Llama-3.1-70B-Instruct
+              tensor_parallel_size: 4
+              distributed_executor_backend: {backend}
+            deployments:
+              - name: D
+                ray_actor_options: {{num_cpus: 1}}
+        """
+    assert not _run("tp-gpus-mismatch", _rayservice(serve.format(backend="ray"), _worker()))
+    (f,) = _run("tp-gpus-mismatch", _rayservice(serve.format(backend="mp"), _worker()))
+    assert "largest: worker group 'gpu', 1 GPU per pod" in f.message
+
+
+# --------------------------------------------------------------------------- ports
+
+
+def test_vllm_port_on_serve_port_names_the_owner() -> None:
+    (f,) = _fixture("vllm-port-conflict", "trigger.yaml")
+    assert "VLLM_PORT=8000" in f.message
+    assert "Ray Serve's HTTP proxy" in f.message
+
+
+def test_vllm_port_shared_pod_counts_replicas() -> None:
+    (f,) = _fixture("vllm-port-conflict", "trigger_shared_pod.yaml")
+    assert "holds up to 4 vLLM replicas" in f.message
+
+
+def test_vllm_port_follows_custom_http_port() -> None:
+    serve = """
+        http_options:
+          port: 9000
+        applications:
+          - name: a
+            import_path: app:app
+            runtime_env:
+              env_vars: {{MODEL_ID: Qwen/Qwen2.5-7B-Instruct, VLLM_PORT: "{port}"}}
+            deployments:
+              - name: D
+                ray_actor_options: {{num_gpus: 1}}
+        """
+    (f,) = _run("vllm-port-conflict", _rayservice(serve.format(port=9000), _worker()))
+    assert "VLLM_PORT=9000" in f.message
+    assert not _run("vllm-port-conflict", _rayservice(serve.format(port=8000), _worker()))
+
+
+def test_service_link_needs_a_service_named_vllm() -> None:
+    found = _fixture("vllm-port-conflict", "trigger_service_link.yaml")
+    assert [f.path for f in found] == [
+        "spec.rayClusterConfig.workerGroupSpecs[0].template.spec.containers[0]"
+    ]
+    assert "appears to be a URI" in found[0].message
+
+
+# --------------------------------------------------------------------------- rayVersion
+
+
+@pytest.mark.parametrize(
+    ("image", "version"),
+    [
+        ("rayproject/ray:2.35.0-py311-cu121", "2.35.0"),
+        ("rayproject/ray-ml:2.9.3", "2.9.3"),
+        ("rayproject/ray-llm:2.60.0-py311-cu128", "2.60.0"),
+        ("docker.io/anyscale/ray:2.44.1-slim", "2.44.1"),
+        ("public.ecr.aws/data-on-eks/ray2.24.0-py310-vllm-gpu:v1", "2.24.0"),
+        ("rayproject/ray:2.35.0@sha256:abcd", "2.35.0"),
+        ("rayproject/ray:nightly-py311", None),
+        ("vllm/vllm-openai:v0.6.3", None),
+        ("harbor.internal/llm/serve:1.4.2", None),
+        ("rayproject/ray", None),
+    ],
+)
+def test_ray_version_of_image(image: str, version: str | None) -> None:
+    assert ray_version_of_image(image) == version
+
+
+def test_rayversion_mismatch_message() -> None:
+    found = _fixture("rayversion-image-mismatch", "trigger.yaml")
+    assert len(found) == 2  # head and worker
+    assert "rayVersion is 2.24.0 but the head group runs rayproject/ray:2.35.0-py311" in (
+        found[0].message
+    )
+    assert "rayVersion: '2.35.0'" in found[0].fix
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_kv_cache_message_has_the_arithmetic() -> None:
+    (f,) = _fixture("kv-cache-too-small", "trigger.yaml")
+    assert "gpu_memory_utilization 0.9 of a 23034 MiB card" in f.message
+    assert "instance-gpu-name in ['l4']" in f.message
+    assert "gives each rank 20.24 GiB" in f.message
+    assert "weights take 14.96 GiB" in f.message
+    assert "one 131072-token sequence needs 16.00 GiB" in f.message
+
+
+def test_kv_cache_inside_hami_slice_uses_the_slice() -> None:
+    (f,) = _fixture("kv-cache-too-small", "trigger_hami_whole_card_fraction.yaml")
+    assert "gpu_memory_utilization 0.25 of the 20000 MiB HAMi slice" in f.message
+    assert "gives each rank 4.88 GiB" in f.message
+
+
+def test_kv_cache_silent_without_card_facts() -> None:
+    serve = """
+        applications:
+          - name: a
+            import_path: app:app
+            args: {model: meta-llama/Llama-3.1-8B-Instruct, max_model_len: 131072}
+            deployments:
+              - name: D
+                ray_actor_options: {num_gpus: 1}
+        """
+    # Unknown card (no selector): silent. A 24 GB card named by GFD: reported.
+    assert not _run("kv-cache-too-small", _rayservice(serve, _worker()))
+    found = _run(
+        "kv-cache-too-small",
+        _rayservice(serve, _worker(selector="nvidia.com/gpu.product: NVIDIA-A10G")),
+    )
+    assert found
+    assert "23028 MiB card" in found[0].message
+
+
+def test_kv_cache_uses_the_largest_card_of_an_ambiguous_pool() -> None:
+    serve = """
+        applications:
+          - name: a
+            import_path: app:app
+            args: {model: meta-llama/Llama-3.1-8B-Instruct, max_model_len: 131072}
+            deployments:
+              - name: D
+                ray_actor_options: {num_gpus: 1}
+        """
+    # 'a100' is p4d's 40 GB or p4de's 80 GB card: 0.9 x 80 GB holds 32 GiB, so no finding.
+    assert not _run(
+        "kv-cache-too-small",
+        _rayservice(serve, _worker(selector="karpenter.k8s.aws/instance-gpu-name: a100")),
+    )
+
+
+def test_fractional_replicas_default_utilization() -> None:
+    (f,) = _fixture("gpu-memory-utilization-exceeds-slice", "trigger_default_util.yaml")
+    assert "holds 0.25 of a GPU, so Ray packs up to 4 replicas on one card" in f.message
+    assert "0.92 (vLLM's default)" in f.message
+    assert "<= 0.25" in f.fix
+
+
+def test_fractional_gpu_without_vllm_evidence_is_silent() -> None:
+    serve = """
+        applications:
+          - name: a
+            import_path: embedder:app
+            deployments:
+              - name: D
+                ray_actor_options: {num_gpus: 0.5}
+        """
+    assert not _run("gpu-memory-utilization-exceeds-slice", _rayservice(serve, _worker()))
+
+
+# --------------------------------------------------------------------------- batching
+
+
+def test_max_num_seqs_vs_autoscaling_target() -> None:
+    (f,) = _fixture("max-num-batched-tokens", "trigger.yaml")
+    assert "max_num_seqs 4" in f.message
+    assert "keep 20 requests per replica" in f.message
+    assert "16 of them wait" in f.message
+
+
+def test_chunked_prefill_default_on_allows_small_batches() -> None:
+    serve = """
+        applications:
+          - name: a
+            import_path: app:app
+            args:
+              model: meta-llama/Llama-3.1-8B-Instruct
+              max_model_len: 8192
+              max_num_batched_tokens: 2048
+              {extra}
+            deployments:
+              - name: D
+                ray_actor_options: {{num_gpus: 1}}
+        """
+    assert not _run("max-num-batched-tokens", _rayservice(serve.format(extra=""), _worker()))
+    (f,) = _run(
+        "max-num-batched-tokens",
+        _rayservice(serve.format(extra="enable_chunked_prefill: false"), _worker()),
+    )
+    assert "max_num_batched_tokens 2048 < max_model_len 8192" in f.message
