@@ -49,6 +49,9 @@ GiB = 2**30
 
 #: vLLM's KV block size (tokens per page) on GPU and CPU.
 BLOCK_SIZE = 16
+#: Concurrent batches in flight on GPU: vLLM's async scheduling overlaps two
+#: (``VllmConfig.max_concurrent_batches``); sliding-window layers reserve for both.
+ASYNC_BATCHES = 2
 #: Quantization group size of AWQ/GPTQ checkpoints (the common default).
 QUANT_GROUP = 128
 #: Non-torch GPU memory of one engine process: CUDA context, cuBLAS/cuDNN workspaces,
@@ -335,16 +338,26 @@ def kv_bytes_per_sequence(
     kv_cache_dtype: KvDtype = "auto",
     *,
     tensor_parallel: int = 1,
+    in_flight_tokens: int = 2048,
 ) -> int:
-    """KV bytes one sequence of ``tokens`` tokens holds, in whole blocks, honouring windows."""
+    """KV bytes vLLM reserves for one sequence of ``tokens`` tokens, in whole blocks.
+
+    Full-attention layers hold ``cdiv(tokens, block)`` blocks. Sliding-window layers hold
+    the window plus the tokens in flight (a prefill chunk is written before older tokens
+    leave the window) and one extra block for alignment:
+    ``cdiv(min(window - 1 + in_flight_tokens, tokens), block) + 1`` - vLLM's
+    ``SlidingWindowSpec.max_admission_blocks_per_request`` (vllm/v1/kv_cache_interface.py),
+    where ``in_flight_tokens`` is ``max_num_batched_tokens`` times the concurrent batches
+    (2 with async scheduling).
+    """
     per_layer = kv_bytes_per_token(
         config, dtype, kv_cache_dtype, tensor_parallel=tensor_parallel
     ) // max(1, config.num_layers)
-    full_tokens = math.ceil(tokens / BLOCK_SIZE) * BLOCK_SIZE
-    total = config.full_layers * full_tokens * per_layer
+    block = per_layer * BLOCK_SIZE
+    total = config.full_layers * math.ceil(tokens / BLOCK_SIZE) * block
     if config.sliding_window is not None:
-        local = min(full_tokens, math.ceil(config.sliding_window / BLOCK_SIZE + 1) * BLOCK_SIZE)
-        total += config.sliding_layers * local * per_layer
+        held = min(config.sliding_window - 1 + in_flight_tokens, tokens)
+        total += config.sliding_layers * (math.ceil(held / BLOCK_SIZE) + 1) * block
     return total
 
 
@@ -429,7 +442,12 @@ def estimate_replica(
     seqs = max_num_seqs or concurrency
     weights = math.ceil(weight_bytes(config, dtype, quantization) / (tp * pp))
     kv = concurrency * kv_bytes_per_sequence(
-        config, max_model_len, dtype, kv_cache_dtype, tensor_parallel=tp
+        config,
+        max_model_len,
+        dtype,
+        kv_cache_dtype,
+        tensor_parallel=tp,
+        in_flight_tokens=max_num_batched_tokens * (ASYNC_BATCHES if device == "cuda" else 1),
     )
     kv = math.ceil(kv / pp)
     act = activation_bytes(config, max_num_batched_tokens, seqs, dtype, tensor_parallel=tp)

@@ -101,10 +101,14 @@ def test_sliding_window_layers_hold_only_the_window() -> None:
     cfg = load_model_config("gemma-3-270m")
     assert (cfg.sliding_layers, cfg.full_layers) == (15, 3)
     per_layer = 2 * 1 * 256 * 2
-    seq = kv_bytes_per_sequence(cfg, 8192)
-    assert seq == 3 * 8192 * per_layer + 15 * (512 + 16) * per_layer
-    # a short sequence never exceeds its own length
-    assert kv_bytes_per_sequence(cfg, 100) == 18 * 112 * per_layer
+    # sliding layers: window - 1 + in-flight tokens (one 2048-token chunk), + 1 block
+    seq = kv_bytes_per_sequence(cfg, 8192, in_flight_tokens=2048)
+    assert seq == 3 * 8192 * per_layer + 15 * (161 * 16) * per_layer
+    # a short sequence holds its own length (+1 alignment block on sliding layers)
+    assert kv_bytes_per_sequence(cfg, 100) == 3 * 112 * per_layer + 15 * 128 * per_layer
+    # without sliding windows it is just tokens x per-token bytes
+    llama = load_model_config("llama-3-8b")
+    assert kv_bytes_per_sequence(llama, 8192) == 8192 * kv_bytes_per_token(llama)
     # Mistral v0.1 slides on every layer; v0.3 does not
     assert load_model_config("mistral-7b-v0.1").sliding_layers == 32
     assert load_model_config("mistral-7b-v0.3").sliding_window is None
