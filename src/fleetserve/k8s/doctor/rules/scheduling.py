@@ -1100,7 +1100,7 @@ def node_selector_no_pool(inv: Inventory) -> Iterator[Finding]:
         if any(_selector_ok(p, pool) for pool in pools):
             continue
         wanted = ", ".join(f"{k}: {v}" for k, v in p.node_selector.items()) or "node affinity"
-        why = "; ".join(_mismatch(p, pool) for pool in pools)
+        why = "; ".join(sorted({_mismatch(p, pool) for pool in pools}))
         hints = sorted(
             {f"karpenter.sh/nodepool: {pool.name}" for pool in pools if pool.karpenter}
             | {
@@ -1140,14 +1140,15 @@ def missing_gpu_toleration(inv: Inventory) -> Iterator[Finding]:
         if not candidates or any(not _blocking(p, pool) for pool in candidates):
             continue
         blocked = {_taint_text(t): t for pool in candidates for t in _blocking(p, pool)}
-        first = next(iter(blocked.values()))
+        first = blocked[min(blocked)]
         yield _finding(
             "missing-gpu-toleration",
             "error",
             p.manifest,
             f"{p.path}.tolerations",
             f"{p.label} requests GPUs but tolerates none of the taints on the pools it can use "
-            f"({', '.join(pool.source for pool in candidates)}: {', '.join(sorted(blocked))}): "
+            f"({', '.join(sorted({pool.source for pool in candidates}))}: "
+            f"{', '.join(sorted(blocked))}): "
             'it never lands on a GPU node (FailedScheduling "had untolerated taint").',
             f'Add tolerations: [{{key: "{first.get("key")}", operator: "Exists", effect: '
             f'"{first.get("effect")}"}}] to the pod template.',

@@ -1,0 +1,126 @@
+"""``fleetserve doctor``: exit codes, JSON contract, rule selection, readable report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fleetserve.cli import main
+from fleetserve.k8s.doctor.command import diagnose
+
+from .conftest import FIXTURES, SEEDS
+
+SCHEDULING_AND_KUBERAY = [
+    "train-coordinator-cpu",
+    "infeasible-request",
+    "ingress-starved",
+    "serve-replicas-exceed-workers",
+    "head-schedulable",
+    "resources-set-twice",
+    "advertised-vs-limit",
+    "cpu-rounding",
+    "node-selector-no-pool",
+    "missing-gpu-toleration",
+    "replicas-min-gt-max",
+    "rayservice-head-service-name",
+    "name-too-long",
+    "upgrade-strategy",
+    "autoscaler-v2-restart-policy",
+    "gcs-ft-conflict",
+    "deprecated-threshold",
+]
+CLEAN = FIXTURES / "head-schedulable" / "near_miss.yaml"
+BROKEN = FIXTURES / "replicas-min-gt-max" / "trigger.yaml"
+BROKEN_LINE = BROKEN.read_text(encoding="utf-8").splitlines().index("        minReplicas: 4") + 1
+
+
+def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[dict[str, object]]]:
+    code = main(["doctor", *argv, "--format", "json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_exit_0_without_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    code, found = _json(capsys, str(CLEAN))
+    assert code == 0
+    assert all(f["severity"] != "error" for f in found)
+
+
+def test_exit_1_with_errors_and_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    code, found = _json(capsys, str(BROKEN))
+    assert code == 1
+    f = next(f for f in found if f["rule"] == "replicas-min-gt-max")
+    assert f == {
+        "rule": "replicas-min-gt-max",
+        "severity": "error",
+        "object": "RayService/serving/llm",
+        "path": "spec.rayClusterConfig.workerGroupSpecs[0].minReplicas",
+        "message": f["message"],
+        "fix": f["fix"],
+        "file": str(BROKEN),
+        "line": BROKEN_LINE,
+    }
+    assert "minReplicas 4 greater than maxReplicas 2" in str(f["message"])
+
+
+def test_exit_2_on_unreadable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: RayService\nspec: [\n", encoding="utf-8")
+    assert main(["doctor", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:3:" in err
+    assert "Traceback" not in err
+    assert main(["doctor", str(tmp_path / "missing")]) == 2
+
+
+def test_rules_filter(capsys: pytest.CaptureFixture[str]) -> None:
+    code, found = _json(
+        capsys, str(SEEDS / "seed002" / "original"), "--rules", "deprecated-threshold"
+    )
+    assert code == 0  # info only
+    assert {f["rule"] for f in found} == {"deprecated-threshold"}
+    assert main(["doctor", str(CLEAN), "--rules", "no-such-rule"]) == 2
+    assert "unknown rule id(s) no-such-rule" in capsys.readouterr().err
+
+
+def test_schema_selected_with_crds(crds_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wrong = FIXTURES / "schema" / "wrong_type.yaml"
+    code, found = _json(capsys, str(wrong), "--crds", str(crds_dir), "--rules", "schema")
+    assert code == 1
+    assert [f["rule"] for f in found] == ["schema"]
+    assert main(["doctor", str(wrong), "--crds", str(wrong)]) == 2
+
+
+def test_k8s_version(capsys: pytest.CaptureFixture[str]) -> None:
+    core = FIXTURES / "schema" / "core_kinds.yaml"
+    code, found = _json(capsys, str(core), "--k8s-version", "1.30", "--rules", "schema")
+    assert code == 1
+    assert any("Kubernetes 1.30" in str(f["message"]) for f in found)
+    assert main(["doctor", str(core), "--k8s-version", "1.2"]) == 2
+
+
+def test_text_report(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", str(BROKEN)]) == 1
+    out = capsys.readouterr().out
+    assert "RayService/serving/llm" in out
+    assert "replicas-min-gt-max" in out
+    assert f"{BROKEN}:{BROKEN_LINE}" in out
+    assert "fix:" in out
+    assert "error" in out.splitlines()[-1]
+
+
+def test_output_is_deterministic() -> None:
+    paths = [str(FIXTURES), str(SEEDS)]
+    first = [f.to_json() for f in diagnose(paths).findings]
+    assert first == [f.to_json() for f in diagnose(paths).findings]
+
+
+def test_argument_order_does_not_change_the_report() -> None:
+    # Scheduling and KubeRay rules join objects across files; their messages list the
+    # joined objects in a canonical order.
+    paths = [str(FIXTURES), str(SEEDS)]
+    rules = set(SCHEDULING_AND_KUBERAY)
+    first = [f.to_json() for f in diagnose(paths, rules=rules).findings]
+    again = [f.to_json() for f in diagnose(list(reversed(paths)), rules=rules).findings]
+    assert first == again

@@ -1,0 +1,158 @@
+"""The loader: YAML with lines, kind-less documents, fleet specs, Python read from the AST."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetserve.errors import InputFileError
+from fleetserve.k8s.doctor.loader import expand_paths, load_paths, load_python_text, load_text
+
+MULTI = """\
+# leading comment
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: serving
+---
+apiVersion: v1
+kind: List
+items:
+  - apiVersion: v1
+    kind: ConfigMap
+    metadata:
+      name: a
+      namespace: serving
+    data:
+      k: v
+  - apiVersion: v1
+    kind: Secret
+    metadata:
+      name: b
+---
+scheduler:
+  kubeScheduler:
+    enabled: false
+devicePlugin:
+  deviceMemoryScaling: 1.0
+---
+"""
+
+
+def test_multi_document_lines_and_list_expansion() -> None:
+    inv = load_text(MULTI, "x.yaml")
+    refs = [(m.ref, m.line) for m in inv.manifests]
+    assert refs == [
+        ("Namespace/default/serving", 2),
+        ("ConfigMap/serving/a", 10),
+        ("Secret/default/b", 17),
+    ]
+    cm = inv.manifests[1]
+    assert cm.line_of("data.k") == 16
+    assert cm.line_of("data.missing.deeper") == 15  # nearest recorded ancestor
+    assert cm.line_of("nothing") == cm.line
+
+
+def test_helm_values_detected() -> None:
+    inv = load_text(MULTI, "values.yaml")
+    [hv] = inv.helm_values
+    assert hv.chart == "hami"
+    assert hv.ref == "HelmValues/values.yaml"
+    assert hv.get("scheduler.kubeScheduler.enabled") is False
+    assert hv.line_of("scheduler.kubeScheduler.enabled") == 24
+    kuberay = load_text("image: {repository: x}\nbatchScheduler: {enabled: false}\n")
+    assert kuberay.helm_values[0].chart == "kuberay-operator"
+    assert load_text("just: data\n").helm_values == ()
+
+
+def test_fleet_spec_is_read_for_its_pools() -> None:
+    text = """\
+models:
+  - name: m
+    source: builtin:gemma-3-270m
+pools:
+  - name: gpu
+    labels: {pool: gpu}
+    gpu: {count: 1, memory_gb: 24}
+"""
+    inv = load_text(text, "fleet.yaml")
+    assert [p.name for p in inv.fleets[0].spec.pools] == ["gpu"]
+    with pytest.raises(InputFileError, match=r"fleet\.yaml:1: fleet spec invalid"):
+        load_text("models: []\n", "fleet.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [("a: 1\nb: [1, 2\n", 3), ("kind: X\n  bad: indent\n", 2), ("- just\n- a list\n", 1)],
+)
+def test_unreadable_yaml_names_file_and_line(text: str, line: int) -> None:
+    with pytest.raises(InputFileError, match=rf"^bad\.yaml:{line}:") as e:
+        load_text(text, "bad.yaml")
+    assert e.value.exit_code == 2
+
+
+def test_python_scaling_config_with_constants() -> None:
+    src = """\
+import ray.train
+from ray.train import ScalingConfig as SC
+
+WORKERS = 2
+CPUS = 2 * 2
+RES = {"CPU": CPUS, "GPU": 1}
+
+def main(n):
+    a = ray.train.ScalingConfig(num_workers=WORKERS, use_gpu=True, resources_per_worker=RES)
+    b = ScalingConfig({"CPU": 0}, n, False)
+    return a, b
+"""
+    inv = load_python_text(src, "t.py")
+    a, b = inv.scaling_configs
+    assert (a.line, a.num_workers, a.use_gpu) == (9, 2, True)
+    assert a.resources_per_worker == {"CPU": 4.0, "GPU": 1.0}
+    assert a.trainer_resources is None
+    assert a.unresolved == ()
+    # Positional arguments follow ScalingConfig's field order; `n` is not a constant.
+    assert b.trainer_resources == {"CPU": 0.0}
+    assert b.num_workers is None
+    assert b.unresolved == ("num_workers",)
+    assert b.ref == "ScalingConfig/t.py:10"
+
+
+def test_python_train_v2_flag() -> None:
+    src = 'import os\nos.environ["RAY_TRAIN_V2_ENABLED"] = "0"\nScalingConfig(num_workers=1)\n'
+    assert load_python_text(src).scaling_configs[0].train_v2 is False
+    src = 'import os\nos.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")\nScalingConfig()\n'
+    assert load_python_text(src).scaling_configs[0].train_v2 is True
+
+
+def test_python_is_never_executed(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    src = f"open({str(marker)!r}, 'w').write('x')\nScalingConfig(num_workers=1)\n"
+    load_python_text(src)
+    assert not marker.exists()
+
+
+def test_python_syntax_error() -> None:
+    with pytest.raises(InputFileError, match=r"^t\.py:2: Python syntax error"):
+        load_python_text("x = 1\ndef (:\n", "t.py")
+
+
+def test_directories_recursive_sorted_hidden_skipped(tmp_path: Path) -> None:
+    (tmp_path / "b").mkdir()
+    (tmp_path / ".git").mkdir()
+    for name in ("b/z.yml", "a.yaml", "c.py", "notes.txt", ".git/x.yaml"):
+        (tmp_path / name).write_text("", encoding="utf-8")
+    files = [p.relative_to(tmp_path).as_posix() for p in expand_paths([tmp_path])]
+    assert files == ["a.yaml", "b/z.yml", "c.py"]
+    # A file named twice is read once.
+    assert len(expand_paths([tmp_path, tmp_path / "a.yaml"])) == 3
+    with pytest.raises(InputFileError, match="no such file"):
+        load_paths([tmp_path / "missing.yaml"])
+
+
+def test_non_utf8_file(tmp_path: Path) -> None:
+    bad = tmp_path / "x.yaml"
+    bad.write_bytes(b"kind: \xff\n")
+    with pytest.raises(InputFileError, match="not UTF-8"):
+        load_paths([bad])
