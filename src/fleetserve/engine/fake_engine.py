@@ -134,7 +134,7 @@ class FakeEngine:
 
     def _validate(self, body: dict[str, Any], *, chat: bool) -> dict[str, Any]:
         model = body.get("model")
-        if model != self._config.name:
+        if model is not None and model != self._config.name:  # vLLM: absent = served model
             raise _BadRequest(404, f"The model `{model}` does not exist.", "NotFoundError", None)
         if chat:
             messages = body.get("messages")

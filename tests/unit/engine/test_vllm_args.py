@@ -1,0 +1,41 @@
+"""vLLM's own CLI parser takes the options fleetserve builds (imports vLLM: slow)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetserve.engine.config import EngineConfig
+from fleetserve.engine.vllm_engine import parse_vllm_args
+from fleetserve.errors import EngineError
+from fleetserve.plan.result import EngineSettings
+from fleetserve.spec import ModelSpec
+
+SETTINGS = EngineSettings(
+    gpu_memory_utilization=0.17,
+    max_num_seqs=16,
+    max_model_len=2048,
+    max_num_batched_tokens=2048,
+)
+
+
+def config(**model: object) -> EngineConfig:
+    spec = ModelSpec.model_validate({"name": "m", "source": "org/m", **model})
+    return EngineConfig.from_spec(spec, model_path="/models/m", settings=SETTINGS)
+
+
+@pytest.mark.slow
+def test_vllms_own_parser_accepts_the_options() -> None:
+    """The replica parses these with vLLM's CLI parser, exactly as `vllm serve` would."""
+    args = parse_vllm_args(config(engine_args={"enable_prefix_caching": False, "seed": 3}))
+    assert args.model == "/models/m"
+    assert args.served_model_name == ["m"]
+    assert args.max_num_seqs == 16
+    assert args.gpu_memory_utilization == pytest.approx(0.17)
+    assert args.enable_prefix_caching is False
+    assert args.seed == 3
+
+
+@pytest.mark.slow
+def test_unknown_engine_arg_is_an_engine_error_naming_the_model() -> None:
+    with pytest.raises(EngineError, match="model 'm': vLLM rejected its arguments"):
+        parse_vllm_args(config(engine_args={"no_such_vllm_option": 1}))
