@@ -374,8 +374,13 @@ def _placeable(d: ServeDemand, types: list[NodeType]) -> list[str]:
 
 
 def _types_text(types: list[NodeType]) -> str:
-    usable = [t for t in types if t.max_count > 0]
-    return "; ".join(t.describe() for t in usable) or "no node group can have pods"
+    parts = []
+    for t in types:
+        if t.max_count > 0:
+            parts.append(t.describe())
+        elif not t.group.is_head:
+            parts.append(f"{t.describe()} with 0 pods (replicas 0, autoscaling off)")
+    return "; ".join(parts) or "no node group can have pods"
 
 
 # --------------------------------------------------------------------------------------------
@@ -547,11 +552,15 @@ def infeasible_request(inv: Inventory) -> Iterator[Finding]:
         if m.kind == "RayJob" and isinstance(spec, dict):
             bundle = _entrypoint_bundle(spec)
             if bundle and not any(fits(bundle, t.capacity) for t in types if t.max_count > 0):
+                key = next(
+                    (k for k in ("entrypointNumCpus", "entrypointNumGpus") if k in spec),
+                    "entrypointResources",
+                )
                 yield _finding(
                     "infeasible-request",
                     "error",
                     m,
-                    "spec.entrypointNumCpus",
+                    f"spec.{key}",
                     f"The job driver needs {_fmt_res(bundle)} but no node type can hold it "
                     f"({_types_text(types)}): the entrypoint never starts.",
                     "Lower entrypointNumCpus/entrypointNumGpus/entrypointResources, or give a "
