@@ -1,0 +1,168 @@
+"""Session-wide servers for engine tests: ONE fleetserve and ONE `vllm serve` per session.
+
+An engine start costs about a minute here, so every test that needs a real engine shares
+these:
+
+* ``fleetserve_url`` - base URL (no ``/v1``) of ``fleetserve serve`` running the default
+  fleet (Gemma 3 270M on vLLM), started as users start it, in its own process;
+* ``vllm_url`` - base URL of vLLM's own OpenAI server on the same model directory with the
+  same engine options (from the same :class:`EngineConfig`), started lazily: only a
+  session whose tests ask for it pays for it.
+
+Both are stopped at session end with SIGTERM (fleetserve's drain path), then SIGKILL of
+their own process group if they do not exit. Their logs go to ``<tmp>/<name>.log`` and
+the tail is shown if a server fails to come up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fleetserve.engine.config import EngineConfig
+from fleetserve.modelstore.store import ModelStore
+from fleetserve.serve.settings import engine_settings
+from fleetserve.spec import default_fleet
+
+#: Longest wait for an engine to come up (model preparation + engine load + compile on a
+#: loaded 2-CPU machine).
+START_TIMEOUT_S = float(os.environ.get("FLEETSERVE_TEST_START_TIMEOUT", "1200"))
+STOP_TIMEOUT_S = 90.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """A server started in its own session (process group), with its log file."""
+
+    def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None):
+        self.name = name
+        self.log = log
+        self._log_file = log.open("wb")
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def wait_ready(self, url: str, timeout_s: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.close()
+                pytest.fail(
+                    f"{self.name} exited with {self.proc.returncode} before it was ready; "
+                    f"log tail ({self.log}):\n{self.tail()}"
+                )
+            try:
+                if httpx.get(url, timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        self.stop()
+        pytest.fail(f"{self.name} not ready after {timeout_s:.0f} s; log tail:\n{self.tail()}")
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM, wait, then SIGKILL this server's own process group."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout_s)
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+        self.close()
+        return self.proc.returncode
+
+    def close(self) -> None:
+        self._log_file.close()
+
+
+def fleetserve_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fleetserve.cli", "serve", *args]
+
+
+class Servers:
+    """Helpers for tests that start their own server (conftest is not importable)."""
+
+    Process = ServerProcess
+    free_port = staticmethod(free_port)
+    fleetserve_argv = staticmethod(fleetserve_argv)
+
+
+@pytest.fixture(scope="session")
+def servers() -> type[Servers]:
+    """Start-a-server helpers: ``servers.Process``, ``servers.free_port()``, ..."""
+    return Servers
+
+
+@pytest.fixture(scope="session")
+def fleetserve_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A running ``fleetserve serve`` (default fleet, real vLLM engine)."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("fleetserve") / "fleetserve.log"
+    server = ServerProcess("fleetserve", fleetserve_argv("--port", str(port)), log)
+    url = f"http://127.0.0.1:{port}"
+    server.wait_ready(f"{url}/ready")
+    yield url
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def default_engine_args() -> list[str]:
+    """The engine options fleetserve gives the default model, as `vllm serve` options."""
+    spec = default_fleet()
+    model = spec.models[0]
+    settings = engine_settings(spec, gpu_host=False)[model.name]
+    path = ModelStore().resolve(model.source)
+    return EngineConfig.from_spec(model, model_path=path, settings=settings).vllm_cli_args()
+
+
+@pytest.fixture(scope="session")
+def vllm_url(
+    tmp_path_factory: pytest.TempPathFactory, default_engine_args: list[str]
+) -> Iterator[str]:
+    """vLLM's own OpenAI server on the default model, same engine options as fleetserve."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *default_engine_args,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    server = ServerProcess("vllm serve", argv, log)
+    url = f"http://127.0.0.1:{port}"
+    server.wait_ready(f"{url}/v1/models")
+    yield url
+    server.stop()
