@@ -26,6 +26,7 @@ from fleetserve.k8s.doctor.ray_objects import (
     pod_templates,
     try_quantity,
 )
+from fleetserve.k8s.doctor.rules._engines import engine_replicas
 from fleetserve.plan.gpus import gpu_type
 
 # --------------------------------------------------------------------------- HAMi config
@@ -129,6 +130,18 @@ def _labels(x: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in x.items()} if isinstance(x, dict) else {}
 
 
+_WORKLOAD_KINDS = (
+    "Pod",
+    "Deployment",
+    "StatefulSet",
+    "DaemonSet",
+    "ReplicaSet",
+    "Job",
+    "CronJob",
+    "ReplicationController",
+)
+
+
 def pods(inv: Inventory) -> list[PodView]:
     """Every pod template in the input, in input order."""
     out: list[PodView] = []
@@ -143,6 +156,8 @@ def pods(inv: Inventory) -> list[PodView]:
                 labels.setdefault("ray.io/is-ray-node", "yes")
                 out.append(PodView(m, f"{g.path}.template.spec", g.pod_spec, labels, g))
             continue
+        if m.kind not in _WORKLOAD_KINDS:
+            continue  # e.g. a Karpenter NodePool also has spec.template.spec
         for spec, path in pod_templates(m):
             if m.kind == "Pod":
                 labels = _labels(m.body.get("metadata", {}).get("labels"))
@@ -431,7 +446,20 @@ _TENANT_KEYS = ("fleetserve.io/tenant", "tenant", "app.kubernetes.io/tenant")
 
 
 def tenant_of(pod: PodView) -> tuple[str, str] | None:
-    """(tenant, where it was read) from the pod's labels, the object's labels or annotations."""
+    """(tenant, where it was read) from the pod's labels, the object's labels or annotations,
+    or - for a Ray worker group - the tenant of the Serve replicas pinned to it (fleetserve's
+    app carries its fleet spec; a replica is pinned to the groups advertising its custom
+    resources)."""
+    if pod.group is not None and not pod.group.is_head:
+        custom = {k for k in pod.group.advertised if k not in ("CPU", "GPU", "memory")}
+        tenants = {
+            (r.tenant, r.name)
+            for r in engine_replicas(pod.manifest)
+            if r.tenant is not None and custom & set(r.pins)
+        }
+        if len({t for t, _ in tenants}) == 1:
+            tenant, name = sorted(tenants)[0]
+            return tenant, f"the fleet spec's tenant of Serve replica {name!r}"
     meta = pod.manifest.body.get("metadata")
     meta = meta if isinstance(meta, dict) else {}
     for where, table in (

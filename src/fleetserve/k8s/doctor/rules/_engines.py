@@ -21,15 +21,22 @@ finding points at the line that sets it.
 from __future__ import annotations
 
 import functools
+import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import yaml
+from pydantic import ValidationError
 
+from fleetserve.engine.config import EngineConfig
+from fleetserve.errors import FleetServeError
 from fleetserve.k8s.doctor.finding import Finding
 from fleetserve.k8s.doctor.inventory import HelmValues, Manifest
-from fleetserve.k8s.doctor.ray_objects import serve_config
+from fleetserve.k8s.doctor.ray_objects import GroupView, serve_config
+from fleetserve.plan.catalogue import catalogue_entry
+from fleetserve.plan.result import EngineSettings
+from fleetserve.spec import parse_spec
 
 #: Normalised engine argument -> accepted spellings in env vars (upper case) besides its own.
 _ENV_ALIASES: dict[str, tuple[str, ...]] = {
@@ -104,6 +111,10 @@ class EngineReplica:
     serve_llm: bool = False
     #: True when the bundles were derived (Serve LLM default), not written.
     bundles_derived: bool = False
+    #: Custom Ray resources the replica asks for (they pin it to the groups advertising them).
+    pins: tuple[str, ...] = ()
+    #: The model's tenant, when the config says (fleetserve's own app carries its fleet spec).
+    tenant: str | None = None
 
     @property
     def is_vllm(self) -> bool:
@@ -153,6 +164,19 @@ class EngineReplica:
         """The written ``autoscaling_config`` ({} when absent or not a mapping)."""
         cfg = self.options.get("autoscaling_config")
         return cfg if isinstance(cfg, dict) else {}
+
+
+def can_host(group: GroupView, r: EngineReplica) -> bool:
+    """Whether pods of ``group`` can run replica ``r``: a worker group with at least one
+    rank's GPU share per pod, advertising every custom resource the replica is pinned by."""
+    if group.is_head:
+        return False
+    units = r.gpu_units
+    if units is not None and group.gpus_per_pod < units[1]:
+        return False
+    if units is not None and group.gpus_per_pod <= 0:
+        return False
+    return all(pin in group.advertised for pin in r.pins)
 
 
 def _coerce(key: str, value: Any) -> Any:
@@ -317,14 +341,85 @@ def _serve_llm_replicas(
     return out
 
 
-def _fleetserve_models(args: Any, base: str) -> list[tuple[str, dict[str, Any], str]]:
-    """fleetserve's own app: ``args.models[]`` each with ``name`` and engine settings."""
-    if not isinstance(args, dict) or not isinstance(args.get("models"), list):
-        return []
-    out = []
-    for i, item in enumerate(args["models"]):
-        if isinstance(item, dict):
-            out.append((str(item.get("name", f"models[{i}]")), item, f"{base}.models[{i}]"))
+def _pins(options: dict[str, Any]) -> tuple[str, ...]:
+    found: set[str] = set()
+    actor = options.get("ray_actor_options")
+    if isinstance(actor, dict) and isinstance(actor.get("resources"), dict):
+        found.update(str(k) for k in actor["resources"])
+    for bundle in _bundles(options.get("placement_group_bundles")) or []:
+        found.update(k for k in bundle if k not in ("CPU", "GPU", "memory"))
+    return tuple(sorted(found))
+
+
+def _fleetserve_replicas(
+    m: Manifest, app: dict[str, Any], app_path: str, app_name: str
+) -> list[EngineReplica] | None:
+    """fleetserve's own app (``fleetserve.serve.app:build_app``): one replica kind per model.
+
+    The engine arguments are computed by fleetserve's engine code itself
+    (:meth:`EngineConfig.vllm_cli_args`), so doctor checks exactly what the replicas will run.
+    None when the app is not fleetserve's or its args are not a valid fleet spec.
+    """
+    if not str(app.get("import_path", "")).startswith("fleetserve.serve.app"):
+        return None
+    args = app.get("args")
+    if not isinstance(args, dict) or not isinstance(args.get("spec"), dict):
+        return None
+    settings_raw = args.get("engine_settings")
+    try:
+        spec = parse_spec(args["spec"], "serveConfigV2 args.spec")
+    except FleetServeError:
+        return None
+    deps_raw = app.get("deployments")
+    deps = {
+        str(d.get("name")): (j, d)
+        for j, d in enumerate(deps_raw if isinstance(deps_raw, list) else [])
+        if isinstance(d, dict)
+    }
+    out: list[EngineReplica] = []
+    for i, model in enumerate(spec.models):
+        mpath = f"{app_path}.args.spec.models[{i}]"
+        raw = settings_raw.get(model.name) if isinstance(settings_raw, dict) else None
+        engine: dict[str, Any] = {}
+        paths: dict[str, str] = {}
+        if isinstance(raw, dict):
+            try:
+                settings = EngineSettings.model_validate(raw)
+            except ValidationError:
+                settings = None
+            if settings is not None:
+                config = EngineConfig.from_spec(model, model_path=model.source, settings=settings)
+                engine, _ = parse_vllm_cli(config.vllm_cli_args(), "")
+                spath = f"{app_path}.args.engine_settings.{model.name}"
+                for key in raw:
+                    paths[key] = f"{spath}.{key}"
+        if model.config and catalogue_entry(model.config) is not None:
+            engine["model"] = model.config
+        else:
+            engine.setdefault("model", model.source)
+        paths["model"] = f"{mpath}.source"
+        paths["tensor_parallel_size"] = f"{mpath}.tensor_parallel"
+        paths["pipeline_parallel_size"] = f"{mpath}.pipeline_parallel"
+        name = "model-" + re.sub(r"[^A-Za-z0-9_.-]", "-", model.name)
+        j, dep = deps.get(name, (-1, {}))
+        dep_path = f"{app_path}.deployments[{j}]" if j >= 0 else mpath
+        num_gpus, bundles, gpus_path = _gpus_of(dep, dep_path)
+        out.append(
+            EngineReplica(
+                manifest=m,
+                name=f"{app_name}/{name}",
+                path=dep_path,
+                options=dep,
+                options_path=dep_path,
+                engine=engine,
+                engine_paths={k: v for k, v in paths.items() if k in engine},
+                num_gpus=num_gpus,
+                bundles=bundles,
+                gpus_path=gpus_path,
+                pins=_pins(dep),
+                tenant=model.tenant,
+            )
+        )
     return out
 
 
@@ -346,6 +441,10 @@ def engine_replicas(m: Manifest) -> list[EngineReplica]:
         llm = _serve_llm_replicas(m, app, app_path, app_name)
         if llm:
             out.extend(llm)
+            continue
+        own = _fleetserve_replicas(m, app, app_path, app_name)
+        if own is not None:
+            out.extend(own)
             continue
         app_env, app_env_paths = _env_of(app.get("runtime_env"), f"{app_path}.runtime_env")
         app_engine: dict[str, Any] = {}
@@ -397,6 +496,7 @@ def engine_replicas(m: Manifest) -> list[EngineReplica]:
                     num_gpus=num_gpus,
                     bundles=bundles,
                     gpus_path=gpus_path,
+                    pins=_pins(dep),
                 )
             )
         if not deps:
@@ -522,6 +622,38 @@ _CLI_FLAGS: dict[str, str] = {
 }
 
 
+def parse_vllm_cli(
+    words: list[str] | list[tuple[str, str]], path: str
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Engine arguments from ``vllm serve`` tokens (optionally paired with their field paths)."""
+    pairs = [w if isinstance(w, tuple) else (w, path) for w in words]
+    engine: dict[str, Any] = {}
+    paths: dict[str, str] = {}
+    for n, (word, word_path) in enumerate(pairs):
+        flag, eq, value = word.partition("=")
+        where = word_path
+        if not eq and n + 1 < len(pairs):
+            value, where = pairs[n + 1]
+        found = _CLI_FLAGS.get(flag)
+        if found is None and flag == "--no-enable-chunked-prefill":
+            engine["enable_chunked_prefill"] = False
+            paths["enable_chunked_prefill"] = word_path
+            continue
+        if found is None and word == "serve" and n + 1 < len(pairs):
+            nxt = pairs[n + 1][0]
+            if n > 0 and pairs[n - 1][0].endswith("vllm") and not nxt.startswith("-"):
+                engine["model"] = nxt
+                paths["model"] = pairs[n + 1][1]
+            continue
+        if found is None:
+            continue
+        coerced = _coerce(found, value)
+        if coerced is not None:
+            engine[found] = coerced
+            paths[found] = where
+    return engine, paths
+
+
 def container_engine(container: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str, str]]:
     """vLLM engine arguments of a container that runs the vLLM server (``vllm serve``,
     ``python -m vllm.entrypoints.openai.api_server``, or the vllm-openai image), read from its
@@ -541,25 +673,7 @@ def container_engine(container: dict[str, Any], path: str) -> tuple[dict[str, An
     image = str(container.get("image", "")).lower()
     if "vllm" not in image and not any("vllm" in w for w, _ in words):
         return {}, {}
-    engine: dict[str, Any] = {}
-    paths: dict[str, str] = {}
-    for n, (word, where) in enumerate(words):
-        flag, eq, value = word.partition("=")
-        if not eq and n + 1 < len(words):
-            value, where = words[n + 1]
-        found = _CLI_FLAGS.get(flag)
-        if found is None and word == "serve" and n + 1 < len(words):
-            nxt = words[n + 1][0]
-            if n > 0 and words[n - 1][0].endswith("vllm") and not nxt.startswith("-"):
-                engine["model"] = nxt
-                paths["model"] = words[n + 1][1]
-            continue
-        if found is None:
-            continue
-        coerced = _coerce(found, value)
-        if coerced is not None:
-            engine[found] = coerced
-            paths[found] = where
+    engine, paths = parse_vllm_cli(words, path)
     env = container.get("env")
     literal: dict[str, str] = {}
     literal_paths: dict[str, str] = {}

@@ -41,6 +41,7 @@ from fleetserve.k8s.doctor.rules._devices import (
 )
 from fleetserve.k8s.doctor.rules._engines import (
     EngineReplica,
+    can_host,
     container_engine,
     engine_replicas,
     finding,
@@ -317,14 +318,16 @@ def hami_gpu_count(inv: Inventory) -> Iterator[Finding]:
             for c, _, s in _hami_slices(p, cfg)[:1]
             if c is p.group.container
         ]
-        sliced = [(p, s) for p, s in gpu_pods if s.is_hami]
-        if not sliced:
-            continue
-        most = max(s.count for _, s in gpu_pods)
         for r, (gpus, why) in replicas:
-            if gpus <= most:
+            hosts = [
+                (p, s)
+                for p, s in gpu_pods
+                if p.group and all(k in p.group.advertised for k in r.pins)
+            ]
+            hosts_sliced = [(p, s) for p, s in hosts if s.is_hami]
+            if not hosts_sliced or gpus <= max(s.count for _, s in hosts):
                 continue
-            pod, s = max(sliced, key=lambda ps: ps[1].count)
+            pod, s = max(hosts_sliced, key=lambda ps: ps[1].count)
             assert pod.group is not None
             yield finding(
                 "hami-gpu-count",
@@ -382,8 +385,7 @@ def _engines_on(
         if pod.group.is_head or pod.group.gpus_per_pod <= 0:
             return out
         for r in engine_replicas(pod.manifest):
-            units = r.gpu_units
-            if not r.is_vllm or (units is not None and units[1] > pod.group.gpus_per_pod):
+            if not r.is_vllm or not can_host(pod.group, r):
                 continue
             out.append((f"Serve replica {r.name!r}", r.engine, r.engine_paths, r.path))
         return out

@@ -35,6 +35,7 @@ from fleetserve.k8s.doctor.rules._devices import (
 )
 from fleetserve.k8s.doctor.rules._engines import (
     EngineReplica,
+    can_host,
     engine_replicas,
     finding,
     http_port,
@@ -181,7 +182,7 @@ def tp_gpus_mismatch(inv: Inventory) -> Iterator[Finding]:
         backend = r.engine.get("distributed_executor_backend")
         if r.serve_llm or backend == "ray" or r.num_gpus is not None:
             continue
-        gpu_groups = _gpu_groups(r.manifest)
+        gpu_groups = [g for g in _gpu_groups(r.manifest) if all(p in g.advertised for p in r.pins)]
         if not gpu_groups:
             continue
         most = max(g.gpus_per_pod for g in gpu_groups)
@@ -347,7 +348,7 @@ def _replicas_per_pod(g: GroupView, replicas: list[EngineReplica]) -> int:
             continue
         count, per_unit = units
         need = count * per_unit
-        if need <= 0 or need > g.gpus_per_pod:
+        if need <= 0 or need > g.gpus_per_pod or not can_host(g, r):
             continue
         best = max(best, math.floor(g.gpus_per_pod / need + 1e-9))
     return best
@@ -421,16 +422,14 @@ def rayversion_image_mismatch(inv: Inventory) -> Iterator[Finding]:
 
 
 def _replica_pods(r: EngineReplica, all_pods: list[PodView]) -> list[PodView]:
-    """Worker pods a vLLM replica can run on (at least one rank's GPU share per pod)."""
-    units = r.gpu_units
-    per_rank = units[1] if units else 1.0
+    """GPU worker pods a vLLM replica can run on (GPU share and custom-resource pins)."""
     return [
         p
         for p in all_pods
         if p.manifest is r.manifest
         and p.group is not None
-        and not p.group.is_head
-        and p.group.gpus_per_pod >= per_rank
+        and p.group.gpus_per_pod > 0
+        and can_host(p.group, r)
     ]
 
 
@@ -466,6 +465,18 @@ def kv_cache_too_small(inv: Inventory) -> Iterator[Finding]:
             if per_card.total <= budget:
                 continue
             fixed = per_card.non_kv
+            hint = ""
+            if slice_mib is not None and card is not None and card.largest > slice_mib:
+                ratio = slice_mib / min(card.candidates)
+                if util <= ratio + 0.02:
+                    whole = fmt_num(round(min(card.candidates)))
+                    hint = (
+                        f" ({util:g} looks like a fraction of the whole {whole} MiB card, "
+                        f"slice / card = {ratio:.2f}; HAMi-core shows the engine the "
+                        "slice as its card, so the fraction applies to the slice)"
+                    )
+            elif slice_mib is not None:
+                hint = " (HAMi-core shows the engine the slice as its card)"
             yield finding(
                 "kv-cache-too-small",
                 "error",
@@ -473,7 +484,7 @@ def kv_cache_too_small(inv: Inventory) -> Iterator[Finding]:
                 r.engine_path("max_model_len"),
                 f"Serve replica {r.name!r} ({need.model}, max_model_len {need.max_model_len}, "
                 f"{need.ranks} rank{'s' if need.ranks > 1 else ''}) on the {g.label}: "
-                f"gpu_memory_utilization {util:g} of {where} gives each rank {gib(budget)}; "
+                f"gpu_memory_utilization {util:g} of {where} gives each rank {gib(budget)}{hint}; "
                 f"weights take {gib(per_card.weights)} and activations, CUDA context and "
                 f"graphs about {gib(fixed - per_card.weights)}, leaving "
                 f"{gib(max(budget - fixed, 0))} for the KV cache, but one "
