@@ -156,3 +156,24 @@ def test_non_utf8_file(tmp_path: Path) -> None:
     bad.write_bytes(b"kind: \xff\n")
     with pytest.raises(InputFileError, match="not UTF-8"):
         load_paths([bad])
+
+
+def test_line_of_inside_an_embedded_serve_config() -> None:
+    text = """\
+apiVersion: ray.io/v1
+kind: RayService
+metadata: {name: s}
+spec:
+  serveConfigV2: |
+    applications:
+      - name: app
+        deployments:
+          - name: A
+          - name: B
+            num_replicas: 2
+"""
+    [m] = load_text(text).manifests
+    assert m.line_of("spec.serveConfigV2") == 5
+    assert m.line_of("spec.serveConfigV2:applications[0].deployments[1]") == 10
+    assert m.line_of("spec.serveConfigV2:applications[0].deployments[1].num_replicas") == 11
+    assert m.line_of("spec.serveConfigV2:applications[0].nothing.here") == 7

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal
+
+import yaml
 
 from fleetserve.spec import FleetSpec
 
@@ -45,16 +48,21 @@ class Manifest:
         return f"{self.kind}/{self.namespace}/{self.name}"
 
     def line_of(self, path: str) -> int:
-        """Best-effort line of ``path``: the nearest recorded ancestor, else the document start."""
-        probe = path
-        while probe:
-            if probe in self.lines:
-                return self.lines[probe]
-            cut = max(probe.rfind("."), probe.rfind("["))
-            if cut <= 0:
-                break
-            probe = probe[:cut]
-        return self.lines.get(probe, self.line)
+        """Best-effort line of ``path``: the nearest recorded ancestor, else the document start.
+
+        ``outer:inner`` addresses a field inside a YAML document embedded as a string (e.g.
+        ``spec.serveConfigV2:applications[0].deployments[1]``); its line is found inside the
+        block scalar, which starts on the line after its key.
+        """
+        outer, sep, inner = path.partition(":")
+        base = _nearest(self.lines, outer, self.line)
+        if sep:
+            raw = get_path(self.body, outer)
+            if isinstance(raw, str):
+                inside = _nearest(_embedded_lines(raw), inner, -1)
+                if inside >= 0:
+                    return base + 1 + inside
+        return base
 
     def get(self, path: str, default: Any = None) -> Any:
         """Value at a dotted field path (``a.b[0].c``), or ``default`` when any step is missing."""
@@ -83,15 +91,7 @@ class HelmValues:
 
     def line_of(self, path: str) -> int:
         """Best-effort line of ``path`` (nearest recorded ancestor, else the document start)."""
-        probe = path
-        while probe:
-            if probe in self.lines:
-                return self.lines[probe]
-            cut = max(probe.rfind("."), probe.rfind("["))
-            if cut <= 0:
-                break
-            probe = probe[:cut]
-        return self.lines.get(probe, self.line)
+        return _nearest(self.lines, path, self.line)
 
     def get(self, path: str, default: Any = None) -> Any:
         """Value at a dotted field path, or ``default``."""
@@ -159,6 +159,45 @@ class Inventory:
     def charts(self, chart: HelmChart) -> list[HelmValues]:
         """Helm values documents detected as ``chart``."""
         return [h for h in self.helm_values if h.chart == chart]
+
+
+def _nearest(lines: Mapping[str, int], path: str, default: int) -> int:
+    """Line of ``path`` or of its nearest recorded ancestor."""
+    probe = path
+    while probe:
+        if probe in lines:
+            return lines[probe]
+        cut = max(probe.rfind("."), probe.rfind("["))
+        if cut <= 0:
+            break
+        probe = probe[:cut]
+    return lines.get(probe, default)
+
+
+@lru_cache(maxsize=128)
+def _embedded_lines(text: str) -> dict[str, int]:
+    """Field path -> 0-based line inside an embedded YAML document ({} when unparseable)."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return {}
+    out: dict[str, int] = {}
+
+    def walk(node: yaml.Node, path: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                sub = f"{path}.{key.value}" if path else str(key.value)
+                out.setdefault(sub, key.start_mark.line)
+                walk(value, sub)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                sub = f"{path}[{i}]"
+                out.setdefault(sub, item.start_mark.line)
+                walk(item, sub)
+
+    if root is not None:
+        walk(root, "")
+    return out
 
 
 def get_path(body: Any, path: str, default: Any = None) -> Any:
