@@ -63,7 +63,9 @@ def test_helm_values_detected() -> None:
     assert hv.line_of("scheduler.kubeScheduler.enabled") == 24
     kuberay = load_text("image: {repository: x}\nbatchScheduler: {enabled: false}\n")
     assert kuberay.helm_values[0].chart == "kuberay-operator"
-    assert load_text("just: data\n").helm_values == ()
+    unknown = load_text("just: data\n", "u.yaml")
+    assert unknown.helm_values == ()
+    assert unknown.skipped == ("u.yaml:1",)
 
 
 def test_fleet_spec_is_read_for_its_pools() -> None:

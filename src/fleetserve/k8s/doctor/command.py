@@ -103,6 +103,12 @@ def diagnose(
             shown = ", ".join(sorted(set(unchecked))[:5]) + (" ..." if len(unchecked) > 5 else "")
             hint = "" if crds else " (pass --crds DIR to validate custom resources)"
             notes.append(f"no schema known for {shown}: not schema-checked{hint}")
+    if inv.skipped:
+        shown = ", ".join(inv.skipped[:5]) + (" ..." if len(inv.skipped) > 5 else "")
+        notes.append(
+            f"skipped {len(inv.skipped)} document(s) without kind that are not recognised "
+            f"Helm values or a fleet spec: {shown}"
+        )
     rule_ids = None if rules is None else rules - {SCHEMA_RULE}
     if rule_ids is None or rule_ids:
         findings.extend(run_rules(inv, rule_ids))

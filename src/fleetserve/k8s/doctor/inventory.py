@@ -150,6 +150,8 @@ class Inventory:
     scaling_configs: tuple[ScalingConfigCall, ...] = ()
     #: Fleet specs among the inputs (their pools count as node pools for scheduling rules).
     fleets: tuple[FleetSource, ...] = ()
+    #: ``file:line`` of documents that are none of the above (no kind, unknown values).
+    skipped: tuple[str, ...] = ()
 
     def of_kind(self, *kinds: str) -> list[Manifest]:
         """Manifests whose ``kind`` is one of ``kinds``, in input order."""

@@ -125,6 +125,7 @@ class _Builder:
     helm_values: list[HelmValues] = field(default_factory=list)
     scaling_configs: list[ScalingConfigCall] = field(default_factory=list)
     fleets: list[FleetSource] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
     def build(self) -> Inventory:
         return Inventory(
@@ -132,6 +133,7 @@ class _Builder:
             helm_values=tuple(self.helm_values),
             scaling_configs=tuple(self.scaling_configs),
             fleets=tuple(self.fleets),
+            skipped=tuple(self.skipped),
         )
 
     def add_file(self, path: Path) -> None:
@@ -167,6 +169,8 @@ class _Builder:
                 chart = _detect_chart(data)
                 if chart != "unknown":
                     self.helm_values.append(HelmValues(chart, data, file, line, lines))
+                else:
+                    self.skipped.append(f"{file}:{line}")
 
     def _add_object(
         self,
