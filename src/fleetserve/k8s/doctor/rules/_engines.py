@@ -115,6 +115,8 @@ class EngineReplica:
     pins: tuple[str, ...] = ()
     #: The model's tenant, when the config says (fleetserve's own app carries its fleet spec).
     tenant: str | None = None
+    #: fleetserve's plan: the engine's memory fraction OF THE HAMi SLICE, when planned.
+    planned_slice_utilization: float | None = None
 
     @property
     def is_vllm(self) -> bool:
@@ -382,6 +384,7 @@ def _fleetserve_replicas(
         raw = settings_raw.get(model.name) if isinstance(settings_raw, dict) else None
         engine: dict[str, Any] = {}
         paths: dict[str, str] = {}
+        settings: EngineSettings | None = None
         if isinstance(raw, dict):
             try:
                 settings = EngineSettings.model_validate(raw)
@@ -418,6 +421,9 @@ def _fleetserve_replicas(
                 gpus_path=gpus_path,
                 pins=_pins(dep),
                 tenant=model.tenant,
+                planned_slice_utilization=(
+                    settings.slice_memory_utilization if settings is not None else None
+                ),
             )
         )
     return out

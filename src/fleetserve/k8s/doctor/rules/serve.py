@@ -490,8 +490,14 @@ def kv_cache_too_small(inv: Inventory) -> Iterator[Finding]:
                 f"{gib(max(budget - fixed, 0))} for the KV cache, but one "
                 f"{need.max_model_len}-token sequence needs {gib(per_card.kv_cache)}: vLLM "
                 'fails at start-up ("not enough KV cache" / out of memory).',
-                "Lower max_model_len, raise gpu_memory_utilization or the slice, quantize "
-                "(fp8/awq) or raise tensor_parallel_size.",
+                (
+                    f"Inside the HAMi slice pass the plan's slice fraction "
+                    f"(slice_memory_utilization {r.planned_slice_utilization:g}) as "
+                    "gpu_memory_utilization, not the whole-card fraction."
+                    if slice_mib is not None and r.planned_slice_utilization
+                    else "Lower max_model_len, raise gpu_memory_utilization or the slice, "
+                    "quantize (fp8/awq) or raise tensor_parallel_size."
+                ),
             )
             break
 
