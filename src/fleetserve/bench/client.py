@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 import aiohttp
+import msgspec
 
 from fleetserve.bench.record import RequestRecord
 from fleetserve.bench.sse import SseParser
@@ -32,6 +33,34 @@ from fleetserve.bench.workload.base import BenchRequest
 Endpoint = Literal["chat", "completions"]
 _PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _MAX_ERROR_CHARS = 500
+
+
+# Typed views of a streamed chunk: msgspec decodes only these fields, ~10x faster than
+# json.loads into dicts, and per-event decode cost is what bounds streamed tokens/s.
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    text: str | None = None
+    delta: _Delta | None = None
+    finish_reason: str | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+    error: Any = None
+
+
+_decode_chunk = msgspec.json.Decoder(_Chunk).decode
 
 
 def normalize_base_url(url: str) -> str:
@@ -114,7 +143,7 @@ class StreamingClient:
             raise RuntimeError("StreamingClient used outside 'async with'")
         body = json.dumps(self.payload(request)).encode()
         chat = self.endpoint == "chat"
-        loads = json.loads
+        decode = _decode_chunk
         start = perf_counter()
         record.start = start - self.origin
         last_read = start
@@ -141,21 +170,19 @@ class StreamingClient:
                         if payload == b"[DONE]":
                             done = True
                             continue
-                        event = loads(payload)
-                        if not isinstance(event, dict):
-                            raise _InvalidStream(f"event is not a JSON object: {payload[:80]!r}")
-                        choices = event.get("choices")
+                        event = decode(payload)
+                        choices = event.choices
                         if choices:
                             choice = choices[0]
                             if chat:
-                                delta = choice.get("delta") or {}
+                                delta = choice.delta
                                 piece = (
-                                    delta.get("content")
-                                    or delta.get("reasoning_content")
-                                    or delta.get("reasoning")
+                                    None
+                                    if delta is None
+                                    else delta.content or delta.reasoning_content or delta.reasoning
                                 )
                             else:
-                                piece = choice.get("text")
+                                piece = choice.text
                             if piece:
                                 if chunks:
                                     itl.append(now - last)
@@ -164,14 +191,14 @@ class StreamingClient:
                                 last = now
                                 chunks += 1
                                 pieces.append(piece)
-                            reason = choice.get("finish_reason")
+                            reason = choice.finish_reason
                             if reason:
                                 record.finish_reason = reason
-                        usage = event.get("usage")
-                        if usage:
-                            record.usage_in = usage.get("prompt_tokens")
-                            record.usage_out = usage.get("completion_tokens")
-                        error = event.get("error")
+                        usage = event.usage
+                        if usage is not None:
+                            record.usage_in = usage.prompt_tokens
+                            record.usage_out = usage.completion_tokens
+                        error = event.error
                         if error:
                             record.error_type = "stream_error"
                             record.error = _truncate(_error_text(error))
@@ -189,9 +216,9 @@ class StreamingClient:
                         record.error = "the stream ended without a generated token" + (
                             "" if done else " (and without [DONE])"
                         )
-        except aiohttp.InvalidURL as e:  # also a ValueError: must come first
+        except aiohttp.InvalidURL as e:
             _fail(record, start, "client_error", f"invalid URL {self.url}: {e}")
-        except (ValueError, _InvalidStream) as e:  # json.JSONDecodeError is a ValueError
+        except msgspec.MsgspecError as e:
             _fail(record, start, "invalid_response", f"unparseable SSE event: {e}")
         except aiohttp.ClientConnectorError as e:
             message = f"cannot connect to {self.url}: {e.os_error}"
@@ -211,10 +238,6 @@ class StreamingClient:
             record.chunks = chunks
         if self.keep_text:
             record.text = "".join(pieces)
-
-
-class _InvalidStream(Exception):
-    pass
 
 
 def _fail(record: RequestRecord, start: float, error_type: str, message: str) -> None:
