@@ -98,6 +98,10 @@ def test_k8s_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 1
     assert any("Kubernetes 1.30" in str(f["message"]) for f in found)
     assert main(["doctor", str(core), "--k8s-version", "1.2"]) == 2
+    assert main(["doctor", str(core), "--k8s-version", "latest"]) == 2
+    # Versions compare as numbers (1.99 > 1.37): a newer cluster gets the newest schemas.
+    code, found = _json(capsys, str(core), "--k8s-version", "v1.99.1", "--rules", "schema")
+    assert code == 1
 
 
 def test_text_report(capsys: pytest.CaptureFixture[str]) -> None:

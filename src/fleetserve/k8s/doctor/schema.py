@@ -39,7 +39,7 @@ from celpy.adapter import json_to_cel
 from kubernetes_validate import utils as kv
 from referencing import Registry, Resource
 
-from fleetserve.errors import InputFileError
+from fleetserve.errors import InputFileError, UsageError
 from fleetserve.k8s.doctor.finding import Finding
 from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 
@@ -452,16 +452,7 @@ class CoreValidator:
     k8s_version: str | None = None
 
     def _version(self) -> str:
-        if self.k8s_version:
-            wanted = kv.major_minor(self.k8s_version.lstrip("v"))
-            known = [v for v in kv.all_versions() if kv.major_minor(v) <= wanted]
-            if not known:
-                raise InputFileError(
-                    f"--k8s-version {self.k8s_version}: no schemas that old "
-                    f"(oldest: {kv.all_versions()[0]})"
-                )
-            return str(known[-1])
-        return str(kv.latest_version())
+        return _schema_version(self.k8s_version)
 
     def validate(self, m: Manifest) -> list[Finding] | None:
         validator = _core_validator(self._version(), m.api_version, m.kind)
@@ -491,6 +482,26 @@ class CoreValidator:
                 )
             )
         return out
+
+
+def _minor(version: str) -> tuple[int, int]:
+    m = re.match(r"^v?(\d+)\.(\d+)", version.strip())
+    if not m:
+        raise UsageError(f"--k8s-version {version!r}: expected MAJOR.MINOR, e.g. 1.30")
+    return int(m.group(1)), int(m.group(2))
+
+
+@lru_cache(maxsize=16)
+def _schema_version(wanted: str | None) -> str:
+    """The newest kubernetes-validate schema version not newer than ``wanted``."""
+    versions = sorted(kv.all_versions(), key=_minor)
+    if wanted is None:
+        return str(versions[-1])
+    target = _minor(wanted)
+    known = [v for v in versions if _minor(v) <= target]
+    if not known:
+        raise UsageError(f"--k8s-version {wanted}: no schemas that old (oldest: {versions[0]})")
+    return str(known[-1])
 
 
 @lru_cache(maxsize=64)
