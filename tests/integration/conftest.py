@@ -139,7 +139,7 @@ def default_engine_args() -> list[str]:
     """The engine options fleetserve gives the default model, as `vllm serve` options."""
     spec = default_fleet()
     model = spec.models[0]
-    settings = engine_settings(spec, gpu_host=False)[model.name]
+    settings = engine_settings(spec)[model.name]
     path = ModelStore().resolve(model.source)
     return EngineConfig.from_spec(model, model_path=path, settings=settings).vllm_cli_args()
 

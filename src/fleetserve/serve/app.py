@@ -185,7 +185,10 @@ def build_app(args: dict[str, Any]) -> Application:
         raise SpecError(format_validation_error(e, "build_app args")) from e
     spec = parsed.load_spec()
     gpu = _gpu_cluster()
-    settings = parsed.engine_settings or engine_settings(spec, gpu_host=gpu)
+    # Without settings from the plan, plan for the machine this builder runs on.
+    settings = parsed.engine_settings or engine_settings(
+        spec, local=parsed.engine == "vllm", gpu_host=gpu
+    )
     missing = [m.name for m in spec.models if m.name not in settings]
     if missing:
         raise SpecError(f"build_app args: engine_settings has no entry for {', '.join(missing)}")

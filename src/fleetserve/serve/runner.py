@@ -99,7 +99,10 @@ class FleetServer:
         capacity = local_capacity()
         if self.options.address is not None:
             capacity = self._connect_ray()
-        settings = engine_settings(spec, gpu_host=capacity.gpus > 0)
+        # The local planner sizes real engines on this machine; a joined cluster or the
+        # fake engine (no model config to size) gets settings derived from the spec.
+        local = self.options.address is None and self.options.engine == "vllm"
+        settings = engine_settings(spec, local=local, gpu_host=capacity.gpus > 0)
         plan = fit_resources(spec, settings, capacity)
         for warning in plan.warnings:
             self.console.print(f"[yellow]warning:[/] {warning}")

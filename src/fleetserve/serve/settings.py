@@ -1,14 +1,19 @@
-"""Per-model engine settings: from the planner when it is there, else from the spec.
+"""Per-model engine settings: from the local planner, or derived from the spec.
 
-The one swap point between "serve derives its own settings" and "serve follows the
-plan" (``fleetserve.plan.local.plan_local``): everything else reads
-:func:`engine_settings`.
+The one place serve gets vLLM's memory and batching numbers; everything else reads
+:func:`engine_settings`. On this machine they come from the planner
+(``fleetserve.plan.local.plan_local``: the KV cache sized from the model's config,
+``gpu_memory_utilization`` as a fraction of the card, or of host RAM on a CPU host). For a
+cluster that fleetserve only joins, where this machine's memory says nothing,
+:func:`derived_settings` gives conservative numbers from the spec alone.
 """
 
 from __future__ import annotations
 
 import os
 
+from fleetserve.errors import CapacityError
+from fleetserve.plan.local import LocalHost, plan_local
 from fleetserve.plan.result import EngineSettings
 from fleetserve.spec import FleetSpec, ModelSpec
 
@@ -58,6 +63,25 @@ def derived_settings(
     )
 
 
-def engine_settings(spec: FleetSpec, *, gpu_host: bool) -> dict[str, EngineSettings]:
-    """Engine settings for every model of ``spec`` on this host, by model name."""
-    return {m.name: derived_settings(m, gpu_host=gpu_host) for m in spec.models}
+def engine_settings(
+    spec: FleetSpec, *, local: bool = True, gpu_host: bool = False
+) -> dict[str, EngineSettings]:
+    """Engine settings for every model of ``spec``, by model name.
+
+    ``local``: plan on this machine (CapacityError with the planner's reasons when a
+    replica cannot be placed); else derive from the spec for a GPU or CPU cluster.
+    """
+    if not local:
+        return {m.name: derived_settings(m, gpu_host=gpu_host) for m in spec.models}
+    plan = plan_local(spec, LocalHost.detect())
+    if not plan.feasible or plan.unplaced:
+        reasons = "; ".join(f"{u.model} (replica {u.index}): {u.reason}" for u in plan.unplaced)
+        raise CapacityError(f"the fleet does not fit this machine: {reasons or 'infeasible'}")
+    settings: dict[str, EngineSettings] = {}
+    for replica in sorted(plan.replicas, key=lambda r: r.index):
+        # One Serve deployment per model: every replica starts with the first one's numbers.
+        settings.setdefault(replica.model, replica.engine)
+    missing = [m.name for m in spec.models if m.name not in settings]
+    if missing:
+        raise CapacityError(f"the plan placed no replica of {', '.join(missing)}")
+    return settings

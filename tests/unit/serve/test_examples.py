@@ -17,7 +17,7 @@ SERVE_EXAMPLES = ["default.yaml", "multi-model.yaml", "tenants.yaml"]
 @pytest.mark.parametrize("name", SERVE_EXAMPLES)
 def test_example_fits_a_two_cpu_host(name: str) -> None:
     spec = load_spec(EXAMPLES / name)
-    settings = engine_settings(spec, gpu_host=False)
+    settings = engine_settings(spec)
     fit_resources(spec, settings, ClusterCapacity(cpus=2, node_cpus=2))
 
 
