@@ -9,8 +9,9 @@ planner's: fewest cards holding a replica (density), then fewest nodes.
    (the classic FFD order, which keeps big items from being stranded).
 2. Place each replica on the *used* card it fills best (least memory left after it; the
    bin-packing "best fit" rule), so no new card is touched while an old one has room.
-   Otherwise take fresh cards on a node already open, otherwise open a node - in the
-   pool with the largest cards first, which leaves the most room for later replicas.
+   Otherwise take fresh cards on a node already open, otherwise open a node - for a
+   slice in the pool with the largest cards (the most room for later slices), for a
+   whole-card replica in the pool with the smallest card that holds it.
    HAMi's node policy breaks ties: ``spread`` prefers nodes holding fewer replicas of the
    same model (HA), ``binpack`` the fullest node.
 3. Improve: try to empty the least-filled cards by moving their slices onto other used
@@ -171,9 +172,13 @@ class _State:
 
     def fresh_cards(self, item: Item) -> tuple[_Node, list[_Card]] | None:
         """Empty cards for the item: on an open node if one has room, else a new node."""
+        # Slices: the largest cards first (most room left for later slices). Whole cards
+        # cannot be shared, so a whole-card replica takes the smallest card that holds it
+        # and leaves the big cards to the slices.
+        whole = all(d.whole for d in item.demands.values())
         pools = sorted(
             (self.problem.pool(name) for name in item.demands),
-            key=lambda p: (-p.card_mb, p.name),
+            key=lambda p: (p.card_mb if whole else -p.card_mb, p.name),
         )
         spread = self.problem.policy_node == "spread"
         best: tuple[tuple[float, ...], _Node, list[_Card]] | None = None
