@@ -342,10 +342,14 @@ def serve_demands(m: Manifest) -> list[ServeDemand]:
         app_name = str(app.get("name", f"#{i}"))
         app_path = f"{base}:applications[{i}]"
         import_path = str(app.get("import_path", ""))
+        llm: list[ServeDemand] = []
         if "serve.llm" in import_path or "build_openai_app" in import_path:
-            out.extend(_llm_demands(app, app_name, app_path))
+            llm = _llm_demands(app, app_name, app_path)
+            out.extend(llm)
         deps = app.get("deployments")
-        if isinstance(deps, list):
+        # A Serve LLM app's `deployments` entries only override options of the deployments
+        # its builder creates (counted above); counting them again would double the demand.
+        if isinstance(deps, list) and not llm:
             for j, dep in enumerate(deps):
                 if isinstance(dep, dict):
                     name = f"{app_name}/{dep.get('name', f'#{j}')}"
@@ -1124,7 +1128,8 @@ def node_selector_no_pool(inv: Inventory) -> Iterator[Finding]:
             "error",
             p.manifest,
             f"{p.path}.nodeSelector" if p.node_selector else f"{p.path}.affinity",
-            f"{p.label} selects nodes by {{{wanted}}} but no node pool matches ({why}): the "
+            f"{p.label} selects nodes by {{{wanted}}} but no node pool in the input matches "
+            f"({why}): the "
             "pod stays Pending with FailedScheduling \"didn't match Pod's node "
             'affinity/selector" (Karpenter: "label ... does not have known values").',
             "Select labels the pools really carry, e.g. " + "; ".join(hints[:4]) + ".",
