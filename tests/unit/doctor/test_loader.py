@@ -179,3 +179,49 @@ spec:
     assert m.line_of("spec.serveConfigV2:applications[0].deployments[1]") == 10
     assert m.line_of("spec.serveConfigV2:applications[0].deployments[1].num_replicas") == 11
     assert m.line_of("spec.serveConfigV2:applications[0].nothing.here") == 7
+
+
+def test_function_scope_constants() -> None:
+    src = """\
+from ray.train import ScalingConfig
+
+def run(n):
+    cpus = 3
+    gpus = 1
+    config = ScalingConfig(num_workers=n, resources_per_worker={"CPU": cpus, "GPU": gpus})
+    cpus = 99  # after the call: not used
+    return config
+"""
+    [call] = load_python_text(src).scaling_configs
+    assert call.resources_per_worker == {"CPU": 3.0, "GPU": 1.0}
+    assert call.unresolved == ("num_workers",)
+
+
+def test_ray_remote_options_and_placement_groups() -> None:
+    src = """\
+import ray
+from ray.util import placement_group
+
+@ray.remote(num_gpus=1, resources={"accel": 1})
+class Actor: ...
+
+@ray.remote(num_cpus=2)
+def task(): ...
+
+@ray.remote
+def plain(): ...
+
+def main(x):
+    task.options(num_cpus=4, memory=2 * 1024**3).remote()
+    Actor.options(num_cpus=x).remote()  # unresolved: skipped
+    return placement_group([{"CPU": 1}] * 1 + [{"GPU": 1}], "STRICT_PACK")
+"""
+    reqs = load_python_text(src, "job.py").ray_requests
+    assert [(r.line, r.name, r.bundles, r.strategy) for r in reqs] == [
+        (4, "Actor", ({"CPU": 0.0, "GPU": 1.0, "accel": 1.0},), None),
+        (7, "task", ({"CPU": 2.0},), None),
+        (14, "options(...)", ({"CPU": 4.0, "memory": 2.0 * 1024**3},), None),
+    ]
+    # A list built with `*` is not a literal the loader resolves: the group is skipped.
+    assert all(r.kind == "remote" for r in reqs)
+    assert reqs[0].ref == "RayRemote/job.py:4"

@@ -133,6 +133,34 @@ class ScalingConfigCall:
         return f"ScalingConfig/{self.file}:{self.line}"
 
 
+@dataclass(frozen=True)
+class RayResourceRequest:
+    """A Ray task/actor resource request or placement group read statically from Python.
+
+    Sources: ``@ray.remote(num_cpus=..., num_gpus=..., memory=..., resources={...})``,
+    ``.options(...)`` with those keywords, and ``placement_group([...], strategy=...)``.
+    """
+
+    #: Source file.
+    file: str
+    #: 1-based line of the decorator or call.
+    line: int
+    #: "remote" (a task or actor) or "placement_group".
+    kind: Literal["remote", "placement_group"]
+    #: Function/class name for ``@ray.remote``; the call text otherwise.
+    name: str
+    #: One entry per bundle (a remote request is one bundle): ``{"CPU": 2, "GPU": 1}``.
+    bundles: tuple[dict[str, float], ...]
+    #: Placement group strategy ("PACK" default); None for remote requests.
+    strategy: str | None = None
+
+    @property
+    def ref(self) -> str:
+        """``RayRemote/<file>:<line>`` or ``PlacementGroup/<file>:<line>``."""
+        prefix = "PlacementGroup" if self.kind == "placement_group" else "RayRemote"
+        return f"{prefix}/{self.file}:{self.line}"
+
+
 @dataclass(frozen=True, eq=False)
 class FleetSource:
     """A fleetserve fleet spec found among the inputs (it describes node pools)."""
@@ -152,6 +180,8 @@ class Inventory:
     fleets: tuple[FleetSource, ...] = ()
     #: ``file:line`` of documents that are none of the above (no kind, unknown values).
     skipped: tuple[str, ...] = ()
+    #: Ray task/actor/placement-group requests read from Python files.
+    ray_requests: tuple[RayResourceRequest, ...] = ()
 
     def of_kind(self, *kinds: str) -> list[Manifest]:
         """Manifests whose ``kind`` is one of ``kinds``, in input order."""

@@ -35,6 +35,7 @@ from fleetserve.k8s.doctor.inventory import (
     HelmValues,
     Inventory,
     Manifest,
+    RayResourceRequest,
     ScalingConfigCall,
 )
 from fleetserve.spec import parse_spec
@@ -126,6 +127,7 @@ class _Builder:
     scaling_configs: list[ScalingConfigCall] = field(default_factory=list)
     fleets: list[FleetSource] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    ray_requests: list[RayResourceRequest] = field(default_factory=list)
 
     def build(self) -> Inventory:
         return Inventory(
@@ -134,6 +136,7 @@ class _Builder:
             scaling_configs=tuple(self.scaling_configs),
             fleets=tuple(self.fleets),
             skipped=tuple(self.skipped),
+            ray_requests=tuple(self.ray_requests),
         )
 
     def add_file(self, path: Path) -> None:
@@ -233,8 +236,9 @@ class _Builder:
             raise InputFileError(f"{file}:{e.lineno}: Python syntax error: {e.msg}") from e
         constants = _module_constants(tree)
         v2 = _train_v2_flag(tree, constants)
+        scopes = _Scopes(tree, constants)
         for call in _scaling_config_calls(tree):
-            args = _bind_scaling_args(call, constants)
+            args = _bind_scaling_args(call, scopes.at(call))
             self.scaling_configs.append(
                 ScalingConfigCall(
                     file=file,
@@ -248,6 +252,7 @@ class _Builder:
                     unresolved=tuple(sorted(k for k, v in args.items() if v is _UNRESOLVED)),
                 )
             )
+        self.ray_requests.extend(_ray_requests(tree, scopes, file))
 
 
 # -- YAML helpers ---------------------------------------------------------------------------
@@ -327,6 +332,7 @@ _BINOPS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Mult: operator.mul,
     ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv,
+    ast.Pow: operator.pow,
 }
 
 
@@ -345,7 +351,10 @@ def _eval(node: ast.AST | None, constants: dict[str, Any]) -> Any:
         return _UNRESOLVED
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
         left, right = _eval(node.left, constants), _eval(node.right, constants)
-        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in (left, right)):
+        numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (left, right))
+        if isinstance(node.op, ast.Pow) and numbers and abs(right) > 64:
+            return _UNRESOLVED  # bytes are 1024**3, not 10**100000: refuse huge powers
+        if numbers:
             try:
                 return _BINOPS[type(node.op)](left, right)
             except ZeroDivisionError:
@@ -402,6 +411,138 @@ def _module_constants(tree: ast.Module) -> dict[str, Any]:
                 else:
                     constants[target.id] = val
     return constants
+
+
+class _Scopes:
+    """Constants visible at a call: module constants, then simple assignments earlier in the
+    enclosing function(s) (``cpus = 4`` ... ``ScalingConfig(resources_per_worker={"CPU": cpus})``).
+    """
+
+    def __init__(self, tree: ast.Module, constants: dict[str, Any]) -> None:
+        self.constants = constants
+        self.parents: dict[ast.AST, ast.AST] = {}
+        for node in ast.walk(tree):
+            for child in ast.iter_child_nodes(node):
+                self.parents[child] = node
+
+    def at(self, node: ast.AST) -> dict[str, Any]:
+        chain: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
+        cur = self.parents.get(node)
+        while cur is not None:
+            if isinstance(cur, ast.FunctionDef | ast.AsyncFunctionDef):
+                chain.append(cur)
+            cur = self.parents.get(cur)
+        scope = dict(self.constants)
+        line = getattr(node, "lineno", 0)
+        for func in reversed(chain):
+            for stmt in func.body:
+                if getattr(stmt, "lineno", line) >= line:
+                    break
+                target = value = None
+                if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                    target, value = stmt.targets[0], stmt.value
+                elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+                    target, value = stmt.target, stmt.value
+                if isinstance(target, ast.Name):
+                    val = _eval(value, scope)
+                    if val is _UNRESOLVED:
+                        scope.pop(target.id, None)
+                    else:
+                        scope[target.id] = val
+        return scope
+
+
+#: ``@ray.remote`` / ``.options`` keywords that request resources.
+_RESOURCE_KEYWORDS = ("num_cpus", "num_gpus", "memory", "resources")
+
+
+def _call_name(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return None
+
+
+def _remote_bundle(
+    call: ast.Call, scope: dict[str, Any], default_cpu: float
+) -> dict[str, float] | None:
+    """Resources of a ray.remote/.options call; None when absent or not resolvable."""
+    kws = {kw.arg: kw.value for kw in call.keywords if kw.arg in _RESOURCE_KEYWORDS}
+    if not kws:
+        return None
+    values = {k: _eval(v, scope) for k, v in kws.items()}
+    if any(v is _UNRESOLVED for v in values.values()):
+        return None
+    bundle: dict[str, float] = {"CPU": default_cpu}
+    for key, name in (("num_cpus", "CPU"), ("num_gpus", "GPU"), ("memory", "memory")):
+        v = values.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            return None
+        bundle[name] = float(v)
+    custom = values.get("resources")
+    if custom is not None:
+        extra = _as_resources(custom)
+        if extra is None:
+            return None
+        bundle.update(extra)
+    return bundle
+
+
+def _ray_requests(tree: ast.Module, scopes: _Scopes, file: str) -> list[RayResourceRequest]:
+    out: list[RayResourceRequest] = []
+    decorator_calls: set[ast.Call] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            for dec in node.decorator_list:
+                if isinstance(dec, ast.Call) and _call_name(dec.func) == "remote":
+                    decorator_calls.add(dec)
+                    # Ray's defaults once resources are given: tasks 1 CPU, actors 0.
+                    cpu = 0.0 if isinstance(node, ast.ClassDef) else 1.0
+                    bundle = _remote_bundle(dec, scopes.at(dec), cpu)
+                    if bundle is not None:
+                        out.append(
+                            RayResourceRequest(file, dec.lineno, "remote", node.name, (bundle,))
+                        )
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or node in decorator_calls:
+            continue
+        name = _call_name(node.func)
+        scope = scopes.at(node)
+        if name in ("remote", "options"):
+            bundle = _remote_bundle(node, scope, 0.0)
+            if bundle is not None:
+                if bundle.get("CPU") == 0.0 and "num_cpus" not in {k.arg for k in node.keywords}:
+                    del bundle["CPU"]  # unknown target: only what is written
+                out.append(
+                    RayResourceRequest(file, node.lineno, "remote", f"{name}(...)", (bundle,))
+                )
+        elif name == "placement_group" and node.args:
+            raw = _eval(node.args[0], scope)
+            if not isinstance(raw, list) or not raw:
+                continue
+            bundles = [_as_resources(b) for b in raw]
+            if any(b is None for b in bundles):
+                continue
+            strategy: Any = "PACK"
+            if len(node.args) > 1:
+                strategy = _eval(node.args[1], scope)
+            for kw in node.keywords:
+                if kw.arg == "strategy":
+                    strategy = _eval(kw.value, scope)
+            out.append(
+                RayResourceRequest(
+                    file,
+                    node.lineno,
+                    "placement_group",
+                    "placement_group(...)",
+                    tuple(b for b in bundles if b is not None),
+                    strategy if isinstance(strategy, str) else None,
+                )
+            )
+    return sorted(out, key=lambda r: r.line)
 
 
 def _scaling_config_calls(tree: ast.Module) -> Iterable[ast.Call]:

@@ -439,9 +439,9 @@ def _train_bundles(
     return worker, rank0, trainer.get("CPU", 0.0)
 
 
-def _train_clusters(inv: Inventory, call: ScalingConfigCall) -> list[Manifest]:
-    """Clusters a Train script runs on: RayJobs whose entrypoint names the file, else all."""
-    base = PurePath(call.file).name
+def _script_clusters(inv: Inventory, file: str) -> list[Manifest]:
+    """Clusters a script runs on: RayJobs whose entrypoint names the file, else all clusters."""
+    base = PurePath(file).name
     jobs = [
         m
         for m in inv.of_kind("RayJob")
@@ -473,7 +473,7 @@ def _call_finding(
 def train_coordinator_cpu(inv: Inventory) -> Iterator[Finding]:
     """Ray Train v1 adds the trainer's CPU to bundle 0; no node type can hold it."""
     for call in inv.scaling_configs:
-        for m in _train_clusters(inv, call):
+        for m in _script_clusters(inv, call.file):
             if _is_v2(call, m):
                 continue
             built = _train_bundles(call, v2=False)
@@ -571,7 +571,7 @@ def infeasible_request(inv: Inventory) -> Iterator[Finding]:
                     "group the resources.",
                 )
     for call in inv.scaling_configs:
-        for m in _train_clusters(inv, call):
+        for m in _script_clusters(inv, call.file):
             types = [t for t in node_types(m) if t.max_count > 0]
             built = _train_bundles(call, v2=True)
             if built is None or not types:
@@ -588,6 +588,51 @@ def infeasible_request(inv: Inventory) -> Iterator[Finding]:
                     "Lower resources_per_worker, or add a worker group whose pods advertise at "
                     "least that much.",
                 )
+    for req in inv.ray_requests:
+        bundles = list(req.bundles)
+        if req.strategy == "STRICT_PACK":
+            total: dict[str, float] = {}
+            for b in bundles:
+                for k, v in b.items():
+                    total[k] = total.get(k, 0.0) + v
+            bundles = [total]
+        for m in _script_clusters(inv, req.file):
+            types = [t for t in node_types(m) if t.max_count > 0]
+            if not types:
+                continue
+            bad = [
+                (i, b) for i, b in enumerate(bundles) if not any(fits(b, t.capacity) for t in types)
+            ]
+            if not bad:
+                continue
+            what = (
+                f"@ray.remote {req.name}"
+                if req.kind == "remote" and not req.name.endswith("(...)")
+                else req.name
+            )
+            needs = "; ".join(
+                (
+                    "all bundles together (STRICT_PACK)"
+                    if req.strategy == "STRICT_PACK"
+                    else f"bundle {i}"
+                    if req.kind == "placement_group"
+                    else "it"
+                )
+                + f" needs {_fmt_res(b)}"
+                for i, b in bad
+            )
+            yield Finding(
+                "infeasible-request",
+                "error",
+                req.ref,
+                "placement_group" if req.kind == "placement_group" else "resources",
+                f"{what}: {needs}, but no node type of {m.ref} can hold it even empty "
+                f'({_types_text(types)}): Ray logs "No available node types can fulfill '
+                'resource request" and it stays pending; the autoscaler never adds a node for it.',
+                "Lower the request to fit a worker group, or add a group whose pods advertise it.",
+                req.file,
+                req.line,
+            )
 
 
 # --------------------------------------------------------------------------------------------
