@@ -69,7 +69,10 @@ class ServerProcess:
             return ""
         return "\n".join(lines[-n:])
 
-    def wait_ready(self, url: str, timeout_s: float = START_TIMEOUT_S) -> None:
+    def wait_ready(
+        self, url: str, timeout_s: float = START_TIMEOUT_S, log_line: str | None = None
+    ) -> None:
+        """Until ``url`` answers 200 (and ``log_line`` is in the log, when given)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -79,7 +82,9 @@ class ServerProcess:
                     f"log tail ({self.log}):\n{self.tail()}"
                 )
             try:
-                if httpx.get(url, timeout=5).status_code == 200:
+                if httpx.get(url, timeout=5).status_code == 200 and (
+                    log_line is None or log_line in self.log.read_text(errors="replace")
+                ):
                     return
             except httpx.HTTPError:
                 pass
@@ -104,6 +109,10 @@ class ServerProcess:
         self._log_file.close()
 
 
+#: What ``fleetserve serve`` prints once it is up (and handling SIGTERM as a drain).
+FLEETSERVE_READY = "fleetserve: ready"
+
+
 def fleetserve_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "fleetserve.cli", "serve", *args]
 
@@ -112,6 +121,7 @@ class Servers:
     """Helpers for tests that start their own server (conftest is not importable)."""
 
     Process = ServerProcess
+    ready_line = FLEETSERVE_READY
     free_port = staticmethod(free_port)
     fleetserve_argv = staticmethod(fleetserve_argv)
 
@@ -129,7 +139,7 @@ def fleetserve_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("fleetserve") / "fleetserve.log"
     server = ServerProcess("fleetserve", fleetserve_argv("--port", str(port)), log)
     url = f"http://127.0.0.1:{port}"
-    server.wait_ready(f"{url}/ready")
+    server.wait_ready(f"{url}/ready", log_line=FLEETSERVE_READY)
     yield url
     server.stop()
 

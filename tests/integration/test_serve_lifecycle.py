@@ -57,7 +57,7 @@ def fake_fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterat
     )
     server = servers.Process("fleetserve (fake engine)", argv, tmp / "serve.log", env=ENV)
     url = f"http://127.0.0.1:{port}"
-    server.wait_ready(f"{url}/ready", timeout_s=600)
+    server.wait_ready(f"{url}/ready", timeout_s=600, log_line=servers.ready_line)
     yield FakeFleet(server, url)
     server.stop()
 

@@ -39,6 +39,8 @@ from fleetserve.spec import FleetSpec
 
 #: Seconds between deployment status polls while starting.
 _POLL_S = 1.0
+#: Seconds of unchanged start-up status before a "still starting" line.
+_HEARTBEAT_S = 20.0
 #: Longest wait for the application to run (engine load is ~1 min on a laptop CPU;
 #: large models on GPUs download and compile for much longer).
 START_TIMEOUT_S = 3600.0
@@ -89,6 +91,7 @@ class FleetServer:
         self._deployed = False
         self._stop = threading.Event()
         self._interrupts = 0
+        self._handle_signals = False
 
     # ------------------------------------------------------------------ start
 
@@ -150,6 +153,7 @@ class FleetServer:
             ray.init(address=address, log_to_driver=self.options.verbose)
         except Exception as e:
             raise ServeError(f"cannot join the Ray cluster at {address}: {e}") from e
+        self._restore_signal_handlers()
         total = ray.cluster_resources()  # type: ignore[no-untyped-call]
         nodes = ray.nodes()  # type: ignore[no-untyped-call]
         return ClusterCapacity.from_ray(total, nodes)
@@ -171,6 +175,7 @@ class FleetServer:
         except Exception as e:
             raise ServeError(f"cannot start Ray: {e}") from e
         self._started_ray = True
+        self._restore_signal_handlers()
 
     def _deploy(self, app: Any) -> None:
         from ray import serve  # noqa: PLC0415
@@ -198,19 +203,30 @@ class FleetServer:
 
         deadline = time.monotonic() + START_TIMEOUT_S
         last: dict[str, str] = {}
-        started = time.monotonic()
+        started = quiet_since = time.monotonic()
         while time.monotonic() < deadline:
             if self._stop.is_set():
                 raise KeyboardInterrupt
             status = serve.status().applications.get(APP_NAME)
             if status is not None:
+                now = time.monotonic()
+                changed = False
                 for name, dep in sorted(status.deployments.items()):
                     line = _deployment_line(dep)
                     if last.get(name) != line:
                         last[name] = line
-                        self.console.print(
-                            f"fleetserve: [{time.monotonic() - started:5.1f}s] {name}: {line}"
-                        )
+                        changed = True
+                        self.console.print(f"fleetserve: [{now - started:5.1f}s] {name}: {line}")
+                if changed:
+                    quiet_since = now
+                elif now - quiet_since >= _HEARTBEAT_S:
+                    # Engine load and compilation are silent for minutes on a small CPU.
+                    quiet_since = now
+                    waiting = [n for n, line in last.items() if not line.startswith("HEALTHY")]
+                    self.console.print(
+                        f"fleetserve: [{now - started:5.1f}s] still starting: "
+                        f"{', '.join(waiting)} (engine load, compilation)"
+                    )
                 if status.status == ApplicationStatus.RUNNING:
                     return
                 if status.status in (
@@ -250,6 +266,13 @@ class FleetServer:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        self._handle_signals = True
+
+    def _restore_signal_handlers(self) -> None:
+        # ray.init replaces the SIGTERM handler with sys.exit (ray/_private/worker.py),
+        # which would skip the drain: put ours back.
+        if self._handle_signals:
+            self.install_signal_handlers()
 
     def wait(self) -> None:
         """Block until a stop is requested."""
