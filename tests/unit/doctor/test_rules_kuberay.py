@@ -72,21 +72,20 @@ def _head_env(text: str, name: str, value: str) -> str:
     )
 
 
-def test_autoscaler_v2_by_env_and_conflicts() -> None:
-    text = _head_env(RS, "RAY_enable_autoscaler_v2", "1").replace(
+def test_autoscaler_v2_env_and_version_conflicts() -> None:
+    env_only = _head_env(RS, "RAY_enable_autoscaler_v2", "1").replace(
         '                  nvidia.com/gpu: "1"\n',
         '                  nvidia.com/gpu: "1"\n            restartPolicy: OnFailure\n',
     )
-    [f] = _rules(text, "autoscaler-v2-restart-policy")
-    assert "'OnFailure'" in f.message
-    both = text.replace(
+    # The operator's IsAutoscalingV2Enabled reads autoscalerOptions.version only.
+    assert _rules(env_only, "autoscaler-v2-restart-policy") == []
+    both = env_only.replace(
         "enableInTreeAutoscaling: true",
         "enableInTreeAutoscaling: true\n    autoscalerOptions:\n      version: v2",
     )
-    assert any(
-        "please only use the former" in f.message
-        for f in _rules(both, "autoscaler-v2-restart-policy")
-    )
+    messages = [f.message for f in _rules(both, "autoscaler-v2-restart-policy")]
+    assert any("please only use the former" in m for m in messages)
+    assert any("'OnFailure'" in m for m in messages)
     off = _head_env(RS, "RAY_enable_autoscaler_v2", "true").replace(
         "enableInTreeAutoscaling: true", "enableInTreeAutoscaling: false"
     )

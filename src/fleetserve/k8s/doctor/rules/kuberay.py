@@ -244,6 +244,11 @@ def upgrade_strategy(inv: Inventory) -> Iterator[Finding]:
 
 
 def _autoscaler_v2(m: Manifest) -> tuple[bool, str]:
+    """Whether KubeRay considers autoscaler v2 enabled (utils.IsAutoscalingV2Enabled).
+
+    Only ``autoscalerOptions.version: v2`` counts there: the head env var
+    RAY_enable_autoscaler_v2 switches Ray's autoscaler but not the operator's validation.
+    """
     found = cluster_spec(m)
     if found is None:
         return False, ""
@@ -251,11 +256,6 @@ def _autoscaler_v2(m: Manifest) -> tuple[bool, str]:
     opts = spec.get("autoscalerOptions")
     if isinstance(opts, dict) and opts.get("version") == "v2":
         return True, f"{path}.autoscalerOptions.version"
-    head = head_group(m)
-    if head is not None:
-        value = _env(head.container).get("RAY_enable_autoscaler_v2")
-        if value in ("1", "true"):
-            return True, f"{head.container_path}.env"
     return False, ""
 
 
