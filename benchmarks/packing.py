@@ -127,12 +127,37 @@ _MODELS: list[tuple[str, str, int, int, int, str | None, dict[str, Any]]] = [
 ]
 
 
+#: Catalogue entry -> the HF repo a deployment would load.
+HF_REPOS = {
+    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B-Instruct",
+    "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B-Instruct",
+    "qwen2.5-3b": "Qwen/Qwen2.5-3B-Instruct",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
+    "qwen2.5-14b": "Qwen/Qwen2.5-14B-Instruct",
+    "qwen2.5-32b": "Qwen/Qwen2.5-32B-Instruct-AWQ",
+    "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct",
+    "llama-3.2-1b": "meta-llama/Llama-3.2-1B-Instruct",
+    "llama-3.2-3b": "meta-llama/Llama-3.2-3B-Instruct",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
+    "llama-3.1-70b": "hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4",
+    "gemma-3-270m": "google/gemma-3-270m-it",
+    "gemma-3-1b": "google/gemma-3-1b-it",
+    "gemma-3-4b": "google/gemma-3-4b-it",
+    "gemma-3-12b": "google/gemma-3-12b-it",
+    "gemma-3-27b": "google/gemma-3-27b-it",
+    "phi-3-mini-4k": "microsoft/Phi-3-mini-4k-instruct",
+    "phi-4-mini": "microsoft/Phi-4-mini-instruct",
+    "phi-4": "microsoft/phi-4",
+    "mistral-7b-v0.3": "mistralai/Mistral-7B-Instruct-v0.3",
+}
+
+
 def reference_fleet() -> FleetSpec:
     models = []
     for name, config, length, conc, replicas, tenant, extra in _MODELS:
         model: dict[str, Any] = {
             "name": name,
-            "source": config,
+            "source": HF_REPOS[config],
             "config": config,
             "max_model_len": length,
             "concurrency": conc,

@@ -362,3 +362,13 @@ def test_json_contract_keys() -> None:
         "max_model_len",
         "max_num_batched_tokens",
     }
+
+
+@pytest.mark.parametrize("scenario", ["min", "max"])
+def test_heterogeneous_example_is_valid(scenario: str) -> None:
+    spec = load_spec(EXAMPLES / "heterogeneous.yaml")
+    result = plan_fleet(spec, scenario=scenario, time_limit_s=1)  # type: ignore[arg-type]
+    assert plan_violations(spec, result) == []
+    if scenario == "min":
+        assert result.feasible
+        assert len(result.replicas) >= 3 * result.gpus_used
