@@ -105,7 +105,7 @@ def test_prompt_plus_max_tokens_over_the_context_is_400(client: openai.OpenAI) -
 
 @pytest.mark.parametrize(
     "extra",
-    [{"temperature": -1}, {"n": 0}, {"top_p": 2}, {"max_tokens": -5}, {"logprobs": "yes"}],
+    [{"temperature": -1}, {"n": 0}, {"top_p": 2}, {"max_tokens": -5}, {"logprobs": "maybe"}],
 )
 def test_invalid_parameters_are_400(fleetserve_url: str, extra: dict[str, object]) -> None:
     body = {"model": MODEL, "messages": MESSAGES, **extra}

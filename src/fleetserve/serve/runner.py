@@ -16,6 +16,7 @@ an existing cluster only this application is deleted. A second Ctrl-C skips the 
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -190,8 +191,17 @@ class FleetServer:
                 }
             )
             # Private but stable since Ray 2.7: deploy without waiting, so we can report
-            # progress (serve.run would block silently until every replica is up).
-            serve._run(app, _blocking=False, name=APP_NAME, route_prefix="/")
+            # progress (serve.run would block silently until every replica is up). It calls
+            # serve.start again and logs that our http_options "will not be applied" - they
+            # were, by the call above; keep that misleading line off the console.
+            serve_logger = logging.getLogger("ray.serve")
+            level = serve_logger.level
+            if not o.verbose:
+                serve_logger.setLevel(logging.WARNING)
+            try:
+                serve._run(app, _blocking=False, name=APP_NAME, route_prefix="/")
+            finally:
+                serve_logger.setLevel(level)
         except Exception as e:
             raise ServeError(f"cannot deploy the application: {e}") from e
         self._deployed = True
