@@ -19,16 +19,13 @@ from .conftest import CRDS, REPO
 
 EXAMPLES = sorted((REPO / "examples").rglob("*.yaml"))
 
-#: Examples whose rendered output doctor reports as wrong, with why. Each entry is a real
-#: defect outside doctor (strict xfail: when it is fixed the test fails until removed here).
-KNOWN_DEFECTS: dict[str, str] = {
-    "k8s/hami-multi-model.yaml": (
-        "engine/config.py passes EngineSettings.gpu_memory_utilization (a fraction of the "
-        "WHOLE card) to vLLM inside HAMi slices, where HAMi-core reports the slice as the "
-        "card's total: llama-3-8b gets 0.5002 x 25811 MiB = 12.6 GiB for 15 GiB of weights "
-        "(kv-cache-too-small). The plan's slice_memory_utilization is the value to pass."
-    ),
-}
+#: Examples whose rendered output doctor reports as wrong, with why. Each entry must be a real
+#: defect outside doctor (strict xfail: once it is fixed the test fails until the entry goes).
+#: Doctor's first run over hami-multi-model found two, both since fixed in render: the engine
+#: got the whole-card gpu_memory_utilization inside HAMi slices (HAMi-core shows the slice as
+#: the card: kv-cache-too-small), and the dedicated tenant's slices could share a card with
+#: another tenant's (tenant-shares-gpu).
+KNOWN_DEFECTS: dict[str, str] = {}
 
 
 def _cases() -> list[object]:

@@ -253,3 +253,10 @@ def test_egress_only_policy_does_not_restrict_ingress() -> None:
     egress = base.replace('policyTypes: ["Ingress"]', 'policyTypes: ["Egress"]')
     assert egress != base
     assert _run("no-network-policy", egress)
+
+
+def test_api_key_flag_literal_vs_env_expansion() -> None:
+    (f,) = _fixture("plaintext-secret", "trigger_api_key_flag.yaml")
+    assert "the value of --api-key" in f.message
+    assert "VLLM_API_KEY" in f.fix
+    assert not _fixture("plaintext-secret", "near_miss_api_key_env.yaml")

@@ -383,3 +383,23 @@ def test_chunked_prefill_default_on_allows_small_batches() -> None:
         _rayservice(serve.format(extra="enable_chunked_prefill: false"), _worker()),
     )
     assert "max_num_batched_tokens 2048 < max_model_len 8192" in f.message
+
+
+# --------------------------------------------------------------------------- vllm serve pods
+
+
+def test_vllm_server_pod_tp_against_its_gpus() -> None:
+    (f,) = _fixture("tp-gpus-mismatch", "trigger_vllm_server.yaml")
+    assert "= 4 ranks but the container gets nvidia.com/gpu: 2" in f.message
+    assert f.path.endswith("args[3]")  # the value after --tensor-parallel-size
+
+
+def test_vllm_server_pod_kv_cache_on_an_instance_type() -> None:
+    (f,) = _fixture("kv-cache-too-small", "trigger_vllm_server.yaml")
+    assert "0.92 of a 23034 MiB card" in f.message  # vLLM's default utilization, g6 = L4
+    assert "instance-type in ['g6.2xlarge']" in f.message
+
+
+def test_vllm_server_pod_without_chunked_prefill() -> None:
+    (f,) = _fixture("max-num-batched-tokens", "trigger_vllm_server.yaml")
+    assert "max_num_batched_tokens 8192 < max_model_len 32768" in f.message

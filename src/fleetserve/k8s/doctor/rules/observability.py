@@ -317,6 +317,39 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
                     f"every head port: {_danger(8265)}; the client port 10001 is exposed too.",
                     _FIX + " Use serveService (RayService) or a separate Service for 8000.",
                 )
+        serve_svc = m.get("spec.serveService") if m.kind == "RayService" else None
+        if isinstance(serve_svc, dict) and serve_svc.get("spec", {}).get("type") in _EXPOSING_TYPES:
+            ports = serve_svc["spec"].get("ports")
+            for i, p in enumerate(ports if isinstance(ports, list) else []):
+                if not isinstance(p, dict):
+                    continue
+                svc_port = _private_port(p.get("port"), p.get("name")) or _private_port(
+                    p.get("targetPort")
+                )
+                if svc_port:
+                    yield finding(
+                        "dashboard-exposed",
+                        "error",
+                        m,
+                        f"spec.serveService.spec.ports[{i}]",
+                        f"The serveService is of type {serve_svc['spec']['type']} and lists "
+                        f"{_danger(svc_port)}.",
+                        "List only the Serve port (8000) in serveService.",
+                    )
+        head_pod = (
+            head.get("template", {}).get("spec") if isinstance(head.get("template"), dict) else None
+        )
+        if isinstance(head_pod, dict) and head_pod.get("hostNetwork") is True:
+            yield finding(
+                "dashboard-exposed",
+                "error",
+                m,
+                f"{hpath}.template.spec.hostNetwork",
+                "The head pod runs with hostNetwork: true, so the dashboard (8265) and the Ray "
+                "client (10001) listen on the node's own address, reachable by anything that "
+                f"reaches the node: {_danger(8265)}.",
+                "Remove hostNetwork from the head pod.",
+            )
         if head.get("enableIngress") is True:
             yield finding(
                 "dashboard-exposed",
@@ -455,6 +488,26 @@ def plaintext_secret(inv: Inventory) -> Iterator[Finding]:
                         "manifest (git, kubectl get -o yaml, the Ray dashboard) has it.",
                         _SECRET_FIX,
                     )
+    for pod in pods(inv):
+        for c, cpath in pod.containers():
+            for key in ("command", "args"):
+                items = c.get(key)
+                if not isinstance(items, list):
+                    continue
+                for i in range(len(items)):
+                    why = _cli_secret(items, i)
+                    if why:
+                        yield finding(
+                            "plaintext-secret",
+                            "error",
+                            pod.manifest,
+                            f"{cpath}.{key}[{i}]",
+                            f"Container {c.get('name', '?')!r} in the {pod.label} of "
+                            f"{pod.manifest.ref} has {why} in its {key} in clear text (it also "
+                            "shows in `ps` and in the pod spec).",
+                            _SECRET_FIX + " For vLLM, set VLLM_API_KEY from a Secret instead of "
+                            "--api-key.",
+                        )
     for m in inv.of_kind("RayService"):
         found = serve_config(m)
         if found is None:
@@ -522,6 +575,28 @@ def plaintext_secret(inv: Inventory) -> Iterator[Finding]:
                         "(kubectl create secret) or through ExternalSecrets/SealedSecrets, and "
                         "rotate the token.",
                     )
+
+
+_SECRET_FLAGS = ("--api-key", "--hf-token", "--token", "--password")
+
+
+def _cli_secret(items: list[Any], i: int) -> str | None:
+    """Why command/args item ``i`` is a literal secret: a token shape, or the value of a
+    secret flag (``--api-key VALUE`` / ``--api-key=VALUE``) that is not a placeholder."""
+    text = str(items[i])
+    shape = _token_shape(text)
+    if shape:
+        return shape
+    for flag in _SECRET_FLAGS:
+        if text.startswith(flag + "="):
+            value = text.split("=", 1)[1]
+        elif i > 0 and str(items[i - 1]) == flag:
+            value = text
+        else:
+            continue
+        if not _PLACEHOLDER.match(value.strip()) and not value.startswith("$("):
+            return f"the value of {flag}"
+    return None
 
 
 def _b64(text: str) -> str:

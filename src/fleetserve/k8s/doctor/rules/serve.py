@@ -26,6 +26,7 @@ from fleetserve.k8s.doctor.ray_objects import (
 )
 from fleetserve.k8s.doctor.registry import rule
 from fleetserve.k8s.doctor.rules._devices import (
+    CardMemory,
     HamiConfig,
     PodView,
     card_memory,
@@ -36,6 +37,7 @@ from fleetserve.k8s.doctor.rules._devices import (
 from fleetserve.k8s.doctor.rules._engines import (
     EngineReplica,
     can_host,
+    container_engine,
     engine_replicas,
     finding,
     http_port,
@@ -133,6 +135,7 @@ def _gpu_groups(m: Manifest) -> list[GroupView]:
 @rule("tp-gpus-mismatch")
 def tp_gpus_mismatch(inv: Inventory) -> Iterator[Finding]:
     """TP x PP must equal the GPUs Ray gives the replica; TP beyond one pod needs Ray's executor."""
+    yield from _server_tp(inv)
     for r in _replicas(inv):
         ranks = r.parallel
         if ranks is None:
@@ -201,6 +204,37 @@ def tp_gpus_mismatch(inv: Inventory) -> Iterator[Finding]:
                 f"Give a worker group {ranks} GPUs per pod, or set "
                 "distributed_executor_backend: ray to span pods (slower over the network).",
             )
+
+
+def _server_tp(inv: Inventory) -> Iterator[Finding]:
+    """Plain ``vllm serve`` pods: TP x PP against the container's ``nvidia.com/gpu``."""
+    cfg = hami_config(inv)
+    for pod, c, path, engine, paths in _server_engines(inv):
+        if "tensor_parallel_size" not in engine and "pipeline_parallel_size" not in engine:
+            continue
+        tp = int(engine.get("tensor_parallel_size") or 1)
+        pp = int(engine.get("pipeline_parallel_size") or 1)
+        gpus = container_slice(c, cfg)
+        if gpus is None or gpus.is_hami or gpus.count == tp * pp:
+            continue  # HAMi slices: the hami-gpu-count rule explains nvidia.com/gpu there
+        if engine.get("distributed_executor_backend") == "ray" and gpus.count < tp * pp:
+            continue  # ranks may live in other pods of a Ray cluster
+        effect = (
+            f"vLLM finds {gpus.count} GPU(s) for {tp * pp} ranks and fails at start-up"
+            if gpus.count < tp * pp
+            else f"{gpus.count - tp * pp} of the {gpus.count} GPUs sit idle"
+        )
+        yield finding(
+            "tp-gpus-mismatch",
+            "error",
+            pod.manifest,
+            paths.get("tensor_parallel_size", paths.get("pipeline_parallel_size", path)),
+            f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref} runs with "
+            f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} = {tp * pp} ranks but "
+            f"the container gets nvidia.com/gpu: {gpus.count}: {effect}.",
+            f"Make them equal: nvidia.com/gpu: {tp * pp}, or --tensor-parallel-size "
+            f"{max(gpus.count // pp, 1)}.",
+        )
 
 
 # --------------------------------------------------------------------------- VLLM_PORT
@@ -433,6 +467,86 @@ def _replica_pods(r: EngineReplica, all_pods: list[PodView]) -> list[PodView]:
     ]
 
 
+def _server_engines(
+    inv: Inventory,
+) -> Iterator[tuple[PodView, dict[str, Any], str, dict[str, Any], dict[str, str]]]:
+    """(pod, container, its path, engine args, their paths) of plain vLLM server containers
+    (``vllm serve`` in a Deployment/StatefulSet/Pod, not Ray)."""
+    for pod in pods(inv):
+        if pod.group is not None:
+            continue
+        for c, path in pod.containers():
+            engine, paths = container_engine(c, path)
+            if engine:
+                yield pod, c, path, engine, paths
+
+
+def _kv_finding(
+    *,
+    who: str,
+    m: Manifest,
+    engine: dict[str, Any],
+    at: str,
+    slice_mib: float | None,
+    card: CardMemory | None,
+    planned_slice: float | None,
+) -> Finding | None:
+    """The kv-cache-too-small finding for one engine on one pod shape, or None if it fits."""
+    need = replica_need(engine)
+    if need is None:
+        return None  # model or settings unknown to the memory model: stay silent
+    per_card = need.per_card
+    util = float(engine.get("gpu_memory_utilization", VLLM_DEFAULT_GPU_MEMORY_UTILIZATION))
+    # HAMi-core virtualises device memory: inside a slice the engine sees the slice as the
+    # whole card, so its budget is a fraction of the slice. Otherwise it is a fraction of the
+    # largest card the pool may have (never a false positive).
+    if slice_mib is not None:
+        visible, where = slice_mib, f"the {fmt_num(round(slice_mib))} MiB HAMi slice"
+    elif card is not None:
+        visible = card.largest
+        where = f"a {fmt_num(round(visible))} MiB card ({card.source})"
+    else:
+        return None
+    budget = util * visible * 2**20
+    if per_card.total <= budget:
+        return None
+    fixed = per_card.non_kv
+    hint = ""
+    if slice_mib is not None and card is not None and card.largest > slice_mib:
+        ratio = slice_mib / min(card.candidates)
+        if util <= ratio + 0.02:
+            whole = fmt_num(round(min(card.candidates)))
+            hint = (
+                f" ({util:g} looks like a fraction of the whole {whole} MiB card, "
+                f"slice / card = {ratio:.2f}; HAMi-core shows the engine the "
+                "slice as its card, so the fraction applies to the slice)"
+            )
+    elif slice_mib is not None:
+        hint = " (HAMi-core shows the engine the slice as its card)"
+    return finding(
+        "kv-cache-too-small",
+        "error",
+        m,
+        at,
+        f"{who} ({need.model}, max_model_len {need.max_model_len}, "
+        f"{need.ranks} rank{'s' if need.ranks > 1 else ''}): "
+        f"gpu_memory_utilization {util:g} of {where} gives each rank {gib(budget)}{hint}; "
+        f"weights take {gib(per_card.weights)} and activations, CUDA context and "
+        f"graphs about {gib(fixed - per_card.weights)}, leaving "
+        f"{gib(max(budget - fixed, 0))} for the KV cache, but one "
+        f"{need.max_model_len}-token sequence needs {gib(per_card.kv_cache)}: vLLM "
+        'fails at start-up ("not enough KV cache" / out of memory).',
+        (
+            f"Inside the HAMi slice pass the plan's slice fraction "
+            f"(slice_memory_utilization {planned_slice:g}) as "
+            "gpu_memory_utilization, not the whole-card fraction."
+            if slice_mib is not None and planned_slice
+            else "Lower max_model_len, raise gpu_memory_utilization or the slice, "
+            "quantize (fp8/awq) or raise tensor_parallel_size."
+        ),
+    )
+
+
 @rule("kv-cache-too-small")
 def kv_cache_too_small(inv: Inventory) -> Iterator[Finding]:
     """Weights + overhead + one max_model_len sequence must fit the engine's memory budget."""
@@ -441,70 +555,37 @@ def kv_cache_too_small(inv: Inventory) -> Iterator[Finding]:
     for r in _replicas(inv):
         if not r.is_vllm:
             continue
-        need = replica_need(r.engine)
-        if need is None:
-            continue  # model or settings unknown to the memory model: stay silent
-        per_card = need.per_card
-        util = float(r.engine.get("gpu_memory_utilization", VLLM_DEFAULT_GPU_MEMORY_UTILIZATION))
         for pod in _replica_pods(r, all_pods):
-            g = pod.group
-            assert g is not None
-            slice_mib = _slice_mib(g, cfg)
-            card = card_memory(pod, inv)
-            # HAMi-core virtualises device memory: inside a slice the engine sees the slice
-            # as the whole card, so its budget is a fraction of the slice. Otherwise it is a
-            # fraction of the largest card the pool may have (never a false positive).
-            if slice_mib is not None:
-                visible, where = slice_mib, f"the {fmt_num(round(slice_mib))} MiB HAMi slice"
-            elif card is not None:
-                visible = card.largest
-                where = f"a {fmt_num(round(visible))} MiB card ({card.source})"
-            else:
-                continue
-            budget = util * visible * 2**20
-            if per_card.total <= budget:
-                continue
-            fixed = per_card.non_kv
-            hint = ""
-            if slice_mib is not None and card is not None and card.largest > slice_mib:
-                ratio = slice_mib / min(card.candidates)
-                if util <= ratio + 0.02:
-                    whole = fmt_num(round(min(card.candidates)))
-                    hint = (
-                        f" ({util:g} looks like a fraction of the whole {whole} MiB card, "
-                        f"slice / card = {ratio:.2f}; HAMi-core shows the engine the "
-                        "slice as its card, so the fraction applies to the slice)"
-                    )
-            elif slice_mib is not None:
-                hint = " (HAMi-core shows the engine the slice as its card)"
-            yield finding(
-                "kv-cache-too-small",
-                "error",
-                r.manifest,
-                r.engine_path("max_model_len"),
-                f"Serve replica {r.name!r} ({need.model}, max_model_len {need.max_model_len}, "
-                f"{need.ranks} rank{'s' if need.ranks > 1 else ''}) on the {g.label}: "
-                f"gpu_memory_utilization {util:g} of {where} gives each rank {gib(budget)}{hint}; "
-                f"weights take {gib(per_card.weights)} and activations, CUDA context and "
-                f"graphs about {gib(fixed - per_card.weights)}, leaving "
-                f"{gib(max(budget - fixed, 0))} for the KV cache, but one "
-                f"{need.max_model_len}-token sequence needs {gib(per_card.kv_cache)}: vLLM "
-                'fails at start-up ("not enough KV cache" / out of memory).',
-                (
-                    f"Inside the HAMi slice pass the plan's slice fraction "
-                    f"(slice_memory_utilization {r.planned_slice_utilization:g}) as "
-                    "gpu_memory_utilization, not the whole-card fraction."
-                    if slice_mib is not None and r.planned_slice_utilization
-                    else "Lower max_model_len, raise gpu_memory_utilization or the slice, "
-                    "quantize (fp8/awq) or raise tensor_parallel_size."
-                ),
+            assert pod.group is not None
+            found = _kv_finding(
+                who=f"Serve replica {r.name!r} on the {pod.group.label}",
+                m=r.manifest,
+                engine=r.engine,
+                at=r.engine_path("max_model_len"),
+                slice_mib=_slice_mib(pod.group.container, cfg),
+                card=card_memory(pod, inv),
+                planned_slice=r.planned_slice_utilization,
             )
-            break
+            if found is not None:
+                yield found
+                break
+    for pod, c, path, engine, paths in _server_engines(inv):
+        found = _kv_finding(
+            who=f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref}",
+            m=pod.manifest,
+            engine=engine,
+            at=paths.get("max_model_len", path),
+            slice_mib=_slice_mib(c, cfg),
+            card=card_memory(pod, inv),
+            planned_slice=None,
+        )
+        if found is not None:
+            yield found
 
 
-def _slice_mib(g: GroupView, cfg: HamiConfig) -> float | None:
-    """MiB of the HAMi memory slice of the group's ray container, when one is set."""
-    s = container_slice(g.container, cfg)
+def _slice_mib(container: dict[str, Any], cfg: HamiConfig) -> float | None:
+    """MiB of the container's HAMi memory slice, when one is set."""
+    s = container_slice(container, cfg)
     if s is None or not s.is_hami:
         return None
     if s.mem_mib is not None:
@@ -543,37 +624,51 @@ def gpu_memory_utilization_exceeds_slice(inv: Inventory) -> Iterator[Finding]:
 # --------------------------------------------------------------------------- batching
 
 
+def _batch_findings(
+    who: str, m: Manifest, engine: dict[str, Any], path_of: dict[str, str], default: str
+) -> Iterator[Finding]:
+    """The two start-up refusals: batch budget < context (no chunked prefill), < max_num_seqs."""
+    mnbt = engine.get("max_num_batched_tokens")
+    mml = engine.get("max_model_len")
+    seqs = engine.get("max_num_seqs")
+    chunked = engine.get("enable_chunked_prefill", True)
+    at = path_of.get("max_num_batched_tokens", default)
+    if mnbt is not None and mml is not None and mnbt < mml and chunked is False:
+        yield finding(
+            "max-num-batched-tokens",
+            "warning",
+            m,
+            at,
+            f"{who}: max_num_batched_tokens {mnbt} < max_model_len "
+            f"{mml} with chunked prefill off: a prompt longer than {mnbt} tokens can never "
+            "be scheduled, and vLLM refuses this configuration at start-up.",
+            f"Raise max_num_batched_tokens to >= {mml}, or enable chunked prefill.",
+        )
+    if mnbt is not None and seqs is not None and mnbt < seqs:
+        yield finding(
+            "max-num-batched-tokens",
+            "warning",
+            m,
+            at,
+            f"{who}: max_num_batched_tokens {mnbt} < max_num_seqs "
+            f"{seqs}: vLLM refuses this at start-up.",
+            f"Raise max_num_batched_tokens to >= {seqs}.",
+        )
+
+
 @rule("max-num-batched-tokens")
 def max_num_batched_tokens(inv: Inventory) -> Iterator[Finding]:
     """Batch token budget vs context length, and max_num_seqs vs the traffic Serve sends."""
+    for pod, c, path, engine, paths in _server_engines(inv):
+        who = f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref}"
+        yield from _batch_findings(who, pod.manifest, engine, paths, path)
     for r in _replicas(inv):
         if not r.is_vllm:
             continue
-        mnbt = r.engine.get("max_num_batched_tokens")
-        mml = r.engine.get("max_model_len")
+        yield from _batch_findings(
+            f"Serve replica {r.name!r}", r.manifest, r.engine, r.engine_paths, r.path
+        )
         seqs = r.engine.get("max_num_seqs")
-        chunked = r.engine.get("enable_chunked_prefill", True)
-        if mnbt is not None and mml is not None and mnbt < mml and chunked is False:
-            yield finding(
-                "max-num-batched-tokens",
-                "warning",
-                r.manifest,
-                r.engine_path("max_num_batched_tokens"),
-                f"Serve replica {r.name!r}: max_num_batched_tokens {mnbt} < max_model_len "
-                f"{mml} with chunked prefill off: a prompt longer than {mnbt} tokens can never "
-                "be scheduled, and vLLM refuses this configuration at start-up.",
-                f"Raise max_num_batched_tokens to >= {mml}, or enable chunked prefill.",
-            )
-        if mnbt is not None and seqs is not None and mnbt < seqs:
-            yield finding(
-                "max-num-batched-tokens",
-                "warning",
-                r.manifest,
-                r.engine_path("max_num_batched_tokens"),
-                f"Serve replica {r.name!r}: max_num_batched_tokens {mnbt} < max_num_seqs "
-                f"{seqs}: vLLM refuses this at start-up.",
-                f"Raise max_num_batched_tokens to >= {seqs}.",
-            )
         if seqs is None:
             continue
         auto = r.autoscaling()
