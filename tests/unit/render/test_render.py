@@ -14,6 +14,7 @@ from ray.serve.schema import ServeDeploySchema
 
 from fleetserve.errors import RenderError
 from fleetserve.k8s.render import RenderOptions, render
+from fleetserve.k8s.render.groups import plan_worker_groups, tenant_warnings
 from fleetserve.k8s.render.serveconfig import deployment_name as render_name
 from fleetserve.plan.result import PlanResult, Unplaced
 from fleetserve.serve.app import BuildArgs, deployment_name
@@ -339,3 +340,50 @@ def test_a_plan_with_the_wrong_card_count_for_tp_is_refused(kit: Any) -> None:
     wrong = kit.plan([kit.place("llama-3-70b", 0, "p4de", 0, [0, 1], 81920, 100, 0.9)])
     with pytest.raises(RenderError, match=r"2 card\(s\) but tensor_parallel \(4\)"):
         render(spec, wrong, wrong)
+
+
+def test_runtime_env_pip_installs_the_app_when_the_image_lacks_it(kit: Any) -> None:
+    plain = serve_cfg(render(*kit.whole_fleet()))["applications"][0]
+    assert "runtime_env" not in plain
+    pip = ["fleetserve @ https://example.com/fleetserve-0.1.0-py3-none-any.whl"]
+    app = serve_cfg(render(*kit.whole_fleet(), RenderOptions(runtime_env_pip=pip)))
+    assert app["applications"][0]["runtime_env"] == {"pip": pip}
+    ServeDeploySchema.model_validate(app)
+
+
+def test_inside_a_hami_slice_the_engine_gets_the_slice_fraction(kit: Any) -> None:
+    spec, plan_min, plan_max = kit.sliced_fleet()
+
+    def with_slice(p: PlanResult) -> PlanResult:
+        reps = [
+            r.model_copy(
+                update={"engine": r.engine.model_copy(update={"slice_memory_utilization": 0.95})}
+            )
+            for r in p.replicas
+        ]
+        return kit.plan(reps)
+
+    args = serve_cfg(render(spec, with_slice(plan_min), with_slice(plan_max)))["applications"][0][
+        "args"
+    ]
+    assert args["engine_settings"]["llama-3-8b"]["gpu_memory_utilization"] == 0.95
+    whole = serve_cfg(render(*kit.whole_fleet()))["applications"][0]["args"]
+    assert whole["engine_settings"]["llama-3-70b"]["gpu_memory_utilization"] == 0.9
+
+
+def test_a_dedicated_tenant_sharing_a_hami_pool_is_warned_about(kit: Any) -> None:
+    data = copy.deepcopy(kit.SLICED_SPEC)
+    data["tenants"][1]["isolation"] = "dedicated"
+    data["models"][0]["tenant"] = "customer"
+    data["models"][1]["tenant"] = "internal"
+    data["models"][1]["pools"] = ["a6000"]
+    spec = parse_spec(data)
+    _, plan_min, plan_max = kit.sliced_fleet()
+    moved = [
+        r.model_copy(update={"pool": "a6000", "node": 1}) if r.pool == "t4" else r
+        for r in plan_max.replicas
+    ]
+    groups = plan_worker_groups(spec, plan_min.model_copy(update={"replicas": []}), kit.plan(moved))
+    (warning,) = tenant_warnings(spec, groups, hami=True)
+    assert "dedicated tenant 'customer' (llama-3-8b) shares pool 'a6000'" in warning
+    assert tenant_warnings(spec, groups, hami=False) == []

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fleetserve.errors import RenderError, UsageError
-from fleetserve.k8s.render.groups import plan_worker_groups
+from fleetserve.k8s.render.groups import plan_worker_groups, tenant_warnings
 from fleetserve.k8s.render.options import RenderOptions
 from fleetserve.k8s.render.renderer import render, use_hami
 from fleetserve.k8s.render.writer import write_manifests
@@ -61,6 +61,7 @@ def _handle(args: argparse.Namespace) -> int:
             node_class=args.node_class,
             head_pool=args.head_pool,
             gpu_sharing=args.gpu_sharing,
+            runtime_env_pip=args.runtime_env_pip,
         )
     except ValueError as e:
         raise UsageError(f"render options: {e}") from e
@@ -70,7 +71,10 @@ def _handle(args: argparse.Namespace) -> int:
     objects = render(spec, plan_min, plan_max, options)
     paths = write_manifests(objects, args.output)
     hami = use_hami(plan_max, options)
-    for group in plan_worker_groups(spec, plan_min, plan_max):
+    groups = plan_worker_groups(spec, plan_min, plan_max)
+    for warning in tenant_warnings(spec, groups, hami=hami):
+        print(f"fleetserve: warning: {warning}", file=sys.stderr)
+    for group in groups:
         shape = group.shape
         gpu = (
             f"{shape.gpus} x {shape.memory_mb} MiB/{shape.cores_percent}% (HAMi)"
@@ -124,6 +128,14 @@ def register(subparsers: Any) -> None:
         help="EC2NodeClass of the rendered NodePools",
     )
     parser.add_argument("--head-pool", default=None, help="pool the Ray head runs on")
+    parser.add_argument(
+        "--runtime-env-pip",
+        action="append",
+        default=[],
+        metavar="REQUIREMENT",
+        help="pip requirement the Serve app installs at start (repeatable), e.g. a fleetserve "
+        "wheel URL, when kubernetes.image does not contain fleetserve",
+    )
     parser.add_argument(
         "--gpu-sharing",
         choices=["auto", "hami", "none"],

@@ -294,3 +294,34 @@ def check_pool_selectors(spec: FleetSpec, groups: list[WorkerGroup]) -> None:
                     hint=f"give pool '{group.pool.name}' a label no other pool has "
                     "(e.g. its NodePool name: karpenter.sh/nodepool)",
                 )
+
+
+def tenant_warnings(spec: FleetSpec, groups: list[WorkerGroup], *, hami: bool) -> list[str]:
+    """Dedicated tenants whose HAMi slices share a pool with another tenant's slices.
+
+    The plan keeps them on different cards, but the manifests cannot: HAMi's scheduler may
+    put both on one physical card (vGPU slicing is not a trust boundary). The fix is a pool
+    of their own (distinct labels/taints), which the planner and render then honour.
+    """
+    if not hami:
+        return []
+    dedicated = {t.name for t in spec.tenants if t.isolation == "dedicated"}
+    out = []
+    for group in groups:
+        tenant = group.model.tenant
+        if tenant not in dedicated or not group.shape.sliced:
+            continue
+        others = sorted(
+            {
+                f"{g.model.name} (tenant {g.model.tenant or 'none'})"
+                for g in groups
+                if g.pool.name == group.pool.name and g.model.tenant != tenant and g.shape.sliced
+            }
+        )
+        if others:
+            out.append(
+                f"dedicated tenant '{tenant}' ({group.model.name}) shares pool "
+                f"'{group.pool.name}' with {', '.join(others)}: HAMi may put their slices on "
+                f"one card; give tenant '{tenant}' a pool of its own"
+            )
+    return out

@@ -76,6 +76,12 @@ class RenderOptions(BaseModel):
         description="Ray autoscaler: seconds a worker pod stays idle before it is removed "
         "(GPU pods reload weights when re-added, so this is long by default).",
     )
+    runtime_env_pip: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="pip requirements the Serve application installs at start (runtime_env); "
+        "empty when the image already contains fleetserve (the recommended way).",
+    )
     alerts: AlertThresholds = Field(
         default_factory=AlertThresholds, description="Alert thresholds of the PrometheusRule."
     )

@@ -83,7 +83,7 @@ def render(
         rayservice(
             spec,
             groups,
-            serve_config(spec, groups),
+            serve_config(spec, groups, opts.runtime_env_pip, hami=hami),
             options=opts,
             head_pool=_head_pool(spec, opts),
             secrets=secrets,

@@ -68,8 +68,32 @@ def replica_options(model: ModelSpec, group: WorkerGroup) -> dict[str, Any]:
     return {"ray_actor_options": options}
 
 
-def serve_config(spec: FleetSpec, groups: list[WorkerGroup]) -> dict[str, Any]:
-    """The Serve config (``serveConfigV2`` parsed) of the fleet."""
+def engine_settings(group: WorkerGroup, *, hami: bool) -> dict[str, Any]:
+    """The engine settings the replica starts with.
+
+    Inside a HAMi slice, HAMi-core reports the slice as the card's total memory, so vLLM's
+    ``gpu_memory_utilization`` (a fraction of what it sees) must be the plan's fraction of
+    the slice, not of the whole card; elsewhere the plan's whole-card fraction is right.
+    """
+    settings = group.shape.engine.model_dump(mode="json")
+    slice_fraction = group.shape.engine.slice_memory_utilization
+    if hami and group.shape.sliced and slice_fraction is not None:
+        settings["gpu_memory_utilization"] = slice_fraction
+    return settings
+
+
+def serve_config(
+    spec: FleetSpec,
+    groups: list[WorkerGroup],
+    runtime_pip: list[str] | None = None,
+    *,
+    hami: bool = False,
+) -> dict[str, Any]:
+    """The Serve config (``serveConfigV2`` parsed) of the fleet.
+
+    ``runtime_pip``: requirements Ray installs for the app (``runtime_env.pip``) when the
+    image does not contain fleetserve; ``hami``: GPU pods are HAMi slices.
+    """
     first_group: dict[str, WorkerGroup] = {}
     pods_max: dict[str, int] = {}
     for group in groups:
@@ -81,7 +105,7 @@ def serve_config(spec: FleetSpec, groups: list[WorkerGroup]) -> dict[str, Any]:
         if model.name not in first_group:
             continue
         group = first_group[model.name]
-        engine[model.name] = group.shape.engine.model_dump(mode="json")
+        engine[model.name] = engine_settings(group, hami=hami)
         replicas = model.replicas
         # The worker groups hold pods_max replicas; asking Serve for more would leave
         # replicas pending forever (pitfall serve-replicas-exceed-workers).
@@ -104,6 +128,15 @@ def serve_config(spec: FleetSpec, groups: list[WorkerGroup]) -> dict[str, Any]:
         deployment["graceful_shutdown_timeout_s"] = _number(spec.server.drain_timeout_s)
         deployment.update(replica_options(model, group))
         deployments.append(deployment)
+    app: dict[str, Any] = {
+        "name": APP_NAME,
+        "route_prefix": "/",
+        "import_path": APP_IMPORT_PATH,
+    }
+    if runtime_pip:
+        app["runtime_env"] = {"pip": list(runtime_pip)}
+    app["args"] = {"spec": spec_for_cluster(spec), "engine": "vllm", "engine_settings": engine}
+    app["deployments"] = deployments
     return {
         "proxy_location": "EveryNode",
         "http_options": {
@@ -111,17 +144,5 @@ def serve_config(spec: FleetSpec, groups: list[WorkerGroup]) -> dict[str, Any]:
             "port": spec.server.port,
             "request_timeout_s": _number(spec.server.request_timeout_s),
         },
-        "applications": [
-            {
-                "name": APP_NAME,
-                "route_prefix": "/",
-                "import_path": APP_IMPORT_PATH,
-                "args": {
-                    "spec": spec_for_cluster(spec),
-                    "engine": "vllm",
-                    "engine_settings": engine,
-                },
-                "deployments": deployments,
-            }
-        ],
+        "applications": [app],
     }
