@@ -392,7 +392,7 @@ def _engines_on(
     for c, path in pod.containers():
         engine, paths = container_engine(c, path)
         if engine or "vllm" in str(c.get("image", "")).lower():
-            out.append((f"container {c.get('name', '?')!r}", engine, paths, path))
+            out.append((f"vLLM container {c.get('name', '?')!r}", engine, paths, path))
     return out
 
 
