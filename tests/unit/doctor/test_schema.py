@@ -135,3 +135,9 @@ def test_validator_protocol_fake() -> None:
     report = validate_schemas(inv, chain=[Fake(), CrdValidator(CrdSchemas())])
     assert report.findings == []
     assert report.unchecked == ["Other/default/b"]
+
+
+def test_only_needed_crds_are_parsed(crds_dir: Path) -> None:
+    schemas = CrdSchemas.from_dir(crds_dir, {("ray.io", "RayJob")})
+    assert list(schemas.versions) == [("ray.io", "RayJob")]
+    assert len(CrdSchemas.from_dir(crds_dir).versions) == 6

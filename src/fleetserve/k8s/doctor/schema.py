@@ -106,14 +106,23 @@ class CrdSchemas:
             self.versions.setdefault((group, kind), {})[entry.version] = entry
 
     @classmethod
-    def from_dir(cls, directory: str | Path) -> CrdSchemas:
-        """Load every CRD in ``directory`` (``*.yaml``/``*.yml``, multi-document)."""
+    def from_dir(
+        cls, directory: str | Path, wanted: set[tuple[str, str]] | None = None
+    ) -> CrdSchemas:
+        """Load the CRDs in ``directory`` (``*.yaml``/``*.yml``, multi-document).
+
+        With ``wanted`` ((group, kind) pairs), a file whose header names another kind is not
+        parsed in full: CRDs run to tens of thousands of lines and most runs need one or two.
+        """
         root = Path(directory)
         if not root.is_dir():
             raise InputFileError(f"{root}: --crds must be a directory of CRD YAML files")
         out = cls()
         for f in sorted(p for p in root.rglob("*") if p.suffix in (".yaml", ".yml")):
             stat = f.stat()
+            header = _crd_header(str(f), stat.st_mtime_ns, stat.st_size)
+            if wanted is not None and header is not None and header not in wanted:
+                continue
             for doc in _crd_documents(str(f), stat.st_mtime_ns, stat.st_size):
                 out.add_crd(doc)
         return out
@@ -131,6 +140,36 @@ class CrdSchemas:
     def knows(self, api_version: str, kind: str) -> bool:
         group = api_version.rpartition("/")[0]
         return (group, kind) in self.versions
+
+
+_HEADER_END = re.compile(r"^  versions:", re.MULTILINE)
+
+
+@lru_cache(maxsize=64)
+def _crd_header(file: str, mtime_ns: int, size: int) -> tuple[str, str] | None:
+    """(group, kind) of a single-CRD file from the part before ``spec.versions``; None when
+    the file does not look like one (then it is parsed in full)."""
+    del mtime_ns, size  # cache key only
+    try:
+        text = Path(file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if text.count("kind: CustomResourceDefinition") != 1:
+        return None
+    end = _HEADER_END.search(text)
+    if end is None:
+        return None
+    try:
+        doc = yaml.load(text[: end.start()], Loader=_FAST_LOADER)
+    except yaml.YAMLError:
+        return None
+    spec = doc.get("spec") if isinstance(doc, dict) else None
+    if not isinstance(spec, dict):
+        return None
+    names = spec.get("names")
+    if not isinstance(names, dict) or not spec.get("group") or not names.get("kind"):
+        return None
+    return str(spec["group"]), str(names["kind"])
 
 
 @lru_cache(maxsize=64)
@@ -538,7 +577,8 @@ def validators(
     inv: Inventory, crds_dir: str | Path | None = None, k8s_version: str | None = None
 ) -> list[SchemaValidator]:
     """CRD validator (``--crds`` + CRDs among the inputs) and the core-kind validator."""
-    schemas = CrdSchemas.from_dir(crds_dir) if crds_dir is not None else CrdSchemas()
+    wanted = {(m.api_version.rpartition("/")[0], m.kind) for m in inv.manifests}
+    schemas = CrdSchemas.from_dir(crds_dir, wanted) if crds_dir is not None else CrdSchemas()
     for m in inv.of_kind("CustomResourceDefinition"):
         schemas.add_crd(m.body)
     return [CrdValidator(schemas), CoreValidator(k8s_version)]
