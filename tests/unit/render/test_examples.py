@@ -40,7 +40,9 @@ def test_example_renders_and_doctor_finds_nothing(
     capsys.readouterr()
     if importlib.util.find_spec("fleetserve.k8s.doctor.command") is None:  # pragma: no cover
         pytest.skip("fleetserve doctor (another area) is not installed")
-    doctor = ["doctor", str(out), str(example), "--format", "json"]
+    # The contract is `fleetserve doctor DIR`; with node pools rendered, also give doctor the
+    # fleet spec, so pool rules join the spec's pools with the NodePools.
+    doctor = ["doctor", str(out), *([str(example)] if nodepools else []), "--format", "json"]
     if CRDS.is_dir():
         doctor += ["--crds", str(CRDS)]
     code = main(doctor)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fleetserve.errors import RenderError
 from fleetserve.k8s.render import RenderOptions, manifest_files, render, write_manifests
 from fleetserve.k8s.render.writer import HEADER
 
@@ -63,3 +64,10 @@ def test_rerender_removes_stale_generated_files_but_keeps_foreign_ones(
     write_manifests(render(*kit.sliced_fleet()), tmp_path)
     assert not (tmp_path / "nodepool-t4.yaml").exists()
     assert (tmp_path / "my-extra.yaml").exists()
+
+
+def test_an_unwritable_directory_is_a_render_error(kit: Any, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(RenderError, match="cannot write manifests"):
+        write_manifests(render(*kit.whole_fleet()), blocker / "out")
