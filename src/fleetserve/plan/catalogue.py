@@ -58,6 +58,7 @@ _SIGLIP_GEMMA3: dict[str, Any] = {
     "patch_size": 14,
     "image_size": 896,
     "num_channels": 3,
+    "vision_use_head": False,
 }
 _PHI3_MINI: dict[str, Any] = {
     "architectures": ["Phi3ForCausalLM"],

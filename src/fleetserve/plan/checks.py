@@ -13,7 +13,6 @@ from typing import Any
 
 from fleetserve.plan.problem import DEVICE_SPLIT_COUNT
 from fleetserve.plan.result import PlanResult
-from fleetserve.plan.sizing import MARGIN_MIN_MB
 from fleetserve.spec import FleetSpec
 
 
@@ -38,10 +37,10 @@ def plan_violations(spec: FleetSpec, result: PlanResult) -> list[str]:
             errors.append(f"{r.model}#{r.index}: TP replica on slices")
         if pool.max_nodes is not None and r.node >= pool.max_nodes:
             errors.append(f"{r.model}#{r.index}: node {r.node} >= max_nodes")
-        # the engine never asks for more than its slice minus the margin
-        if not r.whole_cards:
+        # the engine never asks for more than its slice (a fraction of the whole card)
+        if not r.whole_cards and r.card_memory_mb:
             asked = r.engine.gpu_memory_utilization * r.card_memory_mb
-            if asked > r.memory_mb - MARGIN_MIN_MB + 1:
+            if asked > r.memory_mb:
                 errors.append(f"{r.model}#{r.index}: engine asks {asked:.0f} > slice")
         for g in r.gpus:
             if not 0 <= g < pool.gpu.count:

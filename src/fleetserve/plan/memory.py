@@ -57,8 +57,9 @@ ASYNC_BATCHES = 2
 #: Quantization group size of AWQ/GPTQ checkpoints (the common default).
 QUANT_GROUP = 128
 #: Non-torch GPU memory of one engine process: CUDA context, cuBLAS/cuDNN workspaces,
-#: allocator slack. vLLM logs 0.1-0.6 GiB "non-torch memory" for single-GPU engines.
-NON_TORCH_BYTES = 512 * MiB
+#: allocator slack. Measured on an H200 (torch 2.11+cu130): CUDA init plus one bf16 cuBLAS
+#: matmul leaves 594 MiB used outside torch's allocator; vLLM logs 0.1-0.6 GiB.
+NON_TORCH_BYTES = 600 * MiB
 #: Extra non-torch memory per card when tensor/pipeline parallel (NCCL buffers).
 NCCL_BYTES = 256 * MiB
 #: CUDA graph capture: a fixed part plus a per-layer part (vLLM logs ~0.2-1 GiB for
@@ -184,7 +185,11 @@ def _vision_params(vision: dict[str, Any], text_hidden: int) -> int:
     per_layer = 4 * vh * vh + 4 * vh + 2 * vh * vi + vi + vh + 4 * vh
     embeddings = channels * patch * patch * vh + vh + (image // patch) ** 2 * vh
     projector = vh * text_hidden + vh
-    return layers * per_layer + embeddings + 2 * vh + projector
+    head = 0
+    if vision.get("vision_use_head", True) and vision.get("model_type") == "siglip_vision_model":
+        # SigLIP's attention-pooling head: probe, MHA (in/out proj), layernorm, MLP
+        head = vh + 3 * vh * vh + 3 * vh + vh * vh + vh + 2 * vh + 2 * vh * vi + vi + vh
+    return layers * per_layer + embeddings + 2 * vh + projector + head
 
 
 def parse_config(raw: dict[str, Any], name: str = "<config>") -> ModelConfig:

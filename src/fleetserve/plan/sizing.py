@@ -37,6 +37,10 @@ WHOLE_CARD_HEADROOM_MIN_MB = 1024
 #: Host RAM a replica's engine process takes when resources.memory_gb is not given (MiB
 #: per card: Python, torch, vLLM, tokenizer, pinned staging buffers).
 DEFAULT_HOST_RAM_MB = 4096
+#: CUDA reports less memory than nvidia-smi (the driver keeps some): on an H200,
+#: torch.cuda.mem_get_info() gives 143155 MiB of nvidia-smi's 143771. vLLM multiplies
+#: gpu_memory_utilization by CUDA's figure, so the fraction is computed against it.
+CUDA_VISIBLE_FRACTION = 143155 / 143771
 #: max_num_batched_tokens vLLM's OpenAI server defaults to (vllm/engine/arg_utils.py):
 #: 8192 on >= 70 GB cards other than A100, 16384 on >= 160 GB, else 2048.
 SLICE_BATCHED_TOKENS = 2048
@@ -142,7 +146,7 @@ def size_replica(
             util = whole_card_utilization(card_mb)
             slice_util = None
         else:
-            util = math.floor(need / card_mb * 10_000) / 10_000
+            util = math.ceil(need / (card_mb * CUDA_VISIBLE_FRACTION) * 10_000) / 10_000
             slice_util = math.floor(need / (need + margin_mb(need)) * 10_000) / 10_000
         engine = EngineSettings(
             gpu_memory_utilization=min(1.0, max(util, 0.0001)),  # checked below
@@ -170,7 +174,7 @@ def size_replica(
                 engine=engine,
             )
     memory, need, engine = attempt(whole=True)
-    usable = math.floor(engine.gpu_memory_utilization * card_mb)
+    usable = math.floor(engine.gpu_memory_utilization * card_mb * CUDA_VISIBLE_FRACTION)
     if need > usable:
         return Rejection(
             "gpu_memory",

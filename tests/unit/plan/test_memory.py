@@ -202,3 +202,25 @@ def test_catalogue_names_match_loosely() -> None:
 
 def test_mib_constant() -> None:
     assert MiB == 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    "name", ["llama-3-8b", "mixtral-8x7b", "qwen2.5-0.5b", "gemma-3-270m", "gemma-3-4b", "phi-4"]
+)
+def test_parameter_count_equals_transformers_model_built_from_the_same_config(name: str) -> None:
+    """Build the model with transformers on the meta device (no memory) and count."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    raw = dict(MODEL_CATALOGUE[name])
+    model_type = raw.pop("model_type")
+    raw.pop("architectures", None)
+    config = transformers.AutoConfig.for_model(model_type, **raw)
+    auto = (
+        transformers.AutoModelForImageTextToText
+        if model_type == "gemma3"
+        else transformers.AutoModelForCausalLM
+    )
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    expected = sum(p.numel() for p in model.parameters())
+    assert load_model_config(name).num_params() == expected
