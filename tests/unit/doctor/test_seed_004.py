@@ -17,6 +17,11 @@ memory verdict without facts), and no secret is written in clear text.
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from fleetserve.cli import main
 from fleetserve.k8s.doctor.finding import Finding
 from fleetserve.k8s.doctor.loader import load_paths
 from fleetserve.k8s.doctor.registry import run_rules
@@ -105,3 +110,14 @@ def test_deprecated_thresholds_are_reported() -> None:
         "spec.deploymentUnhealthySecondThreshold",
         "spec.serviceUnhealthySecondThreshold",
     ]
+
+
+def test_command_line_report(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["doctor", *(str(p) for p in MANIFESTS), str(INCIDENT_VALUES), "--format", "json"]
+    assert main(argv) == 1  # error findings
+    report = json.loads(capsys.readouterr().out)
+    rules = {item["rule"] for item in report}
+    assert {"hami-scheduler-disabled", "hami-gpu-count", "infeasible-request"} <= rules
+    scheduler = next(item for item in report if item["rule"] == "hami-scheduler-disabled")
+    assert scheduler["object"] == f"HelmValues/{INCIDENT_VALUES}"
+    assert set(scheduler) >= {"rule", "severity", "object", "path", "message", "fix"}
