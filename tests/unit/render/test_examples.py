@@ -77,3 +77,33 @@ def test_bad_monitoring_label_is_a_usage_error(
 ) -> None:
     assert main(["render", str(EXAMPLES[0]), "-o", str(tmp_path), "--monitoring-label", "x"]) == 2
     assert "expected KEY=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_saved_plans_render_the_same_bytes_as_planning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    example = next(p for p in EXAMPLES if p.stem == "hami-multi-model")
+    plans = {}
+    for scenario in ("min", "max"):
+        assert main(["plan", str(example), "--format", "json", "--scenario", scenario]) == 0
+        plans[scenario] = tmp_path / f"{scenario}.json"
+        plans[scenario].write_text(capsys.readouterr().out)
+    assert main(["render", str(example), "-o", str(tmp_path / "a")]) == 0
+    assert main(["render", str(example), "-o", str(tmp_path / "b")]) == 0
+    saved = ["--plan-min", str(plans["min"]), "--plan-max", str(plans["max"])]
+    assert main(["render", str(example), "-o", str(tmp_path / "c"), *saved]) == 0
+    read = {d: {p.name: p.read_bytes() for p in (tmp_path / d).iterdir()} for d in "abc"}
+    assert read["a"] == read["b"] == read["c"]
+
+
+def test_a_bad_plan_file_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"feasible": true}')
+    argv = ["render", str(EXAMPLES[0]), "-o", str(tmp_path / "o")]
+    assert main([*argv, "--plan-min", str(bad), "--plan-max", str(bad)]) == 2
+    assert "not a fleetserve plan" in capsys.readouterr().err
+    assert main([*argv, "--plan-min", str(bad)]) == 2
+    assert "give both --plan-min and --plan-max" in capsys.readouterr().err

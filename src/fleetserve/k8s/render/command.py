@@ -7,9 +7,12 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from fleetserve.errors import RenderError, UsageError
+from pydantic import ValidationError
+
+from fleetserve.errors import InputFileError, RenderError, UsageError
 from fleetserve.k8s.render.groups import plan_worker_groups, tenant_warnings
 from fleetserve.k8s.render.options import RenderOptions
 from fleetserve.k8s.render.renderer import render, use_hami
@@ -29,6 +32,20 @@ def _planner() -> Planner:
             "the planner (fleetserve.plan.plan_fleet) is not available in this installation"
         ) from e
     return fn
+
+
+def _read_plan(path: str) -> PlanResult:
+    """A plan saved by ``fleetserve plan --format json`` (reviewed, then rendered as is)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise InputFileError(f"{path}: cannot read: {e.strerror or e}") from e
+    try:
+        return PlanResult.model_validate_json(text)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(root)"
+        raise InputFileError(f"{path}: not a fleetserve plan: {where}: {first['msg']}") from e
 
 
 def _labels(pairs: list[str]) -> dict[str, str] | None:
@@ -65,9 +82,14 @@ def _handle(args: argparse.Namespace) -> int:
         )
     except ValueError as e:
         raise UsageError(f"render options: {e}") from e
-    planner = _planner()
-    plan_min = planner(spec, scenario="min")
-    plan_max = planner(spec, scenario="max")
+    if (args.plan_min is None) != (args.plan_max is None):
+        raise UsageError("give both --plan-min and --plan-max, or neither (then render plans)")
+    if args.plan_min is not None:
+        plan_min, plan_max = _read_plan(args.plan_min), _read_plan(args.plan_max)
+    else:
+        planner = _planner()
+        plan_min = planner(spec, scenario="min")
+        plan_max = planner(spec, scenario="max")
     objects = render(spec, plan_min, plan_max, options)
     paths = write_manifests(objects, args.output)
     hami = use_hami(plan_max, options)
@@ -128,6 +150,15 @@ def register(subparsers: Any) -> None:
         help="EC2NodeClass of the rendered NodePools",
     )
     parser.add_argument("--head-pool", default=None, help="pool the Ray head runs on")
+    parser.add_argument(
+        "--plan-min",
+        metavar="FILE",
+        default=None,
+        help="render this saved min plan (`fleetserve plan --format json`) instead of planning",
+    )
+    parser.add_argument(
+        "--plan-max", metavar="FILE", default=None, help="the saved max plan (with --plan-min)"
+    )
     parser.add_argument(
         "--runtime-env-pip",
         action="append",
