@@ -128,3 +128,28 @@ def test_argument_order_does_not_change_the_report() -> None:
     first = [f.to_json() for f in diagnose(paths, rules=rules).findings]
     again = [f.to_json() for f in diagnose(list(reversed(paths)), rules=rules).findings]
     assert first == again
+
+
+def test_fail_on_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    warn_only = FIXTURES / "head-schedulable" / "trigger.yaml"
+    assert main(["doctor", str(warn_only), "--rules", "head-schedulable"]) == 0
+    assert (
+        main(["doctor", str(warn_only), "--rules", "head-schedulable", "--fail-on", "warning"]) == 1
+    )
+
+
+def test_ignore_annotation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = BROKEN.read_text(encoding="utf-8").replace(
+        "  namespace: serving\n",
+        "  namespace: serving\n  annotations:\n"
+        '    doctor.fleetserve.io/ignore: "replicas-min-gt-max, serve-replicas-exceed-workers"\n',
+        1,
+    )
+    (tmp_path / "x.yaml").write_text(text, encoding="utf-8")
+    result = diagnose([str(tmp_path / "x.yaml")])
+    assert not {"replicas-min-gt-max", "serve-replicas-exceed-workers"} & {
+        f.rule for f in result.findings
+    }
+    assert result.suppressed == 3  # min > max, plus both sides of the GPU arithmetic
+    assert main(["doctor", str(tmp_path / "x.yaml")]) == 0
+    assert "(3 silenced by annotation)" in capsys.readouterr().out

@@ -1,8 +1,11 @@
 """``fleetserve doctor PATH...``: find known traps in manifests and Ray Train scripts.
 
-Exit codes (the contract CI relies on): 0 no error findings, 1 error findings, 2 unreadable
-input or bad usage (the message names the file and line). The handler is a thin shell: load,
-validate schemas, run rules, print; all judgement lives in the pure rule functions.
+Exit codes (the contract CI relies on): 0 no error findings, 1 error findings (or findings
+at ``--fail-on`` severity), 2 unreadable input or bad usage (the message names the file and
+line). An object can silence rules it breaks on purpose with the annotation
+``doctor.fleetserve.io/ignore: "rule-id,rule-id"``; the summary counts what was silenced.
+The handler is a thin shell: load, validate schemas, run rules, print; all judgement lives
+in the pure rule functions.
 """
 
 from __future__ import annotations
@@ -63,6 +66,12 @@ def register(subparsers: Any) -> None:
         default=None,
         help="Kubernetes version whose schemas validate core kinds (default: newest known)",
     )
+    p.add_argument(
+        "--fail-on",
+        choices=("error", "warning", "info"),
+        default="error",
+        help="exit 1 when a finding is at least this severe (default: error)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -112,9 +121,12 @@ def diagnose(
     rule_ids = None if rules is None else rules - {SCHEMA_RULE}
     if rule_ids is None or rule_ids:
         findings.extend(run_rules(inv, rule_ids))
-    findings = sorted(set(findings), key=lambda f: f.sort_key())
+    ignored = {m.ref: m.ignored_rules for m in inv.manifests if m.ignored_rules}
+    kept = [f for f in set(findings) if f.rule not in ignored.get(f.object, frozenset())]
+    suppressed = len(set(findings)) - len(kept)
+    findings = sorted(kept, key=lambda f: f.sort_key())
     objects = len(inv.manifests) + len(inv.helm_values) + len(inv.scaling_configs)
-    return DoctorResult(findings, unchecked, len(files), objects, tuple(notes))
+    return DoctorResult(findings, unchecked, len(files), objects, tuple(notes), suppressed)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,4 +137,4 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(to_json(result.findings) + "\n")
     else:
         print_text(result, Console(highlight=False))
-    return 1 if result.has_errors else 0
+    return 1 if result.fails(args.fail_on) else 0

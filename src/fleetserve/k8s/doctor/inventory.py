@@ -19,6 +19,10 @@ from fleetserve.spec import FleetSpec
 
 HelmChart = Literal["hami", "kuberay-operator", "unknown"]
 
+#: Annotation that silences doctor rules on one object: a comma-separated list of rule ids
+#: (for a finding that is intended, e.g. ``advertised-vs-limit``). Kubernetes ignores it.
+IGNORE_ANNOTATION = "doctor.fleetserve.io/ignore"
+
 
 @dataclass(frozen=True, eq=False)
 class Manifest:
@@ -67,6 +71,16 @@ class Manifest:
     def get(self, path: str, default: Any = None) -> Any:
         """Value at a dotted field path (``a.b[0].c``), or ``default`` when any step is missing."""
         return get_path(self.body, path, default)
+
+    @property
+    def ignored_rules(self) -> frozenset[str]:
+        """Rule ids silenced on this object by the annotation ``IGNORE_ANNOTATION``."""
+        meta = self.body.get("metadata")
+        ann = meta.get("annotations") if isinstance(meta, dict) else None
+        raw = ann.get(IGNORE_ANNOTATION) if isinstance(ann, dict) else None
+        if not isinstance(raw, str):
+            return frozenset()
+        return frozenset(r.strip() for r in raw.split(",") if r.strip())
 
 
 @dataclass(frozen=True, eq=False)

@@ -34,10 +34,17 @@ class DoctorResult:
     objects: int
     #: Notes for the user (e.g. "no --crds given").
     notes: tuple[str, ...] = ()
+    #: Findings silenced by the ignore annotation (not in ``findings``).
+    suppressed: int = 0
 
     @property
     def has_errors(self) -> bool:
-        return any(f.severity == "error" for f in self.findings)
+        return self.fails("error")
+
+    def fails(self, threshold: str) -> bool:
+        """Whether any finding is at least as severe as ``threshold`` (error/warning/info)."""
+        limit = SEVERITY_ORDER[threshold]
+        return any(SEVERITY_ORDER[f.severity] <= limit for f in self.findings)
 
     def counts(self) -> Counter[str]:
         return Counter(f.severity for f in self.findings)
@@ -54,11 +61,14 @@ def _plural(n: int, word: str) -> str:
 
 def summary_line(result: DoctorResult) -> str:
     c = result.counts()
-    return (
+    text = (
         f"{_plural(c['error'], 'error')}, {_plural(c['warning'], 'warning')}, "
         f"{c['info']} info in {_plural(result.objects, 'object')} from "
         f"{_plural(result.files, 'file')}"
     )
+    if result.suppressed:
+        text += f" ({result.suppressed} silenced by annotation)"
+    return text
 
 
 def print_text(result: DoctorResult, console: Console) -> None:
