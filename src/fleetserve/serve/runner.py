@@ -254,7 +254,8 @@ class FleetServer:
         model = self.options.spec.models[0].name
         auth_header = ' -H "Authorization: Bearer $API_KEY"' if auth else ""
         self.console.print(
-            f"fleetserve: ready - OpenAI API at {url}/v1 (Ctrl-C or SIGTERM drains and stops)"
+            f"fleetserve: ready - OpenAI API at {url}/v1 (Ctrl-C or SIGTERM drains and stops)",
+            soft_wrap=True,
         )
         self.console.print(
             f"  try: curl {url}/v1/chat/completions -H 'Content-Type: application/json'"
