@@ -22,7 +22,7 @@ from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import RAY_KINDS, cluster_spec, serve_config
 from fleetserve.k8s.doctor.registry import rule
 from fleetserve.k8s.doctor.rules._devices import PodView, pods
-from fleetserve.k8s.doctor.rules._engines import finding
+from fleetserve.k8s.doctor.rules._engines import container_engine, finding
 
 _MONITOR_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 _SELECTOR_FIELD = {
@@ -141,6 +141,8 @@ def _dict_text(d: dict[str, str]) -> str:
 
 def _ray_pod_labels(pod: PodView) -> dict[str, str]:
     labels = dict(pod.labels)
+    if pod.group is None:
+        return labels
     labels.setdefault("app.kubernetes.io/created-by", "kuberay-operator")
     labels.setdefault("app.kubernetes.io/name", "kuberay")
     return labels
@@ -625,14 +627,26 @@ def _restricts_ingress(policy: Manifest, pod: PodView) -> bool:
     return all(isinstance(r, dict) and r.get("from") for r in rules)
 
 
+def _serving_workloads(inv: Inventory) -> list[tuple[Manifest, list[PodView]]]:
+    """Ray objects, and workloads running a vLLM server, with their pod templates."""
+    all_pods = pods(inv)
+    out: list[tuple[Manifest, list[PodView]]] = []
+    for m in inv.manifests:
+        mine = [p for p in all_pods if p.manifest is m]
+        if not mine:
+            continue
+        if m.kind in RAY_KINDS or any(
+            container_engine(c, path)[0] for p in mine for c, path in p.containers()
+        ):
+            out.append((m, mine))
+    return out
+
+
 @rule("no-network-policy")
 def no_network_policy(inv: Inventory) -> Iterator[Finding]:
     """Serving pods need a NetworkPolicy that restricts who can reach them."""
     policies = inv.of_kind("NetworkPolicy")
-    for m in inv.of_kind(*RAY_KINDS):
-        ray_pods = [p for p in pods(inv) if p.manifest is m]
-        if not ray_pods:
-            continue
+    for m, ray_pods in _serving_workloads(inv):
         local = [p for p in policies if p.namespace == m.namespace]
         open_pods = [p for p in ray_pods if not any(_restricts_ingress(np, p) for np in local)]
         if not open_pods:
@@ -646,8 +660,13 @@ def no_network_policy(inv: Inventory) -> Iterator[Finding]:
             f"No NetworkPolicy in the input restricts ingress to the pods of {m.ref} ({which}) "
             f"in namespace {m.namespace!r}"
             + (f" ({len(local)} there, none restricting their ingress)" if local else "")
-            + ": any pod in the cluster can reach the dashboard (8265), GCS (6379) and client "
-            "(10001) ports as well as Serve.",
+            + (
+                ": any pod in the cluster can reach the dashboard (8265), GCS (6379) and client "
+                "(10001) ports as well as Serve."
+                if m.kind in RAY_KINDS
+                else ": any pod in the cluster can call the model server directly, "
+                "bypassing your gateway's authentication and rate limits."
+            ),
             "Add a NetworkPolicy for the namespace: deny ingress by default and allow only the "
             "Serve port (8000) from your gateway, plus Ray's own pod-to-pod traffic "
             "(podSelector ray.io/is-ray-node: 'yes').",
