@@ -181,6 +181,10 @@ def test_kuberay_enable_ingress() -> None:
         ("TOKENIZERS_PARALLELISM", "false", False),
         ("MAX_NUM_BATCHED_TOKENS", "8192", False),
         ("HF_TOKEN_FILE", "/var/run/secrets/hf/token", False),
+        ("PAD_TOKEN", "[PAD]", False),
+        ("EOS_TOKEN", "<|eot_id|>", False),
+        ("VAULT_TOKEN", "/vault/secrets/token", False),
+        ("OAUTH_PROXY_SECRET", "short", False),
     ],
 )
 def test_env_literal_secrets(name: str, value: str, secret: bool) -> None:

@@ -447,9 +447,19 @@ def _secret_literal(name: str, value: Any) -> str | None:
     shape = _token_shape(text)
     if shape:
         return shape
-    if _SECRET_NAME.search(name) and not _PLACEHOLDER.match(text):
+    if _SECRET_NAME.search(name) and _looks_secret(text):
         return f"a literal value for {name}"
     return None
+
+
+def _looks_secret(text: str) -> bool:
+    """A value that can be a credential: not a placeholder, a path, a URL, or a model's
+    special token (``PAD_TOKEN: "[PAD]"``, ``EOS_TOKEN: "<|eot_id|>"``)."""
+    if _PLACEHOLDER.match(text) or len(text) < 8 or any(ch.isspace() for ch in text):
+        return False
+    if text[0] in "[<{(" and text[-1] in "]>})":
+        return False
+    return not (text.startswith(("/", "./", "~")) or "://" in text)
 
 
 _SECRET_FIX = (
