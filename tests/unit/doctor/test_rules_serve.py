@@ -403,3 +403,35 @@ def test_vllm_server_pod_kv_cache_on_an_instance_type() -> None:
 def test_vllm_server_pod_without_chunked_prefill() -> None:
     (f,) = _fixture("max-num-batched-tokens", "trigger_vllm_server.yaml")
     assert "max_num_batched_tokens 8192 < max_model_len 32768" in f.message
+
+
+def test_unset_max_model_len_is_vllms_default_only_for_complete_args() -> None:
+    # Ray Serve LLM's engine_kwargs are the whole engine: vLLM takes the model's own context
+    # (131072 for Llama 3.1), which does not fit an L4.
+    serve_llm = """
+        applications:
+          - name: llm
+            import_path: ray.serve.llm:build_openai_app
+            args:
+              llm_configs:
+                - model_loading_config:
+                    model_id: chat
+                    model_source: meta-llama/Llama-3.1-8B-Instruct
+                  engine_kwargs:
+                    gpu_memory_utilization: 0.9
+        """
+    l4 = "karpenter.k8s.aws/instance-gpu-name: l4"
+    (f,) = _run("kv-cache-too-small", _rayservice(serve_llm, _worker(selector=l4)))
+    assert "max_model_len 131072 - vLLM's default, the model's context" in f.message
+    # An app reading MODEL_ID from env may set max_model_len in its code: unknown, silent.
+    env_app = """
+        applications:
+          - name: a
+            import_path: app:app
+            runtime_env:
+              env_vars: {MODEL_ID: meta-llama/Llama-3.1-8B-Instruct}
+            deployments:
+              - name: D
+                ray_actor_options: {num_gpus: 1}
+        """
+    assert not _run("kv-cache-too-small", _rayservice(env_app, _worker(selector=l4)))

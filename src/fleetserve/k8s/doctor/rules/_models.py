@@ -38,17 +38,30 @@ class ReplicaNeed:
 
     model: str
     max_model_len: int
+    #: True when max_model_len is vLLM's default (the model's context), not written.
+    default_len: bool
     ranks: int
     per_card: ReplicaMemory
 
 
-def replica_need(engine: dict[str, Any]) -> ReplicaNeed | None:
-    """What a vLLM engine with these (written) arguments needs per card, or None if unknown."""
+def replica_need(engine: dict[str, Any], *, complete: bool = False) -> ReplicaNeed | None:
+    """What a vLLM engine with these (written) arguments needs per card, or None if unknown.
+
+    ``complete`` says the arguments are the engine's whole command line (Ray Serve LLM's
+    ``engine_kwargs``, a ``vllm serve`` pod): an unset ``max_model_len`` is then vLLM's own
+    default, the model's ``max_position_embeddings``. Otherwise the app's code may set it,
+    and an unset value means "unknown".
+    """
     model = engine.get("model")
-    mml = engine.get("max_model_len")
-    if not isinstance(model, str) or not isinstance(mml, int) or mml <= 0:
+    if not isinstance(model, str) or catalogue_entry(model) is None:
         return None
-    if catalogue_entry(model) is None:
+    mml = engine.get("max_model_len")
+    if mml is None and complete:
+        try:
+            mml = load_model_config(model).max_position_embeddings
+        except FleetServeError:
+            return None
+    if not isinstance(mml, int) or mml <= 0:
         return None
     dtype = str(engine.get("dtype", "auto")).lower()
     dtype = _DTYPE_ALIASES.get(dtype, dtype)
@@ -84,7 +97,13 @@ def replica_need(engine: dict[str, Any]) -> ReplicaNeed | None:
         )
     except (FleetServeError, KeyError, ValueError, ZeroDivisionError):
         return None
-    return ReplicaNeed(model=model, max_model_len=mml, ranks=tp * pp, per_card=per_card)
+    return ReplicaNeed(
+        model=model,
+        max_model_len=mml,
+        default_len="max_model_len" not in engine,
+        ranks=tp * pp,
+        per_card=per_card,
+    )
 
 
 def gib(x: float) -> str:

@@ -378,21 +378,22 @@ def _hook_disabled(c: dict[str, Any]) -> bool:
 
 def _engines_on(
     pod: PodView, inv: Inventory
-) -> list[tuple[str, dict[str, Any], dict[str, str], str]]:
-    """(name, engine args, their paths, default path) of vLLM engines running in ``pod``."""
-    out: list[tuple[str, dict[str, Any], dict[str, str], str]] = []
+) -> list[tuple[str, dict[str, Any], dict[str, str], str, bool]]:
+    """(name, engine args, their paths, default path, args complete) of vLLM engines in
+    ``pod`` (complete: the whole command line, so vLLM's defaults apply to what is unset)."""
+    out: list[tuple[str, dict[str, Any], dict[str, str], str, bool]] = []
     if pod.group is not None:
         if pod.group.is_head or pod.group.gpus_per_pod <= 0:
             return out
         for r in engine_replicas(pod.manifest):
             if not r.is_vllm or not can_host(pod.group, r):
                 continue
-            out.append((f"Serve replica {r.name!r}", r.engine, r.engine_paths, r.path))
+            out.append((f"Serve replica {r.name!r}", r.engine, r.engine_paths, r.path, r.serve_llm))
         return out
     for c, path in pod.containers():
         engine, paths = container_engine(c, path)
         if engine or "vllm" in str(c.get("image", "")).lower():
-            out.append((f"vLLM container {c.get('name', '?')!r}", engine, paths, path))
+            out.append((f"vLLM container {c.get('name', '?')!r}", engine, paths, path, True))
     return out
 
 
@@ -420,7 +421,7 @@ def hami_engine_memory(inv: Inventory) -> Iterator[Finding]:
         if slice_mib is None:
             continue
         hook_off = _hook_disabled(c)
-        for name, engine, paths, default_path in engines:
+        for name, engine, paths, default_path, complete in engines:
             util = float(engine.get("gpu_memory_utilization", _VLLM_DEFAULT_UTIL))
             util_path = paths.get("gpu_memory_utilization", default_path)
             if hook_off and card is not None:
@@ -443,7 +444,7 @@ def hami_engine_memory(inv: Inventory) -> Iterator[Finding]:
                         "(slice / card, minus a margin), or remove CUDA_DISABLE_CONTROL.",
                     )
                     continue
-            need = replica_need(engine)
+            need = replica_need(engine, complete=complete)
             if need is None:
                 continue
             per_card = need.per_card

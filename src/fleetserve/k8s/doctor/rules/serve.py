@@ -490,9 +490,10 @@ def _kv_finding(
     slice_mib: float | None,
     card: CardMemory | None,
     planned_slice: float | None,
+    complete: bool,
 ) -> Finding | None:
     """The kv-cache-too-small finding for one engine on one pod shape, or None if it fits."""
-    need = replica_need(engine)
+    need = replica_need(engine, complete=complete)
     if need is None:
         return None  # model or settings unknown to the memory model: stay silent
     per_card = need.per_card
@@ -528,7 +529,9 @@ def _kv_finding(
         "error",
         m,
         at,
-        f"{who} ({need.model}, max_model_len {need.max_model_len}, "
+        f"{who} ({need.model}, max_model_len {need.max_model_len}"
+        + (" - vLLM's default, the model's context" if need.default_len else "")
+        + ", "
         f"{need.ranks} rank{'s' if need.ranks > 1 else ''}): "
         f"gpu_memory_utilization {util:g} of {where} gives each rank {gib(budget)}{hint}; "
         f"weights take {gib(per_card.weights)} and activations, CUDA context and "
@@ -565,6 +568,7 @@ def kv_cache_too_small(inv: Inventory) -> Iterator[Finding]:
                 slice_mib=_slice_mib(pod.group.container, cfg),
                 card=card_memory(pod, inv),
                 planned_slice=r.planned_slice_utilization,
+                complete=r.serve_llm,
             )
             if found is not None:
                 yield found
@@ -578,6 +582,7 @@ def kv_cache_too_small(inv: Inventory) -> Iterator[Finding]:
             slice_mib=_slice_mib(c, cfg),
             card=card_memory(pod, inv),
             planned_slice=None,
+            complete=True,
         )
         if found is not None:
             yield found
