@@ -153,7 +153,14 @@ class FleetServer:
         try:
             ray.init(address=address, log_to_driver=self.options.verbose)
         except Exception as e:
-            raise ServeError(f"cannot join the Ray cluster at {address}: {e}") from e
+            hint = None
+            if "RAY_AUTH_MODE" not in os.environ:
+                # Ray enables token auth only for clusters it finds itself ("auto").
+                hint = (
+                    "if the cluster uses token authentication, set RAY_AUTH_MODE=token "
+                    "(token from RAY_AUTH_TOKEN or ~/.ray/auth_token)"
+                )
+            raise ServeError(f"cannot join the Ray cluster at {address}: {e}", hint=hint) from e
         self._restore_signal_handlers()
         total = ray.cluster_resources()  # type: ignore[no-untyped-call]
         nodes = ray.nodes()  # type: ignore[no-untyped-call]
@@ -235,7 +242,8 @@ class FleetServer:
                     waiting = [n for n, line in last.items() if not line.startswith("HEALTHY")]
                     self.console.print(
                         f"fleetserve: [{now - started:5.1f}s] still starting: "
-                        f"{', '.join(waiting)} (engine load, compilation)"
+                        f"{', '.join(waiting)} (engine load, compilation)",
+                        soft_wrap=True,
                     )
                 if status.status == ApplicationStatus.RUNNING:
                     return
