@@ -32,6 +32,7 @@ from fleetserve.k8s.doctor.ray_objects import (
     RAY_KINDS,
     GroupView,
     as_dict,
+    as_list,
     autoscaling_enabled,
     fmt_num,
     groups,
@@ -930,16 +931,16 @@ def _karpenter_pool(m: Manifest) -> Pool:
     tpl = as_dict(spec.get("template"))
     meta = as_dict(tpl.get("metadata"))
     tspec = as_dict(tpl.get("spec"))
-    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    labels = {str(k): str(v) for k, v in as_dict(meta.get("labels")).items()}
     labels["karpenter.sh/nodepool"] = m.name
     reqs = []
-    for r in tspec.get("requirements") or []:
+    for r in as_list(tspec.get("requirements")):
         if isinstance(r, dict) and isinstance(r.get("key"), str):
-            values = tuple(str(v) for v in (r.get("values") or []))
+            values = tuple(str(v) for v in as_list(r.get("values")))
             reqs.append((r["key"], str(r.get("operator", "In")), values))
     taints = tuple(
         {str(k): str(v) for k, v in t.items()}
-        for t in (tspec.get("taints") or [])
+        for t in as_list(tspec.get("taints"))
         if isinstance(t, dict)
     )
     gpu = (
@@ -957,10 +958,10 @@ def _karpenter_pool(m: Manifest) -> Pool:
 def _node_pool(m: Manifest) -> Pool:
     meta = as_dict(m.body.get("metadata"))
     spec = as_dict(m.body.get("spec"))
-    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    labels = {str(k): str(v) for k, v in as_dict(meta.get("labels")).items()}
     taints = tuple(
         {str(k): str(v) for k, v in t.items()}
-        for t in (spec.get("taints") or [])
+        for t in as_list(spec.get("taints"))
         if isinstance(t, dict)
     )
     status = as_dict(m.body.get("status"))
@@ -1060,30 +1061,24 @@ def _placements(inv: Inventory) -> list[PodPlacement]:
         for (pod, path), label in zip(templates, labels, strict=False):
             if pod.get("nodeName"):
                 continue
-            sel = pod.get("nodeSelector")
-            selector = {str(k): str(v) for k, v in sel.items()} if isinstance(sel, dict) else {}
+            selector = {str(k): str(v) for k, v in as_dict(pod.get("nodeSelector")).items()}
             terms = []
-            aff = pod.get("affinity")
-            na = aff.get("nodeAffinity") if isinstance(aff, dict) else None
-            req = (
-                na.get("requiredDuringSchedulingIgnoredDuringExecution")
-                if isinstance(na, dict)
-                else None
-            )
-            for term in (req or {}).get("nodeSelectorTerms") or [] if isinstance(req, dict) else []:
+            affinity = as_dict(as_dict(pod.get("affinity")).get("nodeAffinity"))
+            req = as_dict(affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
+            for term in as_list(req.get("nodeSelectorTerms")):
                 exprs = []
-                for e in (term or {}).get("matchExpressions") or []:
+                for e in as_list(as_dict(term).get("matchExpressions")):
                     if isinstance(e, dict) and isinstance(e.get("key"), str):
-                        vals = tuple(str(v) for v in (e.get("values") or []))
+                        vals = tuple(str(v) for v in as_list(e.get("values")))
                         exprs.append((e["key"], str(e.get("operator", "In")), vals))
                 terms.append(tuple(exprs))
             tols = tuple(
                 {str(k): str(v) for k, v in t.items()}
-                for t in (pod.get("tolerations") or [])
+                for t in as_list(pod.get("tolerations"))
                 if isinstance(t, dict)
             )
             wants_gpu = False
-            for c in pod.get("containers") or []:
+            for c in as_list(pod.get("containers")):
                 res = c.get("resources") if isinstance(c, dict) else None
                 lim = res.get("limits") if isinstance(res, dict) else None
                 if isinstance(lim, dict) and any(
