@@ -225,3 +225,10 @@ def main(x):
     # A list built with `*` is not a literal the loader resolves: the group is skipped.
     assert all(r.kind == "remote" for r in reqs)
     assert reqs[0].ref == "RayRemote/job.py:4"
+
+
+def test_wrong_shaped_arguments_count_as_unresolved() -> None:
+    src = 'ScalingConfig(num_workers=2, resources_per_worker={"CPU": "4"}, use_gpu="yes")\n'
+    [call] = load_python_text(src).scaling_configs
+    assert call.resources_per_worker is None
+    assert call.unresolved == ("resources_per_worker", "use_gpu")

@@ -239,17 +239,31 @@ class _Builder:
         scopes = _Scopes(tree, constants)
         for call in _scaling_config_calls(tree):
             args = _bind_scaling_args(call, scopes.at(call))
+            fields = {
+                "num_workers": _as_int(args.get("num_workers", 1)),
+                "use_gpu": _as_bool(args.get("use_gpu", False)),
+                "resources_per_worker": _as_resources(args.get("resources_per_worker")),
+                "trainer_resources": _as_resources(args.get("trainer_resources")),
+                "placement_strategy": _as_str(args.get("placement_strategy", "PACK")),
+            }
+            # Given but unusable (computed at run time, or of a shape Ray would reject):
+            # rules must not fall back to Ray's default for these.
+            unresolved = sorted(
+                k
+                for k, v in args.items()
+                if v is _UNRESOLVED or (k in fields and v is not None and fields[k] is None)
+            )
             self.scaling_configs.append(
                 ScalingConfigCall(
                     file=file,
                     line=call.lineno,
-                    num_workers=_as_int(args.get("num_workers", 1)),
-                    use_gpu=_as_bool(args.get("use_gpu", False)),
-                    resources_per_worker=_as_resources(args.get("resources_per_worker")),
-                    trainer_resources=_as_resources(args.get("trainer_resources")),
-                    placement_strategy=_as_str(args.get("placement_strategy", "PACK")),
+                    num_workers=_as_int(fields["num_workers"]),
+                    use_gpu=_as_bool(fields["use_gpu"]),
+                    resources_per_worker=_as_resources(fields["resources_per_worker"]),
+                    trainer_resources=_as_resources(fields["trainer_resources"]),
+                    placement_strategy=_as_str(fields["placement_strategy"]),
                     train_v2=v2,
-                    unresolved=tuple(sorted(k for k, v in args.items() if v is _UNRESOLVED)),
+                    unresolved=tuple(unresolved),
                 )
             )
         self.ray_requests.extend(_ray_requests(tree, scopes, file))
