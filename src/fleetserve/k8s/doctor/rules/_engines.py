@@ -391,8 +391,13 @@ def _fleetserve_replicas(
             except ValidationError:
                 settings = None
             if settings is not None:
-                config = EngineConfig.from_spec(model, model_path=model.source, settings=settings)
-                engine, _ = parse_vllm_cli(config.vllm_cli_args(), "")
+                try:
+                    config = EngineConfig.from_spec(
+                        model, model_path=model.source, settings=settings
+                    )
+                    engine, _ = parse_vllm_cli(config.vllm_cli_args(), "")
+                except (ValidationError, FleetServeError, TypeError, ValueError):
+                    engine = {}  # the engine refuses these settings itself: nothing to check
                 spath = f"{app_path}.args.engine_settings.{model.name}"
                 for key in raw:
                     paths[key] = f"{spath}.{key}"
