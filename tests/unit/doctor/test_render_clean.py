@@ -17,6 +17,9 @@ from fleetserve.k8s.doctor.command import diagnose
 
 from .conftest import CRDS, REPO
 
+#: Each case plans a fleet twice (min and max replicas) through the real planner.
+pytestmark = pytest.mark.slow
+
 EXAMPLES = sorted((REPO / "examples").rglob("*.yaml"))
 
 #: Examples whose rendered output doctor reports as wrong, with why. Each entry must be a real
