@@ -28,8 +28,8 @@ from fleetserve.k8s.doctor.ray_objects import (
 )
 from fleetserve.k8s.doctor.registry import rule
 
-#: Name limits from KubeRay's utils/constant.go: generated child names (``-head-svc``,
-#: ``-serve-svc``, RayCluster suffixes) must stay within 63 characters.
+#: Name limits from KubeRay's utils/constant.go: MaxRayClusterNameLength = 53, and RayService/
+#: RayJob 6 less (GenerateRayClusterName appends a 6-character suffix).
 MAX_NAME_LENGTH = {"RayCluster": 53, "RayService": 47, "RayJob": 47}
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 UPGRADE_TYPES = ("NewCluster", "NewClusterWithIncrementalUpgrade", "None")
@@ -114,8 +114,13 @@ def name_too_long(inv: Inventory) -> Iterator[Finding]:
                 m,
                 "metadata.name",
                 f"{m.kind} name {m.name!r} has {len(m.name)} characters: KubeRay rejects it "
-                f'("{m.kind} name should be no more than {limit} characters") because the '
-                "names it derives (services, pods) must stay within 63.",
+                f'("{m.kind} name should be no more than {limit} characters"): '
+                + (
+                    "the pod and service names it derives must fit Kubernetes' 63."
+                    if m.kind == "RayCluster"
+                    else "it appends 6 characters to name the RayCluster, which must stay "
+                    "within 53 so derived pod and service names fit Kubernetes' 63."
+                ),
                 f"Shorten metadata.name to at most {limit} characters.",
             )
         if not _DNS1035.match(m.name) or len(m.name) > 63:
