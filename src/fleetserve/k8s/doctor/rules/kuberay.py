@@ -409,9 +409,10 @@ def deprecated_threshold(inv: Inventory) -> Iterator[Finding]:
                     "info",
                     m,
                     f"spec.{key}",
-                    f"{key}: {spec[key]} is deprecated and ignored by current KubeRay (1.7): "
-                    "the operator no longer restarts clusters on these timers, so the setting "
-                    "neither protects a slow model load nor cuts a hung one short.",
+                    f"{key}: {spec[key]} is deprecated and ignored by current KubeRay (1.7; "
+                    '"This field is not used anymore", ray-project/kuberay#1685): the operator '
+                    "no longer restarts clusters on these timers, so the setting neither "
+                    "protects a slow model load nor cuts a hung one short.",
                     f"Delete {key}. For slow model loads, rely on Serve health checks "
                     "(health_check_period_s / health_check_timeout_s) and the "
                     "ray.io/initializing-timeout annotation.",
