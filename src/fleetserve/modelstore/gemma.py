@@ -33,6 +33,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import importlib.resources
+import importlib.util
 import json
 import os
 from collections.abc import Iterator
@@ -57,6 +58,8 @@ START_OF_TURN_ID, END_OF_TURN_ID = 105, 106
 MAX_CONTEXT = 32_768
 
 _SUPPORTED_DTYPES = ("bfloat16", "float32")
+#: What the GGUF -> safetensors conversion imports (the [model] extra plus the engine's torch).
+_CONVERTER_MODULES = ("gguf", "accelerate", "safetensors", "transformers", "torch")
 
 
 def chat_template() -> str:
@@ -129,12 +132,9 @@ class GemmaPreparer:
     # ------------------------------------------------------------------ availability
 
     def check_available(self) -> None:
-        missing = []
-        for module in (GGUF_MODULE, "gguf", "accelerate", "safetensors", "transformers", "torch"):
-            try:
-                importlib.import_module(module)
-            except ImportError:
-                missing.append(module)
+        missing = [
+            module for module in (GGUF_MODULE, *_CONVERTER_MODULES) if not _installed(module)
+        ]
         if missing:
             raise ModelPreparationError(
                 f"cannot prepare the default model {self.name}: missing Python package(s) "
@@ -277,6 +277,14 @@ class GemmaPreparer:
                 f"internal: chat template renders {list(chat_ids)}; expected one BOS then "
                 "<start_of_turn>"
             )
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported, without importing it (torch takes seconds)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: blocked in sys.modules (set to None)
+        return False
 
 
 def _sha256(path: Path) -> str:

@@ -1,0 +1,35 @@
+"""Fixtures shared by every test directory.
+
+* Tests never reach a model hub: ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE`` are set for
+  the whole session (before transformers/huggingface_hub are imported by any test), so a
+  test that would download something fails instead of silently using the network.
+* ``default_model_dir``: the built-in default model (Gemma 3 270M), prepared once per
+  machine into the normal cache (``$FLEETSERVE_CACHE`` or ``~/.cache/fleetserve``) and
+  shared by all engine tests; preparing takes about a minute the first time, then nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fleetserve.errors import ModelPreparationError
+from fleetserve.modelstore import ModelStore
+from fleetserve.spec import DEFAULT_MODEL_SOURCE
+
+# fleetserve's imports above load neither transformers nor huggingface_hub, so these are
+# in place before anything reads them.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """Directory of the prepared default model (prepared on first use, then reused)."""
+    store = ModelStore()
+    try:
+        return Path(store.resolve(DEFAULT_MODEL_SOURCE))
+    except ModelPreparationError as e:
+        pytest.fail(f"cannot prepare the default model: {e}", pytrace=False)
