@@ -153,3 +153,23 @@ def test_ignore_annotation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert result.suppressed == 3  # min > max, plus both sides of the GPU arithmetic
     assert main(["doctor", str(tmp_path / "x.yaml")]) == 0
     assert "(3 silenced by annotation)" in capsys.readouterr().out
+
+
+def test_sarif_and_github_formats(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", str(BROKEN), "--format", "sarif"]) == 1
+    sarif = json.loads(capsys.readouterr().out)
+    assert sarif["version"] == "2.1.0"
+    run = sarif["runs"][0]
+    ids = [r["id"] for r in run["tool"]["driver"]["rules"]]
+    result = next(r for r in run["results"] if r["ruleId"] == "replicas-min-gt-max")
+    assert ids[result["ruleIndex"]] == "replicas-min-gt-max"
+    assert result["level"] == "error"
+    location = result["locations"][0]["physicalLocation"]
+    assert location["artifactLocation"]["uri"] == str(BROKEN)
+    assert location["region"]["startLine"] == BROKEN_LINE
+
+    assert main(["doctor", str(BROKEN), "--format", "github"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    mine = next(line for line in lines if "title=replicas-min-gt-max" in line)
+    assert mine.startswith(f"::error file={BROKEN},line={BROKEN_LINE},title=replicas-min-gt-max")
+    assert "\n" not in mine

@@ -17,11 +17,12 @@ from typing import Any
 
 from rich.console import Console
 
+from fleetserve import __version__
 from fleetserve.errors import UsageError
 from fleetserve.k8s.doctor.inventory import Inventory
 from fleetserve.k8s.doctor.loader import expand_paths, load_paths
 from fleetserve.k8s.doctor.registry import load_rules, run_rules
-from fleetserve.k8s.doctor.report import DoctorResult, print_text, to_json
+from fleetserve.k8s.doctor.report import DoctorResult, print_text, to_github, to_json, to_sarif
 from fleetserve.k8s.doctor.schema import validate_schemas
 
 SCHEMA_RULE = "schema"
@@ -43,9 +44,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="files or directories to check")
     p.add_argument(
         "--format",
-        choices=("text", "json"),
+        choices=("text", "json", "sarif", "github"),
         default="text",
-        help="text: readable report (default); json: a list of findings",
+        help="text: readable report (default); json: a list of findings; sarif: SARIF 2.1.0 "
+        "for code scanning; github: GitHub Actions annotations",
     )
     p.add_argument(
         "--crds",
@@ -135,6 +137,11 @@ def run(args: argparse.Namespace) -> int:
     result = diagnose(args.paths, crds=args.crds, rules=rules, k8s_version=args.k8s_version)
     if args.format == "json":
         sys.stdout.write(to_json(result.findings) + "\n")
+    elif args.format == "sarif":
+        sys.stdout.write(to_sarif(result.findings, __version__) + "\n")
+    elif args.format == "github":
+        text = to_github(result.findings)
+        sys.stdout.write(text + "\n" if text else "")
     else:
         print_text(result, Console(highlight=False))
     return 1 if result.fails(args.fail_on) else 0

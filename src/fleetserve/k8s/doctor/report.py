@@ -1,7 +1,8 @@
 """Doctor's output: a readable report grouped by object (rich), or JSON for machines.
 
 What must stay true: the JSON output is exactly a list of ``Finding.to_json()`` objects in
-the findings' deterministic order (the public contract of ``--format json``); the text report
+the findings' deterministic order (the public contract of ``--format json``); SARIF and
+GitHub annotations carry the same findings for CI; the text report
 shows every finding with its severity, rule id, ``file:line``, field path, message and fix,
 and ends with a one-line summary. Neither touches the findings' content.
 """
@@ -53,6 +54,71 @@ class DoctorResult:
 def to_json(findings: Sequence[Finding]) -> str:
     """``--format json``: a list of findings (rule, severity, object, path, message, fix...)."""
     return json.dumps([f.to_json() for f in findings], indent=2, ensure_ascii=False)
+
+
+_SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
+_GITHUB_LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
+
+
+def to_sarif(findings: Sequence[Finding], version: str) -> str:
+    """SARIF 2.1.0 (GitHub code scanning and most CI dashboards read it)."""
+    rules = sorted({f.rule for f in findings})
+    results = []
+    for f in findings:
+        result: dict[str, object] = {
+            "ruleId": f.rule,
+            "ruleIndex": rules.index(f.rule),
+            "level": _SARIF_LEVEL[f.severity],
+            "message": {"text": f"{f.object} {f.path}: {f.message} Fix: {f.fix}"},
+        }
+        if f.file:
+            region = {"startLine": f.line} if f.line else {}
+            result["locations"] = [
+                {
+                    "physicalLocation": {
+                        "artifactLocation": {"uri": f.file},
+                        **({"region": region} if region else {}),
+                    },
+                    "logicalLocations": [{"fullyQualifiedName": f"{f.object}:{f.path}"}],
+                }
+            ]
+        results.append(result)
+    doc = {
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "fleetserve doctor",
+                        "version": version,
+                        "rules": [{"id": r, "name": r} for r in rules],
+                    }
+                },
+                "results": results,
+            }
+        ],
+    }
+    return json.dumps(doc, indent=2, ensure_ascii=False)
+
+
+def to_github(findings: Sequence[Finding]) -> str:
+    """GitHub Actions workflow commands: each finding becomes an annotation on its line."""
+
+    def esc(text: str, prop: bool = False) -> str:
+        out = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+        return out.replace(":", "%3A").replace(",", "%2C") if prop else out
+
+    lines = []
+    for f in findings:
+        props = [f"title={esc(f'{f.rule}: {f.object}', prop=True)}"]
+        if f.file:
+            props.insert(0, f"file={esc(f.file, prop=True)}")
+            if f.line:
+                props.insert(1, f"line={f.line}")
+        text = esc(f"{f.path}: {f.message} Fix: {f.fix}")
+        lines.append(f"::{_GITHUB_LEVEL[f.severity]} {','.join(props)}::{text}")
+    return "\n".join(lines)
 
 
 def _plural(n: int, word: str) -> str:
