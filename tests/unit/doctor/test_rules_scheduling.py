@@ -205,3 +205,17 @@ def test_advertised_gpu_without_a_limit() -> None:
     )
     found = _rules(text, "advertised-vs-limit")
     assert any("requests no GPU" in f.message for f in found)
+
+
+def test_pods_running_out_of_cpu_before_gpus() -> None:
+    # 2 GPUs and 8 CPUs per pod, 6 CPUs per replica: one replica per pod, not two.
+    text = RS.replace('nvidia.com/gpu: "1"', 'nvidia.com/gpu: "2"').replace(
+        "              num_cpus: 1\n              num_gpus: 1",
+        "              num_cpus: 6\n              num_gpus: 1",
+    )
+    text = text.replace("maxReplicas: 4", "maxReplicas: 2")
+    [f] = [f for f in _rules(text, "serve-replicas-exceed-workers") if f.severity == "error"]
+    assert "can place only 2" in f.message
+    assert "worker group 'gpu': 1 per pod × 2 pods" in f.message
+    fine = text.replace("num_cpus: 6", "num_cpus: 4")
+    assert [f for f in _rules(fine, "serve-replicas-exceed-workers") if f.severity == "error"] == []

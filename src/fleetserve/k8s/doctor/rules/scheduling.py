@@ -716,6 +716,19 @@ def ingress_starved(inv: Inventory) -> Iterator[Finding]:
 # --------------------------------------------------------------------------------------------
 
 
+def _replicas_per_pod(d: ServeDemand, t: NodeType) -> int:
+    """Whole replicas of ``d`` one pod of ``t`` holds (unknown CPU/memory do not limit)."""
+    if d.strategy == "STRICT_PACK" or len(d.bundles) == 1:
+        need = d.per_replica
+        counts = []
+        for k, v in need.items():
+            if v <= 0 or (k in ("CPU", "memory") and k not in t.capacity):
+                continue
+            counts.append(math.floor(t.capacity.get(k, 0.0) / v + _EPS))
+        return min(counts) if counts else 0
+    return 0  # spread bundles: per-pod counting does not apply
+
+
 @rule("serve-replicas-exceed-workers")
 def serve_replicas_exceed_workers(inv: Inventory) -> Iterator[Finding]:
     """Serve GPU demand at max replicas vs the GPUs the worker groups can ever have."""
@@ -739,6 +752,29 @@ def serve_replicas_exceed_workers(inv: Inventory) -> Iterator[Finding]:
             for d in demands
         )
         first = demands[0]
+        if len(demands) == 1 and need_max <= supply_max + _EPS:
+            # GPUs suffice in total, but a pod may hold fewer replicas than its GPUs suggest
+            # (CPU or memory run out first): count whole replicas per pod.
+            fit = {t.label: _replicas_per_pod(first, t) for t in gpu_types}
+            room = sum(fit[t.label] * t.max_count for t in gpu_types)
+            if 0 < room < first.max_replicas:
+                fits_text = ", ".join(
+                    f"{t.label}: {fit[t.label]} per pod × "
+                    f"{'unbounded' if t.max_count >= UNBOUNDED else t.max_count} pods"
+                    for t in gpu_types
+                )
+                yield _finding(
+                    "serve-replicas-exceed-workers",
+                    "error",
+                    m,
+                    first.path,
+                    f"Serve may run {first.max_replicas} replicas of {first.name} "
+                    f"({_fmt_res(first.per_replica)} each) but the worker groups can place only "
+                    f"{room} ({fits_text}): a pod runs out of CPU or memory before its GPUs, so "
+                    "the extra replicas stay PENDING.",
+                    "Give the GPU pods enough CPU/memory for one replica per GPU, raise "
+                    "maxReplicas, or lower max_replicas.",
+                )
         if need_max > supply_max + _EPS:
             group = gpu_types[0].group
             per_pod = gpu_types[0].capacity["GPU"]
