@@ -232,3 +232,15 @@ def test_wrong_shaped_arguments_count_as_unresolved() -> None:
     [call] = load_python_text(src).scaling_configs
     assert call.resources_per_worker is None
     assert call.unresolved == ("resources_per_worker", "use_gpu")
+
+
+def test_helm_chart_templates_are_skipped_in_directory_walks(tmp_path: Path) -> None:
+    chart = tmp_path / "chart"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: x\nversion: 0.1.0\n", "utf-8")
+    (chart / "values.yaml").write_text("scheduler: {kubeScheduler: {enabled: true}}\n", "utf-8")
+    tpl = chart / "templates" / "svc.yaml"
+    tpl.write_text("metadata:\n  name: {{ .Release.Name }}-svc\n", "utf-8")
+    assert [p.name for p in expand_paths([tmp_path])] == ["Chart.yaml", "values.yaml"]
+    with pytest.raises(InputFileError):
+        load_paths([tpl])  # named explicitly: read, and it is not YAML

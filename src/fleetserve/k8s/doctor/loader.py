@@ -77,8 +77,19 @@ def load_paths(paths: Sequence[str | Path]) -> Inventory:
     return builder.build()
 
 
+def is_helm_template(f: Path) -> bool:
+    """A file under a Helm chart's ``templates/`` (Go templates, not YAML until rendered)."""
+    parents = list(f.parents)
+    return any(d.name == "templates" and (d.parent / "Chart.yaml").is_file() for d in parents)
+
+
 def expand_paths(paths: Sequence[str | Path]) -> list[Path]:
-    """Files named directly, plus ``*.yaml|*.yml|*.py`` found recursively in directories."""
+    """Files named directly, plus ``*.yaml|*.yml|*.py`` found recursively in directories.
+
+    A directory walk skips hidden directories and Helm chart templates (``templates/`` next to
+    a ``Chart.yaml``: run ``helm template`` and give doctor its output instead); a file named
+    explicitly is always read.
+    """
     out: list[Path] = []
     for raw in paths:
         p = Path(raw)
@@ -89,6 +100,7 @@ def expand_paths(paths: Sequence[str | Path]) -> list[Path]:
                 if f.is_file()
                 and f.suffix in YAML_SUFFIXES + PY_SUFFIXES
                 and not any(part.startswith(".") for part in f.relative_to(p).parts)
+                and not is_helm_template(f)
             ]
             out.extend(sorted(found))
         elif p.is_file():
