@@ -82,7 +82,7 @@ def fleets(draw: st.DrawFn) -> FleetSpec:
     return parse_spec({"models": models, "pools": pools, "tenants": tenants, "policy": policy})
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=fleets(), scenario=st.sampled_from(["min", "max"]))
 def test_plans_never_break_a_rule(spec: FleetSpec, scenario: str) -> None:
     result = plan_fleet(spec, scenario=scenario, time_limit_s=1)  # type: ignore[arg-type]
@@ -104,7 +104,7 @@ def test_plans_never_break_a_rule(spec: FleetSpec, scenario: str) -> None:
         }
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=fleets())
 def test_heuristic_and_milp_packings_are_valid_and_milp_is_no_worse(spec: FleetSpec) -> None:
     pools = [resolve_pool(p) for p in spec.pools]
