@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -244,3 +245,11 @@ def test_helm_chart_templates_are_skipped_in_directory_walks(tmp_path: Path) -> 
     assert [p.name for p in expand_paths([tmp_path])] == ["Chart.yaml", "values.yaml"]
     with pytest.raises(InputFileError):
         load_paths([tpl])  # named explicitly: read, and it is not YAML
+
+
+def test_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: a\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    inv = load_paths(["-"])
+    found = [(m.ref, m.file, m.line) for m in inv.manifests]
+    assert found == [("Namespace/default/a", "<stdin>", 1)]

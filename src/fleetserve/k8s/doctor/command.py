@@ -41,7 +41,9 @@ def register(subparsers: Any) -> None:
             "2: unreadable input."
         ),
     )
-    p.add_argument("paths", nargs="+", metavar="PATH", help="files or directories to check")
+    p.add_argument(
+        "paths", nargs="+", metavar="PATH", help="files or directories to check (- reads stdin)"
+    )
     p.add_argument(
         "--format",
         choices=("text", "json", "sarif", "github"),

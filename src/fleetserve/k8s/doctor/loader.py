@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import ast
 import operator
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 from pydantic import ValidationError
@@ -69,11 +70,18 @@ _KUBERAY_KEYS = frozenset(
 )
 
 
-def load_paths(paths: Sequence[str | Path]) -> Inventory:
-    """Load every file under ``paths`` (files or directories) into one inventory."""
+#: The path that means "read YAML from standard input" (``helm template ... | doctor -``).
+STDIN = "-"
+
+
+def load_paths(paths: Sequence[str | Path], stdin: TextIO | None = None) -> Inventory:
+    """Load every file under ``paths`` (files, directories, or ``-`` for stdin)."""
     builder = _Builder()
     for path in expand_paths(paths):
-        builder.add_file(path)
+        if str(path) == STDIN:
+            builder.add_yaml((stdin or sys.stdin).read(), "<stdin>")
+        else:
+            builder.add_file(path)
     return builder.build()
 
 
@@ -93,7 +101,9 @@ def expand_paths(paths: Sequence[str | Path]) -> list[Path]:
     out: list[Path] = []
     for raw in paths:
         p = Path(raw)
-        if p.is_dir():
+        if str(raw) == STDIN:
+            out.append(p)
+        elif p.is_dir():
             found = [
                 f
                 for f in p.rglob("*")
@@ -111,7 +121,7 @@ def expand_paths(paths: Sequence[str | Path]) -> list[Path]:
     seen: set[Path] = set()
     unique = []
     for f in out:
-        key = f.resolve()
+        key = f if str(f) == STDIN else f.resolve()
         if key not in seen:
             seen.add(key)
             unique.append(f)
