@@ -31,14 +31,16 @@ def render_markdown(report: BenchReport) -> str:
         "",
         "## Throughput",
         "",
-        "| point | ok | failed | req/s | out tok/s | total tok/s | goodput req/s |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| point | ok | failed | req/s | out tok/s | total tok/s | goodput req/s "
+        "| send lag p50 / p99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in report.points:
         good = "-" if p.goodput is None else f"{p.goodput:.2f} ({p.slo_attainment:.0%})"
         lines.append(
             f"| {p.label} | {p.succeeded} | {p.failed} | {p.request_throughput:.2f} | "
-            f"{p.output_throughput:.1f} | {p.total_throughput:.1f} | {good} |"
+            f"{p.output_throughput:.1f} | {p.total_throughput:.1f} | {good} | "
+            f"{_ms(p.send_lag.p50)} / {_ms(p.send_lag.p99)} |"
         )
     lines += [
         "",

@@ -24,6 +24,7 @@ ERROR_TYPES = (
     "invalid_response",  # a 200 response that is not a parseable SSE stream
     "empty_response",  # a 200 stream that ended without any generated token
     "client_error",  # anything else raised while sending (message in ``error``)
+    "interrupted",  # still in flight when the run was interrupted (Ctrl-C)
 )
 
 

@@ -43,6 +43,9 @@ class RunInfo(BaseModel):
         description="perf_counter() at the origin of record times (same-host correlation)."
     )
     version: str = Field(description="fleetserve version.")
+    interrupted: bool = Field(
+        default=False, description="The run was interrupted; the last point is partial."
+    )
 
 
 class BenchReport(BaseModel):

@@ -79,6 +79,8 @@ class BenchRunner:
         self.num_requests = num_requests
         self.duration_s = duration_s
         self.counters = counters or RunCounters()
+        self.records: list[RequestRecord] = []
+        """Records of the point running now (what an interrupted run still reports)."""
         self._next_id = 0
 
     async def run(self, point: LoadPoint) -> list[RequestRecord]:
@@ -92,6 +94,7 @@ class BenchRunner:
             None,
         )
         records: list[RequestRecord] = []
+        self.records = records
         requests = self.workload.requests(self.seed)
         if self.num_requests is not None:
             # Build every prompt before the clock starts: prompt synthesis (tokenizer calls)

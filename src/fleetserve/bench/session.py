@@ -73,6 +73,8 @@ def run_benchmark(settings: BenchSettings, console: Console | None = None) -> Be
         num_requests = workload.size or _DEFAULT_REQUESTS
     report = _run_async(settings, workload, tokenizer, num_requests, console)
     _write_outputs(settings, report, console)
+    if report.run.interrupted:
+        raise KeyboardInterrupt  # the CLI exits 130, after the report was written
     return report
 
 
@@ -112,7 +114,8 @@ async def _run(
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     origin = perf_counter()
     counters = RunCounters()
-    keep_text = True  # needed by the tokenizer count and --results; dropped from JSON
+    # Generated text is needed only to count tokens with the tokenizer and for --results.
+    keep_text = tokenizer is not None or settings.results is not None
     client = StreamingClient(
         settings.base_url,
         settings.model,
@@ -126,6 +129,7 @@ async def _run(
         keep_text=keep_text,
     )
     all_records: list[RequestRecord] = []
+    interrupted = False
     per_point: list[tuple[str, float, list[RequestRecord]]] = []
     show = settings.progress and console.is_terminal
     async with client:
@@ -138,19 +142,38 @@ async def _run(
             duration_s=settings.duration_s,
             counters=counters,
         )
-        for point in settings.points:
-            async with live_progress(counters, console, show):
-                records = await runner.run(point)
-            all_records.extend(records)
-            per_point.append((point.label, point.x_value, records))
-            if not show:
-                done = [r for r in records if not r.warmup]
-                console.print(
-                    f"[bench] {point.label}: {len(done)} requests, "
-                    f"{sum(1 for r in done if not r.ok)} failed",
-                    highlight=False,
-                    markup=False,
-                )
+        try:
+            for point in settings.points:
+                async with live_progress(counters, console, show):
+                    records = await runner.run(point)
+                all_records.extend(records)
+                per_point.append((point.label, point.x_value, records))
+                if not show:
+                    done = [r for r in records if not r.warmup]
+                    console.print(
+                        f"[bench] {point.label}: {len(done)} requests, "
+                        f"{sum(1 for r in done if not r.ok)} failed",
+                        highlight=False,
+                        markup=False,
+                    )
+        except asyncio.CancelledError:
+            # Ctrl-C (asyncio.Runner cancels this task): keep what was measured, mark what
+            # was in flight, write the report, then exit 130 (run_benchmark re-raises).
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            interrupted = True
+            current = runner.records
+            # Requests still queued behind --max-concurrency were never sent: not reported.
+            partial = [r for r in current if r.start > 0 or r.e2e is not None]
+            for r in partial:
+                if not r.ok and r.error_type is None:
+                    r.error_type, r.error = "interrupted", "still in flight at Ctrl-C"
+            if partial and (not per_point or per_point[-1][2] is not current):
+                all_records.extend(partial)
+                point = settings.points[len(per_point)]
+                per_point.append((point.label, point.x_value, partial))
+            console.print("[bench] interrupted: reporting what was measured", markup=False)
     methods = account_tokens(all_records, tokenizer, chat=settings.endpoint == "chat")
     points = [summarize(label, x, recs, settings.slo) for label, x, recs in per_point]
     info = RunInfo(
@@ -171,6 +194,7 @@ async def _run(
         started_at=started_at,
         monotonic_origin=origin,
         version=__version__,
+        interrupted=interrupted,
     )
     report = BenchReport(run=info, points=points, records=[record_to_json(r) for r in all_records])
     if settings.results is not None:

@@ -35,6 +35,8 @@ class FakeBehavior:
     """Send an SSE error event after this many tokens."""
     disconnect_after: int | None = None
     """Drop the connection after this many tokens."""
+    garbage_after: int | None = None
+    """Send a non-JSON data line after this many tokens."""
     models_route: bool = True
 
 
@@ -42,6 +44,7 @@ class FakeBehavior:
 class FakeOpenAIServer:
     behavior: FakeBehavior = field(default_factory=FakeBehavior)
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
     port: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
@@ -89,6 +92,7 @@ class FakeOpenAIServer:
     def reset(self, **changes: Any) -> FakeBehavior:
         self.behavior = FakeBehavior(**changes)
         self.bodies.clear()
+        self.headers.clear()
         self._count = 0
         return self.behavior
 
@@ -112,6 +116,7 @@ class FakeOpenAIServer:
         b = self.behavior
         body = await request.json()
         self.bodies.append(body)
+        self.headers.append(dict(request.headers))
         chat = request.path.endswith("/chat/completions")
         if body.get("model") != b.model:
             return self._error(404, f"The model `{body.get('model')}` does not exist.")
@@ -148,6 +153,8 @@ class FakeOpenAIServer:
                 assert request.transport is not None
                 request.transport.close()
                 return resp
+            if b.garbage_after is not None and i == b.garbage_after:
+                await resp.write(b"data: {not json\n\n")
             if b.stream_error_after is not None and i == b.stream_error_after:
                 await event({"error": {"message": "engine died", "code": 500}})
                 break

@@ -67,6 +67,8 @@ async def test_request_body(fake_server: FakeOpenAIServer) -> None:
         fake_server.url + "/v1/",
         "fake-model",
         "chat",
+        api_key="sk-test",
+        headers={"X-Tenant": "team-a"},
         ignore_eos=True,
         extra_body={"temperature": 0},
     ) as client:
@@ -81,6 +83,10 @@ async def test_request_body(fake_server: FakeOpenAIServer) -> None:
     assert body["stream_options"] == {"include_usage": True}
     assert body["ignore_eos"] is True
     assert body["temperature"] == 0
+    headers = fake_server.headers[0]
+    assert headers["Content-Type"] == "application/json"
+    assert headers["Authorization"] == "Bearer sk-test"
+    assert headers["X-Tenant"] == "team-a"
 
 
 def test_normalize_base_url() -> None:
@@ -130,6 +136,13 @@ async def test_error_event_inside_the_stream(fake_server: FakeOpenAIServer) -> N
     assert r.error == "engine died"
     assert r.chunks == 2  # what arrived before the error is still measured
     assert r.ttft is not None
+
+
+async def test_unparseable_event(fake_server: FakeOpenAIServer) -> None:
+    fake_server.reset(garbage_after=1)
+    r = await one(fake_server.url)
+    assert (r.ok, r.status, r.error_type) == (False, 200, "invalid_response")
+    assert "unparseable SSE event" in (r.error or "")
 
 
 async def test_disconnect_mid_stream(fake_server: FakeOpenAIServer) -> None:

@@ -4,7 +4,11 @@ the files users get, the error messages they see, and exit codes (never a traceb
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -200,3 +204,30 @@ def test_compare_rejects_other_files(tmp_path: Path, capsys: pytest.CaptureFixtu
     f.write_text('{"format": "other"}')
     assert main(["bench", "compare", str(f), str(f)]) == 2
     assert "not a fleetserve bench report" in capsys.readouterr().err
+
+
+def test_ctrl_c_still_writes_the_report(fake_server: FakeOpenAIServer, tmp_path: Path) -> None:
+    fake_server.reset(ttft_s=0.02)
+    out = tmp_path / "run.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetserve.cli", "bench", "--base-url", fake_server.url,
+         "--model", "fake-model", "--no-progress", "--concurrency", "2",
+         "--num-requests", "100000", "--output-len", "2", "--output", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while len(fake_server.bodies) < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "fleetserve: interrupted" in err
+    assert "Traceback" not in err
+    report = BenchReport.load(out)
+    assert report.run.interrupted
+    point = report.points[0]
+    assert point.succeeded >= 5
+    assert set(point.errors_by_type) <= {"interrupted"}
