@@ -36,9 +36,13 @@ def register(subparsers: Any) -> None:
         description=(
             "Read YAML files or directories (RayService, RayCluster, RayJob, HAMi Helm values, "
             "Karpenter NodePools, monitoring objects, core kinds, fleet specs) and Python files "
-            "with a Ray Train ScalingConfig (read statically, never executed); report schema "
-            "violations and every pitfall of the catalogue. Exit 0: no errors, 1: errors, "
-            "2: unreadable input."
+            "(Ray Train ScalingConfig, @ray.remote, placement groups; read statically, never "
+            "executed); report schema violations and every pitfall of the catalogue. Exit 0: "
+            "no errors, 1: errors, 2: unreadable input."
+        ),
+        epilog=(
+            "An object silences rules it breaks on purpose with the annotation "
+            'doctor.fleetserve.io/ignore: "rule-id,rule-id".'
         ),
     )
     p.add_argument(
