@@ -65,6 +65,7 @@ class Server:
     log: Path
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    external: bool = False
 
     @property
     def url(self) -> str:
@@ -72,6 +73,8 @@ class Server:
 
     def start(self, timeout_s: float) -> float:
         t0 = time.monotonic()
+        if self.external:
+            return 0.0
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 self.argv,
@@ -276,6 +279,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--start-timeout", type=float, default=1800)
     ap.add_argument("--out", type=Path, default=Path("out/overhead"))
+    ap.add_argument(
+        "--url",
+        action="append",
+        default=[],
+        metavar="TARGET=URL",
+        help="measure an already running server for TARGET (vllm, fleetserve, rayllm) "
+        "started with the engine options printed first, instead of starting one",
+    )
     ap.add_argument("--serve-rayllm", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--engine-config", help=argparse.SUPPRESS)
@@ -288,6 +299,12 @@ def main() -> None:
     config = engine_config()
     print(f"engine options (all servers): {' '.join(config.vllm_cli_args())}")
     servers = make_servers(config, args.targets, args.out)
+    given = dict(u.split("=", 1) for u in args.url)
+    for server in servers:
+        target = {"vllm serve": "vllm", "fleetserve": "fleetserve"}.get(server.name, "rayllm")
+        if target in given:
+            server.port = int(given[target].rsplit(":", 1)[1].strip("/"))
+            server.external = True
     results: dict[str, dict[int, Phase]] = {s.name: {} for s in servers}
     try:
         for server in servers:

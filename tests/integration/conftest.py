@@ -36,7 +36,7 @@ from fleetserve.spec import default_fleet
 
 #: Longest wait for an engine to come up (model preparation + engine load + compile on a
 #: loaded 2-CPU machine).
-START_TIMEOUT_S = float(os.environ.get("FLEETSERVE_TEST_START_TIMEOUT", "1200"))
+START_TIMEOUT_S = float(os.environ.get("FLEETSERVE_TEST_START_TIMEOUT", "2400"))
 STOP_TIMEOUT_S = 90.0
 
 
@@ -134,7 +134,13 @@ def servers() -> type[Servers]:
 
 @pytest.fixture(scope="session")
 def fleetserve_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A running ``fleetserve serve`` (default fleet, real vLLM engine)."""
+    """A running ``fleetserve serve`` (default fleet, real vLLM engine).
+
+    ``FLEETSERVE_TEST_URL`` points the tests at a server that is already running instead.
+    """
+    if os.environ.get("FLEETSERVE_TEST_URL"):
+        yield os.environ["FLEETSERVE_TEST_URL"].rstrip("/")
+        return
     port = free_port()
     log = tmp_path_factory.mktemp("fleetserve") / "fleetserve.log"
     server = ServerProcess("fleetserve", fleetserve_argv("--port", str(port)), log)
@@ -158,7 +164,13 @@ def default_engine_args() -> list[str]:
 def vllm_url(
     tmp_path_factory: pytest.TempPathFactory, default_engine_args: list[str]
 ) -> Iterator[str]:
-    """vLLM's own OpenAI server on the default model, same engine options as fleetserve."""
+    """vLLM's own OpenAI server on the default model, same engine options as fleetserve.
+
+    ``VLLM_TEST_URL`` points the tests at a server that is already running instead.
+    """
+    if os.environ.get("VLLM_TEST_URL"):
+        yield os.environ["VLLM_TEST_URL"].rstrip("/")
+        return
     port = free_port()
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     argv = [
