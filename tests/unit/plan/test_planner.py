@@ -376,3 +376,33 @@ def test_heterogeneous_example_is_valid(scenario: str) -> None:
     if scenario == "min":
         assert result.feasible
         assert len(result.replicas) >= 3 * result.gpus_used
+
+
+def test_pool_memory_overrides_the_catalogue_but_keeps_the_type() -> None:
+    spec = fleet(
+        [{"name": "q", "config": "qwen2.5-0.5b", "max_model_len": 2048}],
+        [{"name": "p", "gpu": {"type": "A100-80GB", "memory_gb": 40, "count": 1}}],
+    )
+    r = plan_fleet(spec).replicas[0]
+    assert r.gpu_type == "A100-80GB"
+    assert r.card_memory_mb == int(40e9 / 2**20)
+
+
+def test_pipeline_parallel_spans_whole_cards() -> None:
+    spec = fleet(
+        [{"name": "big", "config": "qwen2.5-32b", "max_model_len": 8192, "pipeline_parallel": 2}],
+        [{"name": "l40s", "gpu": {"type": "L40S", "count": 4}, "cpu": 64, "memory_gb": 512}],
+    )
+    (r,) = plan_fleet(spec).replicas
+    assert len(r.gpus) == 2
+    assert r.whole_cards
+    assert r.pipeline_parallel == 2
+    assert r.num_gpus == 2
+
+
+def test_fp8_kv_cache_shrinks_the_slice() -> None:
+    base = {"name": "l", "config": "llama-3-8b", "max_model_len": 16384, "concurrency": 8}
+    auto = plan_fleet(fleet([dict(base)], [A6000])).replicas[0]
+    fp8 = plan_fleet(fleet([{**base, "kv_cache_dtype": "fp8"}], [A6000])).replicas[0]
+    kv_auto = 8 * 16384 * 128 * 1024 // 2**20  # MiB
+    assert auto.need_mb - fp8.need_mb == pytest.approx(kv_auto / 2, abs=2)
