@@ -40,6 +40,8 @@ from fleetserve.spec import FleetSpec
 
 #: Seconds between deployment status polls while starting.
 _POLL_S = 1.0
+#: Tries of serve.start + deploy when a Serve actor is replaced under us.
+_DEPLOY_ATTEMPTS = 3
 #: Seconds of unchanged start-up status before a "still starting" line.
 _HEARTBEAT_S = 20.0
 #: Longest wait for the application to run (engine load is ~1 min on a laptop CPU;
@@ -187,32 +189,51 @@ class FleetServer:
 
     def _deploy(self, app: Any) -> None:
         from ray import serve  # noqa: PLC0415
+        from ray.exceptions import RayActorError  # noqa: PLC0415
 
         o = self.options
-        try:
-            serve.start(
-                http_options={
-                    "host": o.host,
-                    "port": o.port,
-                    "request_timeout_s": o.spec.server.request_timeout_s,
-                }
-            )
-            # Private but stable since Ray 2.7: deploy without waiting, so we can report
-            # progress (serve.run would block silently until every replica is up). It calls
-            # serve.start again and logs that our http_options "will not be applied" - they
-            # were, by the call above; keep that misleading line off the console.
-            serve_logger = logging.getLogger("ray.serve")
-            level = serve_logger.level
-            if not o.verbose:
-                serve_logger.setLevel(logging.WARNING)
+        for attempt in range(1, _DEPLOY_ATTEMPTS + 1):
             try:
-                serve._run(app, _blocking=False, name=APP_NAME, route_prefix="/")
-            finally:
-                serve_logger.setLevel(level)
-        except Exception as e:
-            raise ServeError(f"cannot deploy the application: {e}") from e
+                serve.start(
+                    http_options={
+                        "host": o.host,
+                        "port": o.port,
+                        "request_timeout_s": o.spec.server.request_timeout_s,
+                    }
+                )
+                self._submit(app)
+                break
+            except RayActorError as e:
+                # On a starved machine the proxy can miss its first health checks; Serve
+                # then replaces it and the call that waited on the old one fails. The
+                # controller recovers by itself: ask again.
+                if attempt == _DEPLOY_ATTEMPTS:
+                    raise ServeError(f"cannot deploy the application: {e}") from e
+                self.console.print(
+                    f"fleetserve: a Serve actor restarted while deploying; retrying "
+                    f"({attempt}/{_DEPLOY_ATTEMPTS - 1})"
+                )
+                time.sleep(2.0 * attempt)
+            except Exception as e:
+                raise ServeError(f"cannot deploy the application: {e}") from e
         self._deployed = True
         self._wait_running()
+
+    def _submit(self, app: Any) -> None:
+        from ray import serve  # noqa: PLC0415
+
+        # Private but stable since Ray 2.7: deploy without waiting, so we can report progress
+        # (serve.run would block silently until every replica is up). It calls serve.start
+        # again and logs that our http_options "will not be applied" - they were, by the
+        # caller; keep that misleading line off the console.
+        serve_logger = logging.getLogger("ray.serve")
+        level = serve_logger.level
+        if not self.options.verbose:
+            serve_logger.setLevel(logging.WARNING)
+        try:
+            serve._run(app, _blocking=False, name=APP_NAME, route_prefix="/")
+        finally:
+            serve_logger.setLevel(level)
 
     def _wait_running(self) -> None:
         from ray import serve  # noqa: PLC0415
