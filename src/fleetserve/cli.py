@@ -16,17 +16,20 @@ from collections.abc import Callable, Sequence
 from fleetserve import __version__
 from fleetserve.errors import FleetServeError
 
-#: Sub-command modules, each exposing ``register(subparsers) -> None``; the parser it adds
-#: sets ``handler`` (a callable taking the parsed namespace and returning an exit code).
-_COMMAND_MODULES = (
-    "fleetserve.serve.command",
-    "fleetserve.modelstore.command",
-    "fleetserve.plan.command",
-    "fleetserve.k8s.render.command",
-    "fleetserve.k8s.doctor.command",
-    "fleetserve.bench.command",
-    "fleetserve.observe.command",
-)
+#: Sub-commands: name -> (module, one-line help). Each module exposes
+#: ``register(subparsers) -> None``, adding the parser of that name; the parser sets
+#: ``handler`` (a callable taking the parsed namespace and returning an exit code).
+#: Only the chosen command's module is imported: serve pulls in Ray and vLLM, plan scipy,
+#: and ``fleetserve doctor`` or ``--help`` must not pay for them.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("fleetserve.serve.command", "serve the fleet's models behind an OpenAI API"),
+    "model": ("fleetserve.modelstore.command", "prepare or locate the default model"),
+    "plan": ("fleetserve.plan.command", "place model replicas on GPUs; derive engine settings"),
+    "render": ("fleetserve.k8s.render.command", "write KubeRay/HAMi/monitoring manifests"),
+    "doctor": ("fleetserve.k8s.doctor.command", "find known traps in manifests before deploy"),
+    "bench": ("fleetserve.bench.command", "measure an OpenAI-compatible endpoint"),
+    "observe": ("fleetserve.observe.command", "print alert rules or the Grafana dashboard"),
+}
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -38,26 +41,34 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"fleetserve: error: {message}\n  (see '{self.prog} --help')\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen_command(argv: Sequence[str]) -> str | None:
+    """The sub-command named on the command line (first non-option word), if any."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser; only the command named in ``argv`` gets its full (imported) parser."""
     parser = _Parser(
         prog="fleetserve",
         description="Serve many LLMs on a shared GPU fleet (Ray Serve + vLLM + KubeRay + HAMi).",
     )
     parser.add_argument("--version", action="version", version=f"fleetserve {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:  # area not built yet
-                continue
-            raise
-        module.register(sub)
+    chosen = _chosen_command(argv)
+    for name, (module_name, help_text) in COMMANDS.items():
+        if name == chosen:
+            importlib.import_module(module_name).register(sub)
+        else:
+            sub.add_parser(name, help=help_text)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
