@@ -6,10 +6,14 @@ would hold up to bf16 rounding), alternating the order per round so machine nois
 and reports side-by-side ratios: batch decode throughput (32 prompts x 128 tokens), single
 stream tok/s, and whether greedy outputs agree.
 
-    .venv/bin/python benchmarks/model_dtype.py [--rounds 1] [--model-dir DIR]
+    .venv/bin/python benchmarks/model_dtype.py [--rounds 1] [--enforce-eager] [--model-dir DIR]
+    .venv/bin/python benchmarks/model_dtype.py --engine transformers [--rounds 4]
 
 Each engine runs in its own subprocess (a fresh engine per measurement; vLLM's engine core
-does not release everything on ``del``). Numbers land in docs/design.md (Default model).
+does not release everything on ``del``). ``--enforce-eager`` skips torch.compile, which takes
+5-15 minutes per dtype on a busy 2-CPU host. ``--engine transformers`` is the quick proxy: the
+same weights in transformers (eager, 1 thread, batch 8 x 24 greedy tokens), both dtypes in one
+process, alternating per round. Numbers land in docs/design.md (Default model preparation).
 """
 
 from __future__ import annotations
@@ -35,7 +39,31 @@ BATCH = 32
 MAX_TOKENS = 128
 
 
-def measure(model_dir: str, dtype: str) -> dict[str, object]:
+def measure_transformers(model_dir: str, rounds: int) -> None:
+    """Quick proxy: both dtypes in one process, alternating order per round."""
+    import torch  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    models = {
+        name: AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, name))
+        for name in ("bfloat16", "float32")
+    }
+    batch = tok([f"Write a story about dragon number {i}." for i in range(8)], return_tensors="pt")
+    speeds: dict[str, list[float]] = {name: [] for name in models}
+    for r in range(rounds):
+        for name in ("bfloat16", "float32") if r % 2 == 0 else ("float32", "bfloat16"):
+            t0 = time.perf_counter()
+            models[name].generate(**batch, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+            speeds[name].append(8 * 24 / (time.perf_counter() - t0))
+    for name, values in speeds.items():
+        print(name, [round(v, 1) for v in values], f"median {statistics.median(values):.1f} tok/s")
+    ratio = statistics.median(speeds["bfloat16"]) / statistics.median(speeds["float32"])
+    print(f"bf16 / fp32 decode throughput: {ratio:.2f}")
+
+
+def measure(model_dir: str, dtype: str, enforce_eager: bool = False) -> dict[str, object]:
     """One engine, one dtype: start-up, throughput, single-stream speed, greedy texts."""
     from vllm import LLM, SamplingParams  # noqa: PLC0415 (only the engine child needs vLLM)
 
@@ -45,6 +73,7 @@ def measure(model_dir: str, dtype: str) -> dict[str, object]:
         dtype=dtype,
         max_model_len=2048,
         kv_cache_memory_bytes=512 * 2**20,
+        enforce_eager=enforce_eager,
         seed=0,
     )
     start_s = time.monotonic() - t0
@@ -72,19 +101,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--model-dir", default=None)
+    parser.add_argument("--engine", choices=("vllm", "transformers"), default="vllm")
+    parser.add_argument("--enforce-eager", action="store_true", help="vLLM without compile")
     parser.add_argument("--child", nargs=2, metavar=("DIR", "DTYPE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(measure(*args.child)), flush=True)
+        result = measure(*args.child, enforce_eager=args.enforce_eager)
+        print("RESULT " + json.dumps(result), flush=True)
         return
 
     model_dir = args.model_dir or ModelStore().resolve(DEFAULT_MODEL_SOURCE)
+    if args.engine == "transformers":
+        measure_transformers(model_dir, max(2, args.rounds))
+        return
     results: dict[str, list[dict[str, object]]] = {"bfloat16": [], "float32": []}
     for r in range(args.rounds):
         order = ["bfloat16", "float32"] if r % 2 == 0 else ["float32", "bfloat16"]
         for dtype in order:
             proc = subprocess.run(
-                [sys.executable, __file__, "--child", model_dir, dtype],
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    model_dir,
+                    dtype,
+                    *(["--enforce-eager"] if args.enforce_eager else []),
+                ],
                 capture_output=True,
                 text=True,
                 check=False,

