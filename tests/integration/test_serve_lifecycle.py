@@ -4,6 +4,7 @@ two model deployments, and SIGTERM draining in-flight streams before exiting 0."
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 import time
@@ -133,5 +134,6 @@ def test_sigterm_drains_in_flight_streams_then_exits_zero(fake_fleet: FakeFleet)
     assert text.split() == [f"tok{i}" for i in range(80)]
     assert fake_fleet.server.proc.wait(120) == 0
     log = Path(fake_fleet.server.log).read_text()
-    assert "draining 1 in-flight request" in log
+    # At least the stream; the probe loop above may have one more request in flight.
+    assert re.search(r"draining [12] in-flight requests? \(up to", log), log
     assert "fleetserve: stopped" in log
