@@ -231,9 +231,11 @@ async def one_request(
 
 
 async def run_phase(
-    url: str, model: str, concurrency: int, per_client: int, max_tokens: int
+    url: str, model: str, concurrency: int, per_client: int, max_tokens: int, min_requests: int = 1
 ) -> Phase:
     phase = Phase()
+    # Low concurrency gets more requests per client, so every phase has min_requests.
+    per_client = max(per_client, -(-min_requests // concurrency))
     limits = httpx.Limits(
         max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4
     )
@@ -277,6 +279,12 @@ def main() -> None:
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument(
+        "--min-requests",
+        type=int,
+        default=8,
+        help="at least this many requests per phase (concurrency 1 is otherwise 2 samples)",
+    )
     ap.add_argument("--start-timeout", type=float, default=1800)
     ap.add_argument("--out", type=Path, default=Path("out/overhead"))
     ap.add_argument(
@@ -311,14 +319,22 @@ def main() -> None:
             print(f"starting {server.name} ...", flush=True)
             took = server.start(args.start_timeout)
             print(f"  {server.name} ready in {took:.0f} s", flush=True)
-            asyncio.run(run_phase(server.url, config.name, 2, 1, 8))  # warm-up
+            # Warm-up, discarded: one phase per concurrency, so the batch shapes each
+            # server meets first (vLLM CPU compiles some on first sight) are not timed.
+            for c in args.concurrency:
+                asyncio.run(run_phase(server.url, config.name, c, 1, args.max_tokens))
         for rnd in range(args.rounds):
             order = servers[rnd % len(servers) :] + servers[: rnd % len(servers)]
             for c in args.concurrency:
                 for server in order:
                     p = asyncio.run(
                         run_phase(
-                            server.url, config.name, c, args.requests_per_client, args.max_tokens
+                            server.url,
+                            config.name,
+                            c,
+                            args.requests_per_client,
+                            args.max_tokens,
+                            args.min_requests,
                         )
                     )
                     agg = results[server.name].setdefault(c, Phase())

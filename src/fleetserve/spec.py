@@ -345,6 +345,13 @@ class ServerSpec(StrictModel):
     drain_timeout_s: float = Field(
         default=30, ge=0, le=3600, description="On shutdown, wait this long for in-flight."
     )
+    direct_ingress: bool = Field(
+        default=True,
+        description="When fleetserve starts Ray itself: the ingress replica listens on "
+        "`port` (Ray Serve direct ingress) and Serve's internal calls use gRPC, which "
+        "skips the HTTP proxy's hop. Off: Serve's proxy listens on `port`. A joined "
+        "cluster (--address) keeps its own settings.",
+    )
 
 
 class KubernetesSpec(StrictModel):

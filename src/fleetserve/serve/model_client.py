@@ -53,7 +53,9 @@ class HandleModelClient:
 
     def __init__(self, handles: Mapping[str, Any]) -> None:
         # Streaming handles are made once: ``.options()`` per request costs a copy.
-        self._streams = {name: h.options(stream=True) for name, h in handles.items()}
+        self._streams = {
+            name: h.options(stream=True, _by_reference=False) for name, h in handles.items()
+        }
         self._handles = dict(handles)
 
     async def open(self, model: str, request: EngineRequest) -> AsyncIterator[ResponseHead | bytes]:

@@ -8,6 +8,17 @@ the model store), Ray and Serve are started, the application is deployed without
 blocking, and its deployments' states are printed until it runs or fails - a failed
 replica's message is shown, never a hang.
 
+Fast path (``server.direct_ingress``, only for a Ray this process starts). Every token
+of a stream crosses the Serve hops, and on a small host their CPU is taken from the
+engine. Ray Serve's throughput mode removes most of it: the ingress replica runs the HTTP
+server itself (no proxy hop), the ingress reaches model replicas over gRPC instead of
+Ray object references, and user code runs on the replica's own event loop. These are
+environment flags that Ray's workers read when they start, and Ray workers inherit the
+environment of the process that starts Ray - so they are set here, before ``ray.init``
+(values already in the environment win). The ingress's port range is pinned to
+``server.port``; Serve's own proxy, which still starts, is moved to a free side port.
+Measured in docs/benchmarks.md (serving overhead).
+
 Shutdown (SIGTERM, or Ctrl-C once): the ingress stops accepting model requests (503 +
 Retry-After), in-flight ones - whole streams - get up to ``server.drain_timeout_s`` to
 finish, then Serve is shut down, and Ray too when this process started it. When joined to
@@ -47,6 +58,33 @@ _HEARTBEAT_S = 20.0
 #: Longest wait for the application to run (engine load is ~1 min on a laptop CPU;
 #: large models on GPUs download and compile for much longer).
 START_TIMEOUT_S = 3600.0
+
+
+def fast_path_env(port: int, *, verbose: bool) -> dict[str, str]:
+    """Ray Serve's environment flags for the fast path with the ingress on ``port``."""
+    return {
+        # Direct ingress, gRPC between deployments, user code and router on the
+        # replica's loop, buffered request logs (ray/serve/_private/constants.py).
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        # The single ingress replica gets exactly the user's port.
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + 1),
+        # Our drain (begin_drain, then wait for in-flight) already covers shutdown; Ray's
+        # default waits 30 s for external load balancers there are none of here.
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0.5",
+        # A restarted ingress replica must get the same port back at once.
+        "RAY_SERVE_PORT_QUARANTINE_S": "0",
+        # Throughput mode silences replica logs on stderr; --verbose promises them.
+        "RAY_SERVE_LOG_TO_STDERR": "1" if verbose else "0",
+    }
+
+
+def _free_port(host: str) -> int:
+    import socket  # noqa: PLC0415
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -91,6 +129,7 @@ class FleetServer:
         self.options = options
         self.console = console or Console(highlight=False)
         self._started_ray = False
+        self._direct_ingress = False
         self._deployed = False
         self._stop = threading.Event()
         self._interrupts = 0
@@ -180,11 +219,16 @@ class FleetServer:
         }
         if self.options.metrics_export_port is not None:
             kwargs["_metrics_export_port"] = self.options.metrics_export_port
+        o = self.options
+        if o.spec.server.direct_ingress:
+            for key, value in fast_path_env(o.port, verbose=o.verbose).items():
+                os.environ.setdefault(key, value)
         try:
             ray.init(**kwargs)
         except Exception as e:
             raise ServeError(f"cannot start Ray: {e}") from e
         self._started_ray = True
+        self._direct_ingress = o.spec.server.direct_ingress
         self._restore_signal_handlers()
 
     def _deploy(self, app: Any) -> None:
@@ -192,12 +236,14 @@ class FleetServer:
         from ray.exceptions import RayActorError  # noqa: PLC0415
 
         o = self.options
+        # With direct ingress the ingress replica owns o.port; Serve's proxy moves aside.
+        proxy_port = _free_port(o.host) if self._direct_ingress else o.port
         for attempt in range(1, _DEPLOY_ATTEMPTS + 1):
             try:
                 serve.start(
                     http_options={
                         "host": o.host,
-                        "port": o.port,
+                        "port": proxy_port,
                         "request_timeout_s": o.spec.server.request_timeout_s,
                     }
                 )
