@@ -1,0 +1,225 @@
+"""CPU cost of fleetserve's serving path per streamed token, fast path on vs off.
+
+Design note. On a CPU (or small) host every CPU-second the serving layer spends is taken
+from the engine, so the cost that matters is CPU time per streamed token, not latency on an
+idle box. This benchmark isolates the serving layer: ``fleetserve serve --engine fake``
+(no model; the fake engine streams one SSE event per token every ``--token-delay``
+seconds) is started once with ``server.direct_ingress: true`` (direct ingress + gRPC, the
+default) and once with ``false`` (Ray Serve's proxy path), alternating over ``--rounds``.
+Each round measures TTFT at concurrency 1 (sequential requests; the fake's first token
+comes after one token delay, so TTFT - delay is the path's latency) and then a burst of
+``2 x concurrency`` streams, during which the CPU time of every process under the server
+(proxy, ingress, model replica, Ray's daemons) is read from /proc: reported as CPU-ms per
+streamed token, by process.
+
+    .venv/bin/python benchmarks/serve_path.py --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+MODEL = "fake-model"
+
+
+@dataclass
+class PathRun:
+    """One measured start of the server."""
+
+    ttft_p50_ms: float
+    tokens: int
+    wall_s: float
+    cpu_s: dict[str, float]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def process_tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        children[int(stat.rsplit(")", 1)[1].split()[1])].append(int(entry))
+    out, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        out.append(pid)
+        stack.extend(children.get(pid, []))
+    return out
+
+
+def cpu_by_process(pids: list[int]) -> dict[int, tuple[str, float]]:
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        name = _label(cmd.strip() or stat[stat.index("(") + 1 : stat.rindex(")")])
+        out[pid] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def _label(cmd: str) -> str:
+    if cmd.startswith("ray::ServeReplica"):
+        return "ingress" if cmd.rstrip().endswith(":ingress") else "model replica"
+    if cmd.startswith("ray::ProxyActor"):
+        return "Serve proxy"
+    if cmd.startswith("ray::ServeController"):
+        return "Serve controller"
+    if "fleetserve.cli serve" in cmd:
+        return "fleetserve (driver)"
+    return "Ray daemons/other"
+
+
+async def stream(client: httpx.AsyncClient, url: str, i: int, max_tokens: int) -> tuple[float, int]:
+    body = {
+        "model": MODEL,
+        "prompt": f"[{i}] tell me a story",
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    t0 = time.perf_counter()
+    ttft, tokens = None, 0
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if ttft is None and any(c.get("text") for c in chunk.get("choices", [])):
+                ttft = time.perf_counter() - t0
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"]["completion_tokens"])
+    if ttft is None:
+        raise RuntimeError("no text received")
+    return ttft, tokens
+
+
+async def measure(url: str, root: int, args: argparse.Namespace) -> PathRun:
+    limits = httpx.Limits(max_connections=4 * args.concurrency)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        for i in range(3):  # warm-up
+            await stream(client, url, i, 4)
+        ttfts = [(await stream(client, url, 100 + i, 2))[0] for i in range(args.sequential)]
+        pids = process_tree(root)
+        before = cpu_by_process(pids)
+        t0 = time.perf_counter()
+        results = await asyncio.gather(
+            *(stream(client, url, 1000 + i, args.max_tokens) for i in range(2 * args.concurrency))
+        )
+        wall = time.perf_counter() - t0
+        after = cpu_by_process(pids)
+    tokens = sum(r[1] for r in results)
+    by_name: dict[str, float] = defaultdict(float)
+    for pid, (name, t) in after.items():
+        by_name[name] += t - before.get(pid, (name, t))[1]
+    return PathRun(statistics.median(ttfts) * 1000, tokens, wall, dict(by_name))
+
+
+def run_server(direct_ingress: bool, args: argparse.Namespace, tmp: Path) -> PathRun:
+    spec = tmp / f"fleet-{direct_ingress}.yaml"
+    spec.write_text(
+        f"models:\n  - name: {MODEL}\n    source: fake\n    max_model_len: 2048\n"
+        f"    replicas: {{max_ongoing_requests: {4 * args.concurrency}}}\n"
+        f"server:\n  direct_ingress: {str(direct_ingress).lower()}\n"
+    )
+    port = free_port()
+    argv = [sys.executable, "-m", "fleetserve.cli", "serve", str(spec), "--port", str(port)]
+    argv += ["--engine", "fake", "--fake-token-delay", str(args.token_delay)]
+    log = (tmp / f"serve-{direct_ingress}.log").open("wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"fleetserve did not start; see {log.name}")
+            try:
+                if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        return asyncio.run(measure(url, proc.pid, args))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--sequential", type=int, default=30, help="requests for TTFT at c=1")
+    ap.add_argument("--token-delay", type=float, default=0.05, help="fake engine s/token")
+    args = ap.parse_args()
+    runs: dict[bool, list[PathRun]] = {True: [], False: []}
+    with tempfile.TemporaryDirectory(prefix="fs-serve-path-") as tmp:
+        for rnd in range(args.rounds):
+            for direct in (True, False) if rnd % 2 == 0 else (False, True):
+                r = run_server(direct, args, Path(tmp))
+                runs[direct].append(r)
+                cpu = sum(r.cpu_s.values())
+                print(
+                    f"round {rnd + 1} direct_ingress={direct!s:<5} ttft p50 "
+                    f"{r.ttft_p50_ms:.1f} ms, {r.tokens} tokens, "
+                    f"{1000 * cpu / r.tokens:.2f} CPU-ms/token",
+                    flush=True,
+                )
+    print()
+    names = sorted({n for rs in runs.values() for r in rs for n in r.cpu_s})
+    print("| path | TTFT p50 − delay (ms) | CPU-ms / token | " + " | ".join(names) + " |")
+    print("|---|---:|---:|" + "---:|" * len(names))
+    for direct, label in (
+        (False, "Serve proxy (direct_ingress: false)"),
+        (True, "fast path (default)"),
+    ):
+        rs = runs[direct]
+        tokens = sum(r.tokens for r in rs)
+        per = {n: 1000 * sum(r.cpu_s.get(n, 0.0) for r in rs) / tokens for n in names}
+        ttft = statistics.median(r.ttft_p50_ms for r in rs) - 1000 * args.token_delay
+        print(
+            f"| {label} | {ttft:.1f} | {sum(per.values()):.2f} | "
+            + " | ".join(f"{per[n]:.2f}" for n in names)
+            + " |"
+        )
+
+
+if __name__ == "__main__":
+    main()
