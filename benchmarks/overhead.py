@@ -114,12 +114,17 @@ def engine_config() -> EngineConfig:
     return EngineConfig.from_spec(model, model_path=path, settings=settings)
 
 
-def make_servers(config: EngineConfig, targets: list[str], logs: Path) -> list[Server]:
+def make_servers(
+    config: EngineConfig, targets: list[str], logs: Path, vllm_nice: int = 0
+) -> list[Server]:
     servers = []
     for target in targets:
         port = free_port()
         if target == "vllm":
+            # Ray starts its workers - engines included - at niceness 15 (RAY_worker_niceness);
+            # --vllm-nice 15 puts `vllm serve` on the same footing against the load client.
             argv = [
+                *(["nice", "-n", str(vllm_nice)] if vllm_nice else []),
                 sys.executable,
                 "-m",
                 "vllm.entrypoints.openai.api_server",
@@ -295,6 +300,12 @@ def main() -> None:
         help="measure an already running server for TARGET (vllm, fleetserve, rayllm) "
         "started with the engine options printed first, instead of starting one",
     )
+    ap.add_argument(
+        "--vllm-nice",
+        type=int,
+        default=0,
+        help="start `vllm serve` at this niceness (Ray runs its engines at 15)",
+    )
     ap.add_argument("--serve-rayllm", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--engine-config", help=argparse.SUPPRESS)
@@ -306,7 +317,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     config = engine_config()
     print(f"engine options (all servers): {' '.join(config.vllm_cli_args())}")
-    servers = make_servers(config, args.targets, args.out)
+    servers = make_servers(config, args.targets, args.out, args.vllm_nice)
     given = dict(u.split("=", 1) for u in args.url)
     for server in servers:
         target = {"vllm serve": "vllm", "fleetserve": "fleetserve"}.get(server.name, "rayllm")
