@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from overhead import free_port, one_request  # same directory: run as a script
 
 MODEL = "fake-model"
 
@@ -45,12 +45,6 @@ class PathRun:
     tokens: int
     wall_s: float
     cpu_s: dict[str, float]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def process_tree(root: int) -> list[int]:
@@ -98,43 +92,22 @@ def _label(cmd: str) -> str:
     return "Ray daemons/other"
 
 
-async def stream(client: httpx.AsyncClient, url: str, i: int, max_tokens: int) -> tuple[float, int]:
-    body = {
-        "model": MODEL,
-        "prompt": f"[{i}] tell me a story",
-        "max_tokens": max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    t0 = time.perf_counter()
-    ttft, tokens = None, 0
-    async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if ttft is None and any(c.get("text") for c in chunk.get("choices", [])):
-                ttft = time.perf_counter() - t0
-            if chunk.get("usage"):
-                tokens = int(chunk["usage"]["completion_tokens"])
-    if ttft is None:
-        raise RuntimeError("no text received")
-    return ttft, tokens
-
-
 async def measure(url: str, root: int, args: argparse.Namespace) -> PathRun:
     limits = httpx.Limits(max_connections=4 * args.concurrency)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         for i in range(3):  # warm-up
-            await stream(client, url, i, 4)
-        ttfts = [(await stream(client, url, 100 + i, 2))[0] for i in range(args.sequential)]
+            await one_request(client, url, MODEL, i, 4)
+        ttfts = [
+            (await one_request(client, url, MODEL, 100 + i, 2))[0] for i in range(args.sequential)
+        ]
         pids = process_tree(root)
         before = cpu_by_process(pids)
         t0 = time.perf_counter()
         results = await asyncio.gather(
-            *(stream(client, url, 1000 + i, args.max_tokens) for i in range(2 * args.concurrency))
+            *(
+                one_request(client, url, MODEL, 1000 + i, args.max_tokens)
+                for i in range(2 * args.concurrency)
+            )
         )
         wall = time.perf_counter() - t0
         after = cpu_by_process(pids)

@@ -129,7 +129,6 @@ class FleetServer:
         self.options = options
         self.console = console or Console(highlight=False)
         self._started_ray = False
-        self._direct_ingress = False
         self._deployed = False
         self._stop = threading.Event()
         self._interrupts = 0
@@ -228,8 +227,12 @@ class FleetServer:
         except Exception as e:
             raise ServeError(f"cannot start Ray: {e}") from e
         self._started_ray = True
-        self._direct_ingress = o.spec.server.direct_ingress
         self._restore_signal_handlers()
+
+    @property
+    def _direct_ingress(self) -> bool:
+        # The fast-path flags only reach a Ray this process started (see _start_ray).
+        return self._started_ray and self.options.spec.server.direct_ingress
 
     def _deploy(self, app: Any) -> None:
         from ray import serve  # noqa: PLC0415
