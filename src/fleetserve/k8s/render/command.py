@@ -4,34 +4,20 @@ write its KubeRay/HAMi/monitoring manifests as a GitOps directory."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from fleetserve.errors import InputFileError, RenderError, UsageError
+from fleetserve.errors import InputFileError, UsageError
 from fleetserve.k8s.render.groups import plan_worker_groups, tenant_warnings
 from fleetserve.k8s.render.options import RenderOptions
 from fleetserve.k8s.render.renderer import render, use_hami
 from fleetserve.k8s.render.writer import write_manifests
+from fleetserve.plan import plan_fleet
 from fleetserve.plan.result import PlanResult
-from fleetserve.spec import FleetSpec, load_spec
-
-Planner = Callable[..., PlanResult]
-
-
-def _planner() -> Planner:
-    try:
-        module = importlib.import_module("fleetserve.plan")
-        fn: Planner = module.plan_fleet
-    except (ImportError, AttributeError) as e:
-        raise RenderError(
-            "the planner (fleetserve.plan.plan_fleet) is not available in this installation"
-        ) from e
-    return fn
+from fleetserve.spec import load_spec
 
 
 def _read_plan(path: str) -> PlanResult:
@@ -62,11 +48,6 @@ def _labels(pairs: list[str]) -> dict[str, str] | None:
     return out
 
 
-def render_spec(spec: FleetSpec, options: RenderOptions, planner: Planner) -> list[dict[str, Any]]:
-    """Plan ``spec`` for min and max replicas and render it."""
-    return render(spec, planner(spec, scenario="min"), planner(spec, scenario="max"), options)
-
-
 def _handle(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     try:
@@ -87,9 +68,8 @@ def _handle(args: argparse.Namespace) -> int:
     if args.plan_min is not None:
         plan_min, plan_max = _read_plan(args.plan_min), _read_plan(args.plan_max)
     else:
-        planner = _planner()
-        plan_min = planner(spec, scenario="min")
-        plan_max = planner(spec, scenario="max")
+        plan_min = plan_fleet(spec, scenario="min")
+        plan_max = plan_fleet(spec, scenario="max")
     objects = render(spec, plan_min, plan_max, options)
     paths = write_manifests(objects, args.output)
     hami = use_hami(plan_max, options)
