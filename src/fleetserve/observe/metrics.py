@@ -12,8 +12,14 @@ installed Ray 2.60 and vLLM, see ``tests/unit/observe/test_metrics.py``):
   Prometheus exposition unless its name already ends in ``_total``. Histograms expose
   ``_bucket``/``_sum``/``_count`` series.
 
+Two more families are not recorded through Ray: HAMi's vGPU monitor (``hami-device-plugin``,
+port 9394, a plain Prometheus client; names as in HAMi's ``cmd/vGPUmonitor/metrics.go``,
+checked against our own exposition sample in ``tests/fixtures/observe/hami_vgpu_monitor.prom``)
+keeps its names as they are; fleetserve's gateway metrics (:mod:`fleetserve.serve.metrics`)
+go through ``ray.util.metrics`` like Serve's.
+
 What must stay true: a dashboard panel or alert names a metric only through a
-:class:`PromMetric` from this module, so a rename in Ray or vLLM is fixed in one place.
+:class:`PromMetric` from this module, so a rename in Ray, vLLM or HAMi is fixed in one place.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 MetricKind = Literal["counter", "gauge", "histogram"]
-MetricSource = Literal["vllm", "serve"]
+MetricSource = Literal["vllm", "serve", "gateway", "hami"]
 
 #: Ray's Prometheus namespace (``ray._private.telemetry.open_telemetry_metric_recorder``).
 RAY_NAMESPACE = "ray"
@@ -51,10 +57,14 @@ class PromMetric:
     source: MetricSource
     labels: tuple[str, ...]
     help: str
+    #: Histogram bucket upper bounds (only for histograms fleetserve records itself).
+    buckets: tuple[float, ...] = ()
 
     @property
     def name(self) -> str:
         """The exported family name (counters include ``_total``)."""
+        if self.source == "hami":
+            return self.recorded  # scraped straight from HAMi's monitor, not through Ray
         return ray_exported_name(self.recorded, self.kind)
 
     @property
@@ -223,6 +233,116 @@ SERVE_TARGET_REPLICAS = PromMetric(
     "Replicas the Serve autoscaler wants.",
 )
 
+SERVE_REPLICA_PROCESSING = PromMetric(
+    "serve_replica_processing_queries",
+    "gauge",
+    "serve",
+    ("deployment", "replica", "application"),
+    "Requests a replica is processing now (its share of max_ongoing_requests).",
+)
+
+# --------------------------------------------------------------------------- gateway
+# Recorded by fleetserve's ingress (fleetserve.serve.metrics) through ray.util.metrics.
+# Label values are bounded by the spec: models and tenants not in it are "unknown", a
+# request without a tenant (auth off) is "none", endpoints not routed are "other".
+_GW = ("model", "tenant")
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+GATEWAY_REQUESTS = PromMetric(
+    "fleetserve_gateway_requests",
+    "counter",
+    "gateway",
+    (*_GW, "endpoint", "status_code"),
+    "HTTP requests the gateway answered, by model, tenant, endpoint and status code.",
+)
+GATEWAY_PROMPT_TOKENS = PromMetric(
+    "fleetserve_gateway_prompt_tokens",
+    "counter",
+    "gateway",
+    _GW,
+    "Prompt tokens billed to a tenant (from the responses' usage).",
+)
+GATEWAY_COMPLETION_TOKENS = PromMetric(
+    "fleetserve_gateway_completion_tokens",
+    "counter",
+    "gateway",
+    _GW,
+    "Completion tokens billed to a tenant (from the responses' usage).",
+)
+GATEWAY_TTFT = PromMetric(
+    "fleetserve_gateway_time_to_first_token_seconds",
+    "histogram",
+    "gateway",
+    _GW,
+    "Time from the request's arrival to the first streamed byte, as the gateway sees it (s).",
+    _LATENCY_BUCKETS,
+)
+GATEWAY_LATENCY = PromMetric(
+    "fleetserve_gateway_request_latency_seconds",
+    "histogram",
+    "gateway",
+    (*_GW, "endpoint"),
+    "Time from the request's arrival to the end of its response (whole streams) (s).",
+    _LATENCY_BUCKETS,
+)
+GATEWAY_REJECTIONS = PromMetric(
+    "fleetserve_gateway_rejections",
+    "counter",
+    "gateway",
+    (*_GW, "reason"),
+    "Requests refused before an engine saw them, by reason "
+    "(auth, quota, overload, draining, limit, unavailable).",
+)
+GATEWAY_IN_FLIGHT = PromMetric(
+    "fleetserve_gateway_requests_in_flight",
+    "gauge",
+    "gateway",
+    ("model",),
+    "Model requests the gateway is relaying now (streams until their last byte).",
+)
+
+# --------------------------------------------------------------------------- HAMi
+# HAMi's vGPU monitor (cmd/vGPUmonitor/metrics.go): one series per container and vGPU, with
+# the engine pod's namespace/pod/container as labels (hence honorLabels on its monitor),
+# plus the registry-wide ``zone="vGPU"``. Values: bytes; utilisation in percent (0-100).
+_HAMI_CTR = ("namespace", "pod", "container", "vdevice_index", "device_uuid", "zone")
+
+HAMI_VGPU_MEMORY_USED = PromMetric(
+    "hami_vgpu_memory_used_bytes",
+    "gauge",
+    "hami",
+    _HAMI_CTR,
+    "GPU memory a container uses on its vGPU slice (bytes).",
+)
+HAMI_VGPU_MEMORY_LIMIT = PromMetric(
+    "hami_vgpu_memory_limit_bytes",
+    "gauge",
+    "hami",
+    _HAMI_CTR,
+    "The vGPU slice's memory limit (nvidia.com/gpumem) (bytes).",
+)
+HAMI_CONTAINER_CORE_UTILIZATION = PromMetric(
+    "hami_container_device_utilization_ratio",
+    "gauge",
+    "hami",
+    _HAMI_CTR,
+    "SM utilisation of a container's vGPU, percent (0-100).",
+)
+HAMI_HOST_GPU_MEMORY_USED = PromMetric(
+    "hami_host_gpu_memory_used_bytes",
+    "gauge",
+    "hami",
+    ("node", "device_index", "device_uuid", "device_type", "zone"),
+    "Memory used on the physical card (all slices) (bytes).",
+)
+HAMI_HOST_GPU_UTILIZATION = PromMetric(
+    "hami_host_gpu_utilization_ratio",
+    "gauge",
+    "hami",
+    ("node", "device_index", "device_uuid", "device_type", "zone"),
+    "Core utilisation of the physical card, percent (0-100).",
+)
+
 #: Deployment/application status values (``ray.serve._private`` enums as exported).
 DEPLOYMENT_STATUS_DEPLOY_FAILED = 1
 DEPLOYMENT_STATUS_UNHEALTHY = 2
@@ -250,6 +370,19 @@ ALL_METRICS: tuple[PromMetric, ...] = (
     SERVE_APPLICATION_STATUS,
     SERVE_QUEUED_QUERIES,
     SERVE_TARGET_REPLICAS,
+    SERVE_REPLICA_PROCESSING,
+    GATEWAY_REQUESTS,
+    GATEWAY_PROMPT_TOKENS,
+    GATEWAY_COMPLETION_TOKENS,
+    GATEWAY_TTFT,
+    GATEWAY_LATENCY,
+    GATEWAY_REJECTIONS,
+    GATEWAY_IN_FLIGHT,
+    HAMI_VGPU_MEMORY_USED,
+    HAMI_VGPU_MEMORY_LIMIT,
+    HAMI_CONTAINER_CORE_UTILIZATION,
+    HAMI_HOST_GPU_MEMORY_USED,
+    HAMI_HOST_GPU_UTILIZATION,
 )
 
 

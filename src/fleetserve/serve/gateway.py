@@ -9,15 +9,22 @@ already-framed SSE/JSON bytes and are relayed untouched - no per-token JSON work
 Errors the ingress itself answers, all in vLLM's error shape: 400 (body is not a JSON
 object, or ``model`` missing while several models are served), 401 (auth), 404 (unknown
 model, or a model of another tenant), 503 + ``Retry-After`` (overloaded, replica gone,
-draining). A mid-stream transport failure becomes an SSE ``error`` event.
+draining, no running replica), and, from :mod:`fleetserve.serve.limits`, 413 / 431 / 408
+(request limits) and 400 for Ray Serve's control headers. Time: every wait on a model ends
+at ``server.request_timeout_s`` (504 before the response starts); a stream that outlives
+it, is cut by the drain timeout, or loses its replica ends with an SSE ``error`` event and
+``data: [DONE]`` - never silently. Anything unexpected is a 500 in the same shape without
+internals (logged here instead).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,19 +35,39 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fleetserve.engine.protocol import EngineRequest, ResponseHead
 from fleetserve.serve.api_keys import ApiKeyTable, AuthError
+from fleetserve.serve.metrics import (
+    UNKNOWN,
+    GatewayMetrics,
+    LabelBounds,
+    MetricsMiddleware,
+    MetricsSink,
+)
+from fleetserve.serve.limits import (
+    Deadlines,
+    RefusedError,
+    RequestGuard,
+    RequestLimits,
+    Wait,
+    read_body,
+)
 from fleetserve.serve.model_client import (
     ModelClient,
     ModelOverloadedError,
+    ModelRequestTooLargeError,
     ModelUnavailableError,
 )
 from fleetserve.serve.openai_errors import (
+    REPLICA_RETRY_AFTER_S,
     RETRY_AFTER_S,
     bad_request,
     error_response,
     model_not_found,
+    sse_error,
     unauthorized,
     unavailable,
 )
+from fleetserve.serve.probes import ProbeState
+from fleetserve.serve.usage import UsageScanner, scan_stream, usage_from_body
 
 #: POST endpoints routed by the body's ``model`` (vLLM answers what it does not support).
 MODEL_ENDPOINTS = (
@@ -52,8 +79,10 @@ MODEL_ENDPOINTS = (
 )
 #: Request headers the engine may use; Authorization never leaves the ingress.
 _FORWARDED_HEADERS = frozenset({"content-type", "x-request-id", "traceparent", "tracestate"})
-#: How long /ready waits for each model's replica to answer.
-READY_TIMEOUT_S = 5.0
+#: How long ``/ready?engine=1`` waits for the models' engine counters.
+ENGINE_STATS_TIMEOUT_S = 1.0
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -68,10 +97,31 @@ class ModelRoute:
 class Gateway:
     """Routes requests to models; counts in-flight requests for drain."""
 
-    def __init__(self, routes: list[ModelRoute], keys: ApiKeyTable, client: ModelClient) -> None:
+    def __init__(
+        self,
+        routes: list[ModelRoute],
+        keys: ApiKeyTable,
+        client: ModelClient,
+        metrics_sink: MetricsSink | None = None,
+        limits: RequestLimits | None = None,
+    ) -> None:
         self.routes = {r.name: r for r in routes}
         self.keys = keys
         self.client = client
+        self.limits = limits or RequestLimits()
+        self.deadlines = Deadlines(self.limits.request_timeout_s)
+        # The fleet view probes read and fail-fast uses (refreshed off the request path).
+        self.probes = ProbeState(
+            client,
+            {r.name: r.min_replicas for r in routes},
+            on_down=self.deadlines.model_down,
+        )
+        self._engine_stats: dict[str, Any] = {}
+        self._engine_stats_task: asyncio.Task[None] | None = None
+        # Label values bounded by what the gateway serves: its models, tenants with keys.
+        self.metrics = GatewayMetrics(
+            LabelBounds.of(self.routes, keys.key_tenants.values()), metrics_sink
+        )
         self.in_flight = 0
         self.draining = False
         self.created = int(time.time())
@@ -112,41 +162,84 @@ class Gateway:
 
     # ------------------------------------------------------------------ probes
 
-    async def ready(self) -> Response:
-        """200 when every model with min replicas >= 1 has a replica answering."""
-        names = [r.name for r in self.routes.values() if r.min_replicas > 0]
+    def _probe_visible(self, request: Request) -> Callable[[str], bool] | None:
+        """Which models a probe caller may see: None (no names) without a valid key."""
+        try:
+            tenant = self._caller(request)
+        except AuthError:
+            return None
+        if self.keys.enabled and tenant is None:
+            return None
+        return lambda name: self.keys.visible(tenant, name)
+
+    async def health(self, request: Request) -> Response:
+        """Liveness: 503 once a model's engine died (its deployment is unhealthy)."""
+        self.probes.ensure_started()
+        ok = self.probes.live()
+        body: dict[str, Any] = {"status": "ok" if ok else "unhealthy"}
+        visible = self._probe_visible(request)
+        if visible is not None:
+            body["models"] = self.probes.describe(visible)
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    async def ready(self, request: Request) -> Response:
+        """Readiness: not draining and every model with min replicas >= 1 has one running.
+
+        Answered from the cached fleet view, never by asking the model replicas; only
+        ``?engine=1`` from a caller who may see the models adds the engines' counters
+        (one shared, bounded fetch at a time).
+        """
+        self.probes.ensure_started()
+        if self.probes.updated is None:
+            await self.probes.refresh()
+        ok = self.probes.ready(self.draining)
+        status = "ready" if ok else ("draining" if self.draining else "not ready")
+        body: dict[str, Any] = {"status": status}
+        visible = self._probe_visible(request)
+        if visible is not None:
+            body["in_flight"] = self.in_flight
+            models = self.probes.describe(visible)
+            if request.query_params.get("engine") == "1":
+                await self._refresh_engine_stats()
+                for name, detail in models.items():
+                    detail.update(self._engine_stats.get(name, {}))
+            body["models"] = models
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    async def _refresh_engine_stats(self) -> None:
+        if self._engine_stats_task is None or self._engine_stats_task.done():
+            self._engine_stats_task = asyncio.get_running_loop().create_task(
+                self._fetch_engine_stats()
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._engine_stats_task), ENGINE_STATS_TIMEOUT_S)
+
+    async def _fetch_engine_stats(self) -> None:
+        names = list(self.routes)
         results = await asyncio.gather(
-            *(self.client.stats(n, READY_TIMEOUT_S) for n in names), return_exceptions=True
+            *(self.client.stats(n, 10 * ENGINE_STATS_TIMEOUT_S) for n in names),
+            return_exceptions=True,
         )
-        models: dict[str, Any] = {}
-        ok = not self.draining
         for name, result in zip(names, results, strict=True):
-            if isinstance(result, BaseException):
-                ok = False
-                models[name] = {"ready": False, "reason": str(result)}
-            else:
-                models[name] = {
-                    "ready": True,
+            if not isinstance(result, BaseException):
+                self._engine_stats[name] = {
                     "running": result.running,
                     "in_flight": result.in_flight,
                     "aborted": result.aborted,
                     "completed": result.completed,
                 }
-        status = "ready" if ok else ("draining" if self.draining else "not ready")
-        return JSONResponse(
-            {"status": status, "in_flight": self.in_flight, "models": models},
-            status_code=200 if ok else 503,
-        )
 
     # ------------------------------------------------------------------ forwarding
 
     async def forward(self, request: Request) -> Response:
         """Route one model request (``MODEL_ENDPOINTS``) and relay the response."""
         if self.draining:
+            self.metrics.record_rejection(None, UNKNOWN, "draining")
             return unavailable("the server is shutting down; retry on another instance")
         try:
             tenant = self._caller(request)
         except AuthError as e:
+            self.metrics.record_rejection(None, UNKNOWN, "auth")
             return unauthorized(str(e))
         body = await request.body()
         try:
@@ -165,6 +258,7 @@ class Gateway:
                     param="model",
                 )
             model = visible[0]
+        self.metrics.tag(request, model=model, tenant=tenant)
         if not isinstance(model, str) or not self.keys.visible(tenant, model):
             return model_not_found(model)
         headers = tuple(
@@ -181,27 +275,42 @@ class Gateway:
         try:
             head = await anext(stream)
         except ModelOverloadedError as e:
+            self.metrics.record_rejection(model, tenant, "overload")
             return error_response(
                 503, e.message, "ServiceUnavailableError", retry_after=RETRY_AFTER_S
             )
         except ModelUnavailableError as e:
+            self.metrics.record_rejection(model, tenant, "unavailable")
             return unavailable(e.message)
         if not isinstance(head, ResponseHead):
             return error_response(500, "the engine sent no response head", "InternalServerError")
         if head.media_type.startswith("text/event-stream"):
+            scanner = UsageScanner()
             return StreamingResponse(
-                _relay(stream, model),
+                self._account(_relay(scan_stream(stream, scanner), model), model, tenant, scanner),
                 status_code=head.status,
                 headers=dict(head.headers),
                 media_type=head.media_type,
             )
         parts = [c async for c in stream if isinstance(c, bytes)]
+        content = b"".join(parts)
+        self.metrics.record_usage(model, tenant, usage_from_body(content))
         return Response(
-            b"".join(parts),
+            content,
             status_code=head.status,
             headers=dict(head.headers),
             media_type=head.media_type,
         )
+
+    async def _account(
+        self, chunks: AsyncIterator[bytes], model: str, tenant: str | None, scanner: UsageScanner
+    ) -> AsyncIterator[bytes]:
+        """Relay a stream, then record the usage it carried (once, at its end)."""
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            self.metrics.record_usage(model, tenant, scanner.usage)
 
 
 async def _relay(stream: AsyncIterator[ResponseHead | bytes], model: str) -> AsyncIterator[bytes]:
@@ -269,4 +378,5 @@ def create_api(gateway: Gateway) -> FastAPI:
         return await gateway.ready()
 
     api.add_middleware(InFlightMiddleware, gateway=gateway)
+    api.add_middleware(MetricsMiddleware, metrics=gateway.metrics)
     return api

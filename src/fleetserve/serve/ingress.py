@@ -15,6 +15,7 @@ from ray import serve
 
 from fleetserve.serve.api_keys import ApiKeyTable
 from fleetserve.serve.gateway import Gateway, ModelRoute, create_api
+from fleetserve.serve.metrics import RayMetricsSink
 from fleetserve.serve.model_client import HandleModelClient
 
 
@@ -30,6 +31,7 @@ class Ingress:
             [ModelRoute(**r) for r in routes],
             ApiKeyTable.from_args(keys),
             HandleModelClient(handles),
+            metrics_sink=RayMetricsSink(),
         )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
