@@ -9,22 +9,15 @@ already-framed SSE/JSON bytes and are relayed untouched - no per-token JSON work
 Errors the ingress itself answers, all in vLLM's error shape: 400 (body is not a JSON
 object, or ``model`` missing while several models are served), 401 (auth), 404 (unknown
 model, or a model of another tenant), 503 + ``Retry-After`` (overloaded, replica gone,
-draining, no running replica), and, from :mod:`fleetserve.serve.limits`, 413 / 431 / 408
-(request limits) and 400 for Ray Serve's control headers. Time: every wait on a model ends
-at ``server.request_timeout_s`` (504 before the response starts); a stream that outlives
-it, is cut by the drain timeout, or loses its replica ends with an SSE ``error`` event and
-``data: [DONE]`` - never silently. Anything unexpected is a 500 in the same shape without
-internals (logged here instead).
+draining). A mid-stream transport failure becomes an SSE ``error`` event.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,31 +35,19 @@ from fleetserve.serve.metrics import (
     MetricsMiddleware,
     MetricsSink,
 )
-from fleetserve.serve.limits import (
-    Deadlines,
-    RefusedError,
-    RequestGuard,
-    RequestLimits,
-    Wait,
-    read_body,
-)
 from fleetserve.serve.model_client import (
     ModelClient,
     ModelOverloadedError,
-    ModelRequestTooLargeError,
     ModelUnavailableError,
 )
 from fleetserve.serve.openai_errors import (
-    REPLICA_RETRY_AFTER_S,
     RETRY_AFTER_S,
     bad_request,
     error_response,
     model_not_found,
-    sse_error,
     unauthorized,
     unavailable,
 )
-from fleetserve.serve.probes import ProbeState
 from fleetserve.serve.usage import UsageScanner, scan_stream, usage_from_body
 
 #: POST endpoints routed by the body's ``model`` (vLLM answers what it does not support).
@@ -79,10 +60,8 @@ MODEL_ENDPOINTS = (
 )
 #: Request headers the engine may use; Authorization never leaves the ingress.
 _FORWARDED_HEADERS = frozenset({"content-type", "x-request-id", "traceparent", "tracestate"})
-#: How long ``/ready?engine=1`` waits for the models' engine counters.
-ENGINE_STATS_TIMEOUT_S = 1.0
-
-logger = logging.getLogger(__name__)
+#: How long /ready waits for each model's replica to answer.
+READY_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -103,21 +82,10 @@ class Gateway:
         keys: ApiKeyTable,
         client: ModelClient,
         metrics_sink: MetricsSink | None = None,
-        limits: RequestLimits | None = None,
     ) -> None:
         self.routes = {r.name: r for r in routes}
         self.keys = keys
         self.client = client
-        self.limits = limits or RequestLimits()
-        self.deadlines = Deadlines(self.limits.request_timeout_s)
-        # The fleet view probes read and fail-fast uses (refreshed off the request path).
-        self.probes = ProbeState(
-            client,
-            {r.name: r.min_replicas for r in routes},
-            on_down=self.deadlines.model_down,
-        )
-        self._engine_stats: dict[str, Any] = {}
-        self._engine_stats_task: asyncio.Task[None] | None = None
         # Label values bounded by what the gateway serves: its models, tenants with keys.
         self.metrics = GatewayMetrics(
             LabelBounds.of(self.routes, keys.key_tenants.values()), metrics_sink
@@ -162,72 +130,31 @@ class Gateway:
 
     # ------------------------------------------------------------------ probes
 
-    def _probe_visible(self, request: Request) -> Callable[[str], bool] | None:
-        """Which models a probe caller may see: None (no names) without a valid key."""
-        try:
-            tenant = self._caller(request)
-        except AuthError:
-            return None
-        if self.keys.enabled and tenant is None:
-            return None
-        return lambda name: self.keys.visible(tenant, name)
-
-    async def health(self, request: Request) -> Response:
-        """Liveness: 503 once a model's engine died (its deployment is unhealthy)."""
-        self.probes.ensure_started()
-        ok = self.probes.live()
-        body: dict[str, Any] = {"status": "ok" if ok else "unhealthy"}
-        visible = self._probe_visible(request)
-        if visible is not None:
-            body["models"] = self.probes.describe(visible)
-        return JSONResponse(body, status_code=200 if ok else 503)
-
-    async def ready(self, request: Request) -> Response:
-        """Readiness: not draining and every model with min replicas >= 1 has one running.
-
-        Answered from the cached fleet view, never by asking the model replicas; only
-        ``?engine=1`` from a caller who may see the models adds the engines' counters
-        (one shared, bounded fetch at a time).
-        """
-        self.probes.ensure_started()
-        if self.probes.updated is None:
-            await self.probes.refresh()
-        ok = self.probes.ready(self.draining)
-        status = "ready" if ok else ("draining" if self.draining else "not ready")
-        body: dict[str, Any] = {"status": status}
-        visible = self._probe_visible(request)
-        if visible is not None:
-            body["in_flight"] = self.in_flight
-            models = self.probes.describe(visible)
-            if request.query_params.get("engine") == "1":
-                await self._refresh_engine_stats()
-                for name, detail in models.items():
-                    detail.update(self._engine_stats.get(name, {}))
-            body["models"] = models
-        return JSONResponse(body, status_code=200 if ok else 503)
-
-    async def _refresh_engine_stats(self) -> None:
-        if self._engine_stats_task is None or self._engine_stats_task.done():
-            self._engine_stats_task = asyncio.get_running_loop().create_task(
-                self._fetch_engine_stats()
-            )
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._engine_stats_task), ENGINE_STATS_TIMEOUT_S)
-
-    async def _fetch_engine_stats(self) -> None:
-        names = list(self.routes)
+    async def ready(self) -> Response:
+        """200 when every model with min replicas >= 1 has a replica answering."""
+        names = [r.name for r in self.routes.values() if r.min_replicas > 0]
         results = await asyncio.gather(
-            *(self.client.stats(n, 10 * ENGINE_STATS_TIMEOUT_S) for n in names),
-            return_exceptions=True,
+            *(self.client.stats(n, READY_TIMEOUT_S) for n in names), return_exceptions=True
         )
+        models: dict[str, Any] = {}
+        ok = not self.draining
         for name, result in zip(names, results, strict=True):
-            if not isinstance(result, BaseException):
-                self._engine_stats[name] = {
+            if isinstance(result, BaseException):
+                ok = False
+                models[name] = {"ready": False, "reason": str(result)}
+            else:
+                models[name] = {
+                    "ready": True,
                     "running": result.running,
                     "in_flight": result.in_flight,
                     "aborted": result.aborted,
                     "completed": result.completed,
                 }
+        status = "ready" if ok else ("draining" if self.draining else "not ready")
+        return JSONResponse(
+            {"status": status, "in_flight": self.in_flight, "models": models},
+            status_code=200 if ok else 503,
+        )
 
     # ------------------------------------------------------------------ forwarding
 
