@@ -19,6 +19,7 @@ from rich.console import Console
 
 from fleetserve import __version__
 from fleetserve.errors import UsageError
+from fleetserve.k8s.doctor.crds import CLUSTER, lookup_crds
 from fleetserve.k8s.doctor.inventory import Inventory
 from fleetserve.k8s.doctor.loader import expand_paths, load_paths
 from fleetserve.k8s.doctor.registry import load_rules, run_rules
@@ -57,10 +58,14 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--crds",
-        metavar="DIR",
+        metavar="DIR|cluster",
         default=None,
-        help="directory of CRD YAML files whose OpenAPI schemas validate custom resources "
-        "(e.g. kuberay's ray-operator/config/crd/bases)",
+        help="where custom-resource schemas come from. Default: the CRDs of the KubeRay (and "
+        "prometheus-operator) release the manifests name, else the newest known, from the "
+        "cache ($FLEETSERVE_CACHE/crds, else ~/.cache/fleetserve/crds), downloaded once from "
+        "the upstream release when online (FLEETSERVE_OFFLINE=1: never). 'cluster': the "
+        "CRDs installed in the kubeconfig's cluster (read with kubectl). DIR: a directory of "
+        "CRD YAML files",
     )
     p.add_argument(
         "--rules",
@@ -105,21 +110,29 @@ def diagnose(
     k8s_version: str | None = None,
 ) -> DoctorResult:
     """Load ``paths`` and return every finding (the library entry point behind the command)."""
-    if crds is not None and not Path(crds).is_dir():
-        raise UsageError(f"--crds {crds}: not a directory")
+    if crds is not None and crds != CLUSTER and not Path(crds).is_dir():
+        raise UsageError(
+            f"--crds {crds}: not a directory",
+            hint="pass a directory of CRD YAML files, or --crds cluster",
+        )
     files = expand_paths(paths)
     inv: Inventory = load_paths(files)
     findings = []
     unchecked: list[str] = []
     notes: list[str] = []
     if rules is None or SCHEMA_RULE in rules:
-        schema = validate_schemas(inv, crds, k8s_version)
+        found = lookup_crds(inv, crds)
+        schema = validate_schemas(inv, found.schemas, k8s_version)
         findings.extend(schema.findings)
         unchecked = schema.unchecked
-        if unchecked:
+        # One note for everything not schema-checked: the CRDs that could not be had say
+        # why; other unknown kinds (a Karpenter NodePool...) are only listed.
+        missing = found.note()
+        if missing:
+            notes.append(missing)
+        elif unchecked:
             shown = ", ".join(sorted(set(unchecked))[:5]) + (" ..." if len(unchecked) > 5 else "")
-            hint = "" if crds else " (pass --crds DIR to validate custom resources)"
-            notes.append(f"no schema known for {shown}: not schema-checked{hint}")
+            notes.append(f"no schema known for {shown}: not schema-checked")
     if inv.skipped:
         shown = ", ".join(inv.skipped[:5]) + (" ..." if len(inv.skipped) > 5 else "")
         notes.append(

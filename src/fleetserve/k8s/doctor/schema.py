@@ -2,9 +2,9 @@
 
 Design note:
 - Custom resources (RayService, RayCluster, RayJob, ServiceMonitor, PodMonitor,
-  PrometheusRule...) are checked against the OpenAPI v3 schema of their CRD, read from
-  ``--crds DIR`` (the CRD YAML as ``kubectl get crd -o yaml`` or the upstream release gives it)
-  and from any CustomResourceDefinition among the inputs. The walker follows the API server's
+  PrometheusRule...) are checked against the OpenAPI v3 schema of their CRD: the schemas
+  ``crds.py`` finds (cache, upstream release, cluster or ``--crds DIR``) and any
+  CustomResourceDefinition among the inputs. The walker follows the API server's
   structural-schema rules: ``type``, ``nullable`` (a null in a non-nullable field is pruned,
   not an error), ``enum``, ``required``, ``pattern``, length/size/range limits,
   ``x-kubernetes-int-or-string``, ``x-kubernetes-preserve-unknown-fields``,
@@ -126,6 +126,16 @@ class CrdSchemas:
             for doc in _crd_documents(str(f), stat.st_mtime_ns, stat.st_size):
                 out.add_crd(doc)
         return out
+
+    def add_file(self, path: str | Path) -> None:
+        """Register every CRD in one YAML file (parsed once per file version, then cached)."""
+        stat = Path(path).stat()
+        for doc in _crd_documents(str(path), stat.st_mtime_ns, stat.st_size):
+            self.add_crd(doc)
+
+    def copy(self) -> CrdSchemas:
+        """A copy that can take more CRDs without changing this one."""
+        return CrdSchemas({k: dict(v) for k, v in self.versions.items()})
 
     def lookup(self, api_version: str, kind: str) -> tuple[CrdVersion | None, list[str]]:
         """(schema for apiVersion/kind or None, the versions the CRD serves)."""
@@ -574,11 +584,19 @@ def _core_definitions(version: str) -> Any:
 
 
 def validators(
-    inv: Inventory, crds_dir: str | Path | None = None, k8s_version: str | None = None
+    inv: Inventory,
+    crds: str | Path | CrdSchemas | None = None,
+    k8s_version: str | None = None,
 ) -> list[SchemaValidator]:
-    """CRD validator (``--crds`` + CRDs among the inputs) and the core-kind validator."""
-    wanted = {(m.api_version.rpartition("/")[0], m.kind) for m in inv.manifests}
-    schemas = CrdSchemas.from_dir(crds_dir, wanted) if crds_dir is not None else CrdSchemas()
+    """CRD validator (``crds``: schemas already found, or a directory of CRD files; plus the
+    CRDs among the inputs) and the core-kind validator."""
+    if isinstance(crds, CrdSchemas):
+        schemas = crds.copy()
+    elif crds is not None:
+        wanted = {(m.api_version.rpartition("/")[0], m.kind) for m in inv.manifests}
+        schemas = CrdSchemas.from_dir(crds, wanted)
+    else:
+        schemas = CrdSchemas()
     for m in inv.of_kind("CustomResourceDefinition"):
         schemas.add_crd(m.body)
     return [CrdValidator(schemas), CoreValidator(k8s_version)]
@@ -594,7 +612,7 @@ class SchemaReport:
 
 def validate_schemas(
     inv: Inventory,
-    crds_dir: str | Path | None = None,
+    crds_dir: str | Path | CrdSchemas | None = None,
     k8s_version: str | None = None,
     chain: Iterable[SchemaValidator] | None = None,
 ) -> SchemaReport:
