@@ -345,6 +345,42 @@ class ServerSpec(StrictModel):
     drain_timeout_s: float = Field(
         default=30, ge=0, le=3600, description="On shutdown, wait this long for in-flight."
     )
+    max_body_mb: float = Field(
+        default=32,
+        gt=0,
+        le=2000,
+        description="Largest request body (MiB; 1 MiB = 2^20 bytes), base64 images in chat "
+        "messages included; larger gets 413.",
+    )
+    max_header_count: int = Field(
+        default=100, ge=8, le=10_000, description="Most request headers; more gets 431."
+    )
+    max_header_bytes: int = Field(
+        default=32_768,
+        ge=1024,
+        le=1_048_576,
+        description="Largest request line + headers block (bytes); larger gets 431.",
+    )
+    max_header_value_bytes: int = Field(
+        default=8192,
+        ge=256,
+        le=1_048_576,
+        description="Largest single header (name + value, Authorization included); larger "
+        "gets 431.",
+    )
+    header_timeout_s: float = Field(
+        default=10,
+        gt=0,
+        le=600,
+        description="A client must send its request line and headers within this (slow "
+        "headers get 408 and the connection closes).",
+    )
+    body_timeout_s: float = Field(
+        default=60,
+        gt=0,
+        le=3600,
+        description="A client must send the whole request body within this (else 408).",
+    )
     direct_ingress: bool = Field(
         default=True,
         description="When fleetserve starts Ray itself: the ingress replica listens on "

@@ -14,9 +14,13 @@ Hot-path choices:
   instead of once per token.
 * Disconnect: closing the iterator early answers the app's next ``receive()`` with
   ``http.disconnect`` (Starlette's StreamingResponse and vLLM's ``with_cancellation`` both
-  listen for it) and then cancels the app task; cancelling vLLM's generator aborts the
-  request inside AsyncLLM. Both paths are needed: a handler still rendering the prompt
-  only sees the cancellation.
+  listen for it), gives the app up to :data:`DISCONNECT_GRACE_S` to finish on its own, and
+  then cancels the app task. The wait is what makes non-streamed requests abort: vLLM's
+  ``with_cancellation`` runs the handler in a task of its own and cancels it when its
+  watcher sees ``http.disconnect``; cancelling the app task first only cancels the
+  ``asyncio.wait`` over the two, which leaves the handler task - and the generation -
+  running for nobody. Streams end either way (Starlette's task group is cancelled with the
+  app task, and cancelling vLLM's generator aborts the request inside AsyncLLM).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ AsgiApp = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
 
 #: Sentinel closing the stream of response items.
 _END = object()
+#: After a disconnect, how long the app may take to see it and end by itself.
+DISCONNECT_GRACE_S = 2.0
 
 
 class AsgiBridge:
@@ -135,13 +141,15 @@ class AsgiBridge:
             if not finished:
                 self.aborted += 1
                 disconnected.set()
-            if not task.done():
-                if not finished:
-                    # Give the app one turn to see http.disconnect and abort cleanly.
-                    await asyncio.sleep(0)
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            try:
+                if not task.done() and not finished:
+                    # Let the app's own disconnect watchers end it (see the module note).
+                    await asyncio.wait({task}, timeout=DISCONNECT_GRACE_S)
+            finally:
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
 
 
 def _head(message: Message) -> ResponseHead:

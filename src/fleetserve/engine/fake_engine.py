@@ -15,7 +15,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from starlette.applications import Starlette
@@ -66,6 +66,10 @@ class FakeEngine:
             raise EngineError(f"model '{self._config.name}': engine not started")
         return self._bridge.handle(request)
 
+    def mark_unhealthy(self) -> None:
+        """Fail health checks from now on, as a vLLM engine whose core died does."""
+        self._healthy = False
+
     async def check_health(self) -> None:
         if not self._healthy:
             raise EngineError(f"model '{self._config.name}': fake engine marked unhealthy")
@@ -87,10 +91,10 @@ class FakeEngine:
         return Response(status_code=200)
 
     async def _chat(self, request: Request) -> Response:
-        return await self._generate(request, chat=True)
+        return await _with_cancellation(request, self._generate(request, chat=True))
 
     async def _completions(self, request: Request) -> Response:
-        return await self._generate(request, chat=False)
+        return await _with_cancellation(request, self._generate(request, chat=False))
 
     async def _generate(self, request: Request, *, chat: bool) -> Response:
         try:
@@ -235,6 +239,33 @@ class FakeEngine:
             yield b"data: [DONE]\n\n"
         finally:
             self.running -= 1
+
+
+async def _with_cancellation(request: Request, handler: Coroutine[Any, Any, Response]) -> Response:
+    """Run ``handler`` until it ends or the client disconnects, as vLLM's routes do.
+
+    The same shape as ``vllm.entrypoints.utils.with_cancellation``: the handler runs in a
+    task of its own, raced against a task that watches ``receive()`` for
+    ``http.disconnect``; the loser is cancelled. Like vLLM's, the handler task is not
+    cancelled when the *caller* is cancelled - so the fake fails the way vLLM does if the
+    bridge cancels the app before the watcher sees the disconnect.
+    """
+    await request.body()  # parsed before the route runs, as FastAPI does for vLLM
+    work = asyncio.create_task(handler)
+    watch = asyncio.create_task(_listen_for_disconnect(request))
+    done, pending = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    if work in done:
+        return work.result()
+    return Response(status_code=499)
+
+
+async def _listen_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
 def _error(status: int, message: str, err_type: str, param: str | None) -> Response:

@@ -2,19 +2,24 @@
 
 ``HandleModelClient`` streams through Ray Serve ``DeploymentHandle``s (the real path);
 ``LocalModelClient`` calls engines in this process (unit tests of routing, auth and
-errors without Ray). Both map transport failures to the two errors the ingress turns into
-HTTP: :class:`ModelOverloadedError` (503 + Retry-After) and
-:class:`ModelUnavailableError` (503 + Retry-After).
+errors without Ray). Both map transport failures to the errors the ingress turns into
+HTTP: :class:`ModelOverloadedError` (503 + Retry-After), :class:`ModelUnavailableError`
+(503 + Retry-After) and :class:`ModelRequestTooLargeError` (413). Messages never carry
+Ray's internals (actor ids, class names); the cause is logged on the ingress instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 from fleetserve.engine.protocol import Engine, EngineRequest, EngineStats, ResponseHead
-from fleetserve.errors import ServeError
+from fleetserve.errors import EngineError, ServeError
+from fleetserve.serve.probes import ModelHealth
+
+logger = logging.getLogger(__name__)
 
 
 class ModelOverloadedError(ServeError):
@@ -23,6 +28,10 @@ class ModelOverloadedError(ServeError):
 
 class ModelUnavailableError(ServeError):
     """No replica of the model can take the request (starting, dead, or shut down)."""
+
+
+class ModelRequestTooLargeError(ServeError):
+    """The request is larger than the transport to the replica accepts."""
 
 
 class ModelClient(Protocol):
@@ -47,6 +56,17 @@ class LocalModelClient:
     async def stats(self, model: str, timeout_s: float) -> EngineStats:
         return self._engines[model].stats()
 
+    async def health(self) -> dict[str, ModelHealth]:
+        out = {}
+        for name, engine in self._engines.items():
+            try:
+                await engine.check_health()
+            except EngineError:
+                out[name] = ModelHealth(running=0, status="UNHEALTHY")
+            else:
+                out[name] = ModelHealth(running=1)
+        return out
+
 
 class HandleModelClient:
     """Ray Serve deployment handles, by model name."""
@@ -59,34 +79,21 @@ class HandleModelClient:
         self._handles = dict(handles)
 
     async def open(self, model: str, request: EngineRequest) -> AsyncIterator[ResponseHead | bytes]:
-        from ray.serve.exceptions import (  # noqa: PLC0415 - Ray only where Ray runs
-            BackPressureError,
-            DeploymentUnavailableError,
-        )
-
         gen = self._streams[model].handle.remote(request)
         finished = False
         try:
             try:
                 first = await gen.__anext__()
-            except BackPressureError as e:
-                raise ModelOverloadedError(
-                    f"model '{model}' is overloaded: every replica is busy and its queue "
-                    "is full; retry later"
-                ) from e
-            except DeploymentUnavailableError as e:
-                raise ModelUnavailableError(f"model '{model}' is unavailable: {e}") from e
             except StopAsyncIteration as e:
                 raise ModelUnavailableError(f"model '{model}' returned no response") from e
             except Exception as e:
-                if _is_replica_gone(e):
-                    raise ModelUnavailableError(
-                        f"model '{model}': its replica stopped; retry later"
-                    ) from e
-                raise
+                raise _translate(model, e) from e
             yield first
-            async for item in gen:
-                yield item
+            try:
+                async for item in gen:
+                    yield item
+            except Exception as e:
+                raise _translate(model, e) from e
             finished = True
         finally:
             if not finished:
@@ -97,10 +104,68 @@ class HandleModelClient:
         try:
             data = await asyncio.wait_for(self._handles[model].stats.remote(), timeout_s)
         except Exception as e:
-            raise ModelUnavailableError(f"model '{model}': no replica answered: {e}") from e
+            logger.warning("stats of model %r failed: %r", model, e)
+            raise ModelUnavailableError(f"model '{model}': no replica answered") from e
         return EngineStats(**data)
+
+    async def health(self) -> dict[str, ModelHealth]:
+        from ray import serve  # noqa: PLC0415 - Ray only where Ray runs
+
+        # serve.status() is a blocking controller call: keep it off the event loop.
+        status = await asyncio.to_thread(serve.status)
+        out: dict[str, ModelHealth] = {}
+        for model, handle in self._handles.items():
+            app = status.applications.get(handle.app_name)
+            dep = app.deployments.get(handle.deployment_name) if app is not None else None
+            if dep is None:
+                out[model] = ModelHealth(running=0, status="MISSING")
+                continue
+            states = {str(getattr(k, "value", k)): n for k, n in dep.replica_states.items()}
+            out[model] = ModelHealth(
+                running=int(states.get("RUNNING", 0)),
+                status=str(getattr(dep.status, "value", dep.status)),
+            )
+        return out
+
+
+def _translate(model: str, error: Exception) -> Exception:
+    """A transport or replica failure as one of our errors, without Ray's internals."""
+    from ray.serve.exceptions import (  # noqa: PLC0415 - Ray only where Ray runs
+        BackPressureError,
+        DeploymentUnavailableError,
+    )
+
+    if isinstance(error, ModelUnavailableError | ModelOverloadedError | ModelRequestTooLargeError):
+        return error
+    if isinstance(error, BackPressureError):
+        return ModelOverloadedError(
+            f"model '{model}' is overloaded: every replica is busy and its queue is full; "
+            "retry later"
+        )
+    if isinstance(error, DeploymentUnavailableError):
+        return ModelUnavailableError(f"model '{model}' is not deployed; retry later")
+    if _is_too_large(error):
+        return ModelRequestTooLargeError(
+            f"the request is larger than the transport to model '{model}' accepts "
+            "(RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH on this cluster); send a smaller body"
+        )
+    logger.warning("model %r: replica call failed: %r", model, error)
+    if _is_replica_gone(error):
+        return ModelUnavailableError(f"model '{model}': its replica stopped; retry later")
+    return ModelUnavailableError(f"model '{model}' failed to answer; retry later")
+
+
+def _is_too_large(error: BaseException) -> bool:
+    text = str(error)
+    return "RESOURCE_EXHAUSTED" in text or "larger than max" in text
 
 
 def _is_replica_gone(error: BaseException) -> bool:
     name = type(error).__name__
-    return name in {"ActorDiedError", "ActorUnavailableError", "RayActorError"}
+    return name in {
+        "ActorDiedError",
+        "ActorUnavailableError",
+        "RayActorError",
+        "AioRpcError",
+        "RayTaskError",
+    }

@@ -10,6 +10,8 @@ from starlette.responses import Response
 
 #: Seconds a client should wait before retrying an overloaded or draining server.
 RETRY_AFTER_S = 1
+#: ... and before retrying a model whose replicas are all restarting (engine load is slow).
+REPLICA_RETRY_AFTER_S = 10
 
 
 def error_response(
@@ -41,5 +43,16 @@ def unauthorized(message: str) -> Response:
     return error_response(401, message, "AuthenticationError")
 
 
-def unavailable(message: str) -> Response:
-    return error_response(503, message, "ServiceUnavailableError", retry_after=RETRY_AFTER_S)
+def unavailable(message: str, retry_after: int = RETRY_AFTER_S) -> Response:
+    return error_response(503, message, "ServiceUnavailableError", retry_after=retry_after)
+
+
+def internal_error() -> Response:
+    """A 500 that names nothing internal (the cause is logged by the caller)."""
+    return error_response(500, "internal server error", "InternalServerError")
+
+
+def sse_error(status: int, message: str, err_type: str) -> bytes:
+    """An error event that ends an SSE stream, then ``[DONE]`` (as vLLM ends one)."""
+    body = {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"

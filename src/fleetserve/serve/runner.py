@@ -45,6 +45,7 @@ from fleetserve.errors import ServeError
 from fleetserve.plan.result import EngineSettings
 from fleetserve.serve.api_keys import ApiKeyTable
 from fleetserve.serve.app import APP_NAME, build_application, resolve_model_paths
+from fleetserve.serve.limits import RequestLimits, serve_request_timeout_s, transport_env
 from fleetserve.serve.resources import ClusterCapacity, ResourcePlan, fit_resources
 from fleetserve.serve.settings import engine_settings
 from fleetserve.spec import FleetSpec
@@ -53,6 +54,8 @@ from fleetserve.spec import FleetSpec
 _POLL_S = 1.0
 #: Tries of serve.start + deploy when a Serve actor is replaced under us.
 _DEPLOY_ATTEMPTS = 3
+#: After the drain timeout: how long the ingress gets to send the requests' error events.
+_CUT_GRACE_S = 3.0
 #: Seconds of unchanged start-up status before a "still starting" line.
 _HEARTBEAT_S = 20.0
 #: Longest wait for the application to run (engine load is ~1 min on a laptop CPU;
@@ -222,6 +225,9 @@ class FleetServer:
         if o.spec.server.direct_ingress:
             for key, value in fast_path_env(o.port, verbose=o.verbose).items():
                 os.environ.setdefault(key, value)
+        # A body within server.max_body_mb must cross the ingress -> replica gRPC hop.
+        for key, value in transport_env(RequestLimits.from_spec(o.spec.server)).items():
+            os.environ.setdefault(key, value)
         try:
             ray.init(**kwargs)
         except Exception as e:
@@ -247,7 +253,11 @@ class FleetServer:
                     http_options={
                         "host": o.host,
                         "port": proxy_port,
-                        "request_timeout_s": o.spec.server.request_timeout_s,
+                        # A backstop: the ingress's own deadline ends requests first,
+                        # in the OpenAI error shape (serve/limits.py).
+                        "request_timeout_s": serve_request_timeout_s(
+                            o.spec.server.request_timeout_s
+                        ),
                     }
                 )
                 self._submit(app)
@@ -401,6 +411,15 @@ class FleetServer:
                 break
         if left > 0:
             self.console.print(f"fleetserve: drain timeout; cutting {left} request(s)")
+            # End them with an error (an SSE error event for streams), not a silent cut.
+            try:
+                ingress.end_requests.remote().result(timeout_s=10)
+                deadline = time.monotonic() + _CUT_GRACE_S
+                while left > 0 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    left = int(ingress.in_flight.remote().result(timeout_s=10))
+            except Exception as e:
+                self.console.print(f"fleetserve: cannot end requests cleanly ({e})")
 
     def _shutdown(self) -> None:
         import ray  # noqa: PLC0415
