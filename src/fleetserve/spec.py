@@ -117,6 +117,47 @@ class ReplicaSpec(StrictModel):
         ),
     )
 
+    target_kv_cache_usage: float = Field(
+        default=0.85,
+        gt=0,
+        le=1,
+        description="Autoscaling target: mean KV-cache usage per replica (vLLM's "
+        "kv_cache_usage_perc); above it the model scales up.",
+    )
+    target_waiting_requests: float = Field(
+        default=2,
+        gt=0,
+        le=10_000,
+        description="Autoscaling: requests waiting inside the engines (batch full) worth "
+        "one more replica.",
+    )
+    upscale_delay_s: float = Field(
+        default=30,
+        ge=0,
+        le=3600,
+        description="Autoscaling: a scale-up must be wanted this long before it happens "
+        "(from zero replicas a request scales up at once).",
+    )
+    downscale_delay_s: float = Field(
+        default=600,
+        ge=0,
+        le=86_400,
+        description="Autoscaling: a scale-down must be wanted this long before it happens.",
+    )
+    look_back_period_s: float = Field(
+        default=30,
+        gt=0,
+        le=3600,
+        description="Autoscaling: window the load signals are averaged over.",
+    )
+    cold_start_timeout_s: float = Field(
+        default=300,
+        gt=0,
+        le=3600,
+        description="With min 0: how long a request waits for the first replica to start "
+        "before it gets 503 with Retry-After.",
+    )
+
     @model_validator(mode="after")
     def _ordered(self) -> ReplicaSpec:
         if self.min > self.max:
@@ -128,6 +169,45 @@ class ReplicaSpec(StrictModel):
                 "the autoscaler would never see its target"
             )
         return self
+
+
+class RoutingSpec(StrictModel):
+    """How requests pick one of a model's replicas (a Ray Serve request router)."""
+
+    policy: Literal["prefix", "pow2", "round_robin"] = Field(
+        default="prefix",
+        description="prefix: the replica whose KV cache most likely holds the "
+        "conversation's prefix, within a bounded load; pow2: Ray Serve's power of two "
+        "choices on queue length; round_robin: in turn.",
+    )
+    block_chars: int = Field(
+        default=64,
+        ge=8,
+        le=8192,
+        description="prefix: characters per hashed prompt block (64 is about vLLM's "
+        "16-token GPU block; vLLM on CPU caches 128-token blocks).",
+    )
+    load_factor: float = Field(
+        default=1.25,
+        ge=1,
+        le=10,
+        description="prefix: bounded load - no replica takes a request by affinity while "
+        "it holds more than load_factor x the mean ongoing requests.",
+    )
+    load_weight: float = Field(
+        default=4,
+        ge=0,
+        le=10_000,
+        description="prefix: matched prompt blocks one ongoing request on a replica is "
+        "worth (more: spread load; less: follow the cache).",
+    )
+    stats_period_s: float = Field(
+        default=2,
+        gt=0,
+        le=600,
+        description="How often each replica reports its cached prefixes and load to the "
+        "routers.",
+    )
 
 
 class ResourceSpec(StrictModel):
@@ -203,6 +283,9 @@ class ModelSpec(StrictModel):
     tensor_parallel: int = Field(default=1, ge=1, le=64, description="GPUs per replica (TP).")
     pipeline_parallel: int = Field(default=1, ge=1, le=64, description="Pipeline stages.")
     replicas: ReplicaSpec = Field(default_factory=ReplicaSpec, description="Replica counts.")
+    routing: RoutingSpec = Field(
+        default_factory=RoutingSpec, description="How requests pick a replica."
+    )
     resources: ResourceSpec = Field(
         default_factory=ResourceSpec, description="Ray resources per replica."
     )

@@ -36,6 +36,7 @@ from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 from fleetserve.engine.asgi_bridge import AsgiBridge
 from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
+from fleetserve.engine.signals import SignalsHolder, vllm_signals_logger
 from fleetserve.errors import EngineError
 
 
@@ -64,6 +65,8 @@ class VllmEngine:
         self._bridge: AsgiBridge | None = None
         self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = None
         self._placement_group: Any = None
+        # Latest scheduler signals (waiting, KV usage, prefix hits) for routing/autoscaling.
+        self._signals = SignalsHolder()
 
     async def start(self) -> None:
         # spawn, not fork: this process runs Ray's threads (vllm serve's CLI does the same).
@@ -95,7 +98,7 @@ class VllmEngine:
         self._engine = AsyncLLM.from_vllm_config(
             vllm_config=vllm_config,
             usage_context=UsageContext.OPENAI_API_SERVER,
-            stat_loggers=_ray_stat_loggers(),
+            stat_loggers=[*(_ray_stat_loggers() or []), vllm_signals_logger(self._signals)],
             enable_log_requests=engine_args.enable_log_requests,
             aggregate_engine_logging=engine_args.aggregate_engine_logging,
             disable_log_stats=engine_args.disable_log_stats,
@@ -135,13 +138,15 @@ class VllmEngine:
         running = 0
         if self._engine is not None:
             running = int(self._engine.get_num_unfinished_requests())
+        extra = dict(self._signals.values)
         if bridge is None:
-            return EngineStats(running=running)
+            return EngineStats(running=running, extra=extra)
         return EngineStats(
             running=running,
             in_flight=bridge.in_flight,
             aborted=bridge.aborted,
             completed=bridge.completed,
+            extra=extra,
         )
 
     async def shutdown(self) -> None:

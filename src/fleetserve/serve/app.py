@@ -37,6 +37,7 @@ from fleetserve.engine.config import EngineConfig, EngineKind
 from fleetserve.errors import SpecError
 from fleetserve.plan.result import EngineSettings
 from fleetserve.serve.api_keys import ApiKeyTable
+from fleetserve.serve.deployment_options import replica_count_options, request_router_options
 from fleetserve.serve.ingress import Ingress
 from fleetserve.serve.model_server import ModelServer
 from fleetserve.serve.resources import ResourcePlan, plan_resources
@@ -109,6 +110,7 @@ def build_application(
     """The Serve application: ingress + one deployment per model."""
     handles: dict[str, Any] = {}
     routes: list[dict[str, Any]] = []
+    cold_starts: dict[str, dict[str, Any]] = {}
     ingress_ongoing = _INGRESS_MIN_ONGOING
     for model in spec.models:
         r = model.replicas
@@ -125,18 +127,13 @@ def build_application(
             "max_ongoing_requests": r.max_ongoing_requests,
             "max_queued_requests": r.max_queued_requests,
             "graceful_shutdown_timeout_s": spec.server.drain_timeout_s,
+            **replica_count_options(model),
+            **request_router_options(model),
         }
-        if r.min == r.max:
-            options["num_replicas"] = r.min
-        else:
-            options["autoscaling_config"] = {
-                "min_replicas": r.min,
-                "max_replicas": r.max,
-                "initial_replicas": max(r.min, 1),
-                "target_ongoing_requests": r.target_ongoing_requests,
-            }
         handles[model.name] = (
-            _deployment(ModelServer).options(**options).bind(config.model_dump(mode="json"))
+            _deployment(ModelServer)
+            .options(**options)
+            .bind(config.model_dump(mode="json"), model.routing.block_chars)
         )
         routes.append(
             {
@@ -145,6 +142,11 @@ def build_application(
                 "min_replicas": r.min,
             }
         )
+        if r.min == 0:
+            cold_starts[model.name] = {
+                "deployment": deployment_name(model.name),
+                "timeout_s": r.cold_start_timeout_s,
+            }
         ingress_ongoing += r.max * r.max_ongoing_requests + r.max_queued_requests
     app: Application = (
         _deployment(Ingress)
@@ -154,7 +156,7 @@ def build_application(
             max_ongoing_requests=ingress_ongoing,
             graceful_shutdown_timeout_s=spec.server.drain_timeout_s,
         )
-        .bind(routes, keys.to_args(), handles)
+        .bind(routes, keys.to_args(), handles, cold_starts)
     )
     return app
 

@@ -17,6 +17,7 @@ from fleetserve.serve.api_keys import ApiKeyTable
 from fleetserve.serve.gateway import Gateway, ModelRoute, create_api
 from fleetserve.serve.metrics import RayMetricsSink
 from fleetserve.serve.model_client import HandleModelClient
+from fleetserve.serve.scale_to_zero import ColdStart, ColdStartClient
 
 
 @serve.deployment(graceful_shutdown_wait_loop_s=1)
@@ -25,12 +26,21 @@ class Ingress:
     """Routes OpenAI requests by ``model`` to the model deployments."""
 
     def __init__(
-        self, routes: list[dict[str, Any]], keys: dict[str, Any], handles: dict[str, Any]
+        self,
+        routes: list[dict[str, Any]],
+        keys: dict[str, Any],
+        handles: dict[str, Any],
+        cold_starts: dict[str, dict[str, Any]] | None = None,
     ) -> None:
+        # Models with replicas.min 0: a request waits (bounded) for their first replica.
+        client = ColdStartClient(
+            HandleModelClient(handles),
+            {m: ColdStart(**c) for m, c in (cold_starts or {}).items()},
+        )
         self.gateway = Gateway(
             [ModelRoute(**r) for r in routes],
             ApiKeyTable.from_args(keys),
-            HandleModelClient(handles),
+            client,
             metrics_sink=RayMetricsSink(),
         )
 

@@ -17,6 +17,8 @@ from ray import serve
 from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.factory import create_engine
 from fleetserve.engine.protocol import EngineRequest, ResponseHead
+from fleetserve.engine.signals import KV_CAPACITY_TOKENS, engine_signals
+from fleetserve.serve.routing.ledger import CacheLedger
 
 
 @serve.deployment(
@@ -28,13 +30,16 @@ class ModelServer:
     """One replica of one model."""
 
     # Ray Serve awaits an async constructor; the engine loads before the replica is ready.
-    async def __init__(self, engine: dict[str, Any]) -> None:  # type: ignore[misc]
+    async def __init__(self, engine: dict[str, Any], block_chars: int) -> None:  # type: ignore[misc]
         self._config = EngineConfig.model_validate(engine)
         self._engine = create_engine(self._config)
+        # The prompt blocks this replica served, reported to the routers (routing.ledger).
+        self._ledger = CacheLedger(block_chars)
         await self._engine.start()
 
     async def handle(self, request: EngineRequest) -> AsyncIterator[ResponseHead | bytes]:
         """Stream one request's response (head first)."""
+        self._ledger.observe(request)
         async for item in self._engine.handle(request):
             yield item
 
@@ -44,6 +49,23 @@ class ModelServer:
     def stats(self) -> dict[str, Any]:
         """This replica's engine stats (see :class:`EngineStats`)."""
         return dataclasses.asdict(self._engine.stats())
+
+    def _signals(self) -> tuple[Any, dict[str, float]]:
+        stats = self._engine.stats()
+        return stats, engine_signals(stats, self._config.settings.max_num_seqs)
+
+    async def record_routing_stats(self) -> dict[str, Any]:
+        """Pulled by Serve every ``routing.stats_period_s`` and handed to the routers."""
+        stats, signals = self._signals()
+        capacity = signals.get(KV_CAPACITY_TOKENS)
+        if capacity:
+            self._ledger.set_kv_capacity_tokens(int(capacity))
+        return self._ledger.report(stats, signals)
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Custom autoscaling metrics (fleetserve.serve.autoscaling reads them)."""
+        stats, signals = self._signals()
+        return {**signals, "running": float(stats.running)}
 
     async def __del__(self) -> None:
         await self._engine.shutdown()

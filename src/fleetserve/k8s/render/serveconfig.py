@@ -8,10 +8,11 @@ and the per-model ``engine_settings`` from the plan. Ray-level options are writt
 Serve and ``doctor`` read them, in ``deployments[]`` (they override the app's code), one per
 model:
 
-* ``autoscaling_config`` from ``models[].replicas`` (min/max/target_ongoing_requests), or
-  ``num_replicas`` when min == max - never both - and ``max_ongoing_requests``: the current
-  field names, not the removed ``max_concurrent_queries``/
-  ``target_num_ongoing_requests_per_replica``;
+* ``autoscaling_config`` from ``models[].replicas`` (min/max/target_ongoing_requests, delays,
+  fleetserve's LLM autoscaling policy), or ``num_replicas`` when min == max - never both -
+  and ``max_ongoing_requests``: the current field names, not the removed
+  ``max_concurrent_queries``/``target_num_ongoing_requests_per_replica``;
+* ``request_router_config``: fleetserve's prefix-aware router with ``models[].routing``;
 * ``ray_actor_options``: the replica's CPUs, one unit of the model's custom resource (pins it
   to its worker group), and its GPUs - ``num_gpus`` = the pod's cards for one card, or, for
   tensor/pipeline parallelism, a STRICT_PACK placement group with one ``{GPU: 1}`` bundle per
@@ -29,6 +30,7 @@ from typing import Any
 
 from fleetserve.k8s.render.groups import WorkerGroup
 from fleetserve.k8s.render.secrets import spec_for_cluster
+from fleetserve.serve.deployment_options import replica_count_options, request_router_options
 from fleetserve.spec import FleetSpec, ModelSpec
 
 #: Import path of fleetserve's Serve application builder.
@@ -114,17 +116,11 @@ def serve_config(
             "name": deployment_name(model.name),
             "max_ongoing_requests": replicas.max_ongoing_requests,
         }
-        # As the app does in code: a fixed count when min == max, else autoscaling (Serve
-        # rejects num_replicas together with autoscaling_config).
-        if replicas.min == high:
-            deployment["num_replicas"] = high
-        else:
-            deployment["autoscaling_config"] = {
-                "min_replicas": replicas.min,
-                "max_replicas": high,
-                "initial_replicas": max(replicas.min, 1),
-                "target_ongoing_requests": _number(replicas.target_ongoing_requests),
-            }
+        # As the app does in code (one source: serve.deployment_options): a fixed count
+        # when min == max, else autoscaling with fleetserve's LLM policy (Serve rejects
+        # num_replicas together with autoscaling_config); fleetserve's request router.
+        deployment.update(replica_count_options(model, high))
+        deployment.update(request_router_options(model))
         deployment["graceful_shutdown_timeout_s"] = _number(spec.server.drain_timeout_s)
         deployment.update(replica_options(model, group))
         deployments.append(deployment)

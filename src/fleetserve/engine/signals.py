@@ -1,0 +1,91 @@
+"""Engine load signals for routing and autoscaling: waiting requests, KV-cache usage,
+prefix-cache hits, generated tokens/s.
+
+vLLM computes these in its scheduler and hands them to its stat loggers after every
+engine step; :class:`VllmSignals` is such a logger that only keeps the latest values
+(no I/O), so reading them from the replica's event loop costs a dict copy. Engines without
+it (the fake engine) fall back to :func:`fallback_signals`, derived from the request counts
+every engine reports.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fleetserve.engine.protocol import EngineStats
+
+#: Keys of ``EngineStats.extra`` (and of the replicas' routing/autoscaling reports).
+WAITING = "waiting"
+KV_CACHE_USAGE = "kv_cache_usage"
+PREFIX_HITS = "prefix_cache_hits"
+PREFIX_QUERIES = "prefix_cache_queries"
+TOKENS_PER_S = "generation_tokens_per_s"
+KV_CAPACITY_TOKENS = "kv_capacity_tokens"
+
+
+class SignalsHolder:
+    """The latest engine signals (one per engine; written by vLLM's logging loop)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+        self._tokens = 0
+        self._since = time.monotonic()
+
+    def update(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        if scheduler_stats is not None:
+            v = self.values
+            v[WAITING] = float(scheduler_stats.num_waiting_reqs)
+            v[KV_CACHE_USAGE] = float(scheduler_stats.kv_cache_usage)
+            prefix = scheduler_stats.prefix_cache_stats
+            if prefix is not None:
+                v[PREFIX_HITS] = v.get(PREFIX_HITS, 0.0) + float(prefix.hits)
+                v[PREFIX_QUERIES] = v.get(PREFIX_QUERIES, 0.0) + float(prefix.queries)
+        if iteration_stats is not None:
+            self._tokens += int(iteration_stats.num_generation_tokens)
+        now = time.monotonic()
+        if now - self._since >= 1.0:
+            self.values[TOKENS_PER_S] = self._tokens / (now - self._since)
+            self._tokens, self._since = 0, now
+
+
+def vllm_signals_logger(holder: SignalsHolder) -> Any:
+    """A vLLM per-engine stat-logger factory that feeds ``holder``."""
+    from vllm.v1.metrics.loggers import StatLoggerBase  # noqa: PLC0415 - vLLM only
+
+    class VllmSignals(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            cache = vllm_config.cache_config
+            if cache.num_gpu_blocks:
+                holder.values[KV_CAPACITY_TOKENS] = float(cache.num_gpu_blocks * cache.block_size)
+
+        def record(
+            self,
+            scheduler_stats: Any,
+            iteration_stats: Any,
+            mm_cache_stats: Any = None,
+            engine_idx: int = 0,
+        ) -> None:
+            holder.update(scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return VllmSignals
+
+
+def fallback_signals(stats: EngineStats, max_num_seqs: int) -> dict[str, float]:
+    """Signals of an engine that reports only request counts: the excess over the batch
+    size waits, and batch occupancy stands in for KV-cache usage."""
+    busy = max(stats.running, stats.in_flight)
+    return {
+        WAITING: float(max(0, busy - max_num_seqs)),
+        KV_CACHE_USAGE: min(1.0, busy / max(1, max_num_seqs)),
+    }
+
+
+def engine_signals(stats: EngineStats, max_num_seqs: int) -> dict[str, float]:
+    """The load signals of one replica: the engine's own, else derived from counts."""
+    out = fallback_signals(stats, max_num_seqs)
+    out.update(stats.extra)
+    return out

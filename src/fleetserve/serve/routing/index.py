@@ -1,0 +1,120 @@
+"""Which replica is likely to hold which prompt blocks in its KV cache (a router's view).
+
+Design note. Each replica gets an LRU set of block hashes bounded by its cache capacity in
+blocks (what the replica reports; a default until it has), mirroring vLLM's own LRU
+eviction. Two sources feed it: the router's own decisions (``add`` right after routing, so
+the next turn of a conversation finds its replica before any report arrives) and the
+replica's periodic report of the blocks it served (``merge``), which is what makes the view
+survive a restart of the router's process and agree across several routers. A replica that
+leaves is forgotten (``retain``/``drop``): a restarted replica is a new id with a cold cache.
+
+``match`` walks the request's chained hashes from the start; because block ``i``'s hash
+covers the whole prefix up to ``i``, the first miss ends the match for that replica.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+#: Blocks remembered for a replica that has not reported its capacity yet.
+DEFAULT_CAPACITY_BLOCKS = 8192
+
+
+class PrefixIndex:
+    """Per-replica LRU sets of block hashes, with a reverse map for matching."""
+
+    def __init__(self, default_capacity: int = DEFAULT_CAPACITY_BLOCKS) -> None:
+        self._default_capacity = default_capacity
+        self._blocks: dict[str, OrderedDict[int, None]] = {}
+        self._capacity: dict[str, int] = {}
+        self._owners: dict[int, set[str]] = {}
+        #: Blocks added by routing since the replica's last report, per replica.
+        self._pending: dict[str, list[int]] = {}
+
+    def replicas(self) -> set[str]:
+        return set(self._blocks)
+
+    def size(self, replica: str) -> int:
+        """Blocks remembered for ``replica``."""
+        return len(self._blocks.get(replica, ()))
+
+    def set_capacity(self, replica: str, blocks: int) -> None:
+        self._capacity[replica] = max(1, blocks)
+        self._evict(replica)
+
+    def add(self, replica: str, hashes: Sequence[int]) -> None:
+        """``replica`` now holds ``hashes`` (most recently used), by a routing decision."""
+        pending = self._pending.setdefault(replica, [])
+        pending.extend(hashes)
+        del pending[: -self._capacity.get(replica, self._default_capacity)]
+        self._insert(replica, hashes)
+
+    def _insert(self, replica: str, hashes: Sequence[int]) -> None:
+        lru = self._blocks.setdefault(replica, OrderedDict())
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+                self._owners.setdefault(h, set()).add(replica)
+        self._evict(replica)
+
+    def merge(self, replica: str, reported: Sequence[int]) -> None:
+        """A replica's report of the blocks it holds (oldest first) replaces our view.
+
+        The replica is the authority on what it still caches; only the blocks this router
+        added since its previous report (the report lags by a period) are kept on top.
+        """
+        pending = self._pending.pop(replica, [])
+        old = self._blocks.pop(replica, OrderedDict())
+        for h in old:
+            self._forget(h, replica)
+        self._insert(replica, reported)
+        self._insert(replica, pending)
+        self._pending[replica] = []
+
+    def drop(self, replica: str) -> None:
+        lru = self._blocks.pop(replica, None)
+        self._capacity.pop(replica, None)
+        self._pending.pop(replica, None)
+        for h in lru or ():
+            self._forget(h, replica)
+
+    def retain(self, replicas: Iterable[str]) -> None:
+        """Forget every replica not in ``replicas``."""
+        keep = set(replicas)
+        for replica in list(self._blocks):
+            if replica not in keep:
+                self.drop(replica)
+
+    def match(self, hashes: Sequence[int], replicas: Iterable[str]) -> dict[str, int]:
+        """Leading blocks of ``hashes`` each of ``replicas`` holds."""
+        depth = dict.fromkeys(replicas, 0)
+        alive = set(depth)
+        for i, h in enumerate(hashes):
+            owners = self._owners.get(h)
+            if not owners:
+                break
+            alive &= owners
+            if not alive:
+                break
+            for replica in alive:
+                depth[replica] = i + 1
+        return depth
+
+    def _evict(self, replica: str) -> None:
+        lru = self._blocks.get(replica)
+        if lru is None:
+            return
+        cap = self._capacity.get(replica, self._default_capacity)
+        while len(lru) > cap:
+            h, _ = lru.popitem(last=False)
+            self._forget(h, replica)
+
+    def _forget(self, h: int, replica: str) -> None:
+        owners = self._owners.get(h)
+        if owners is not None:
+            owners.discard(replica)
+            if not owners:
+                del self._owners[h]

@@ -1,0 +1,79 @@
+"""A request's prompt as a chain of block hashes, read from the raw request body.
+
+Design note. vLLM's prefix cache reuses KV blocks whose *whole token prefix* matches: block
+``i`` is keyed by the hash of block ``i`` chained with the hash of block ``i-1``. We mirror
+that on text, because the router must not tokenize (it runs in the ingress, on the hot
+path): the conversation is rendered to one canonical string (every message's role and
+content in order - a request that extends a conversation extends this string), cut into
+``block_chars`` pieces, and each piece hashed together with the previous hash. Two requests
+share their first ``k`` hashes exactly when their first ``k x block_chars`` characters are
+equal, which is when vLLM's chat template gives them (nearly) the same token prefix.
+
+What must stay true: hashes are deterministic across processes (replicas report them to
+routers), so they use BLAKE2b, never Python's salted ``hash``; only whole blocks are hashed
+(a partial tail can never be a cache hit in vLLM either).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pydantic_core
+
+#: Separates messages in the canonical text (cannot appear in JSON-decoded text unescaped
+#: by accident often enough to matter; collisions only cost a wrong routing guess).
+_SEP = "\x1e"
+
+
+def conversation_text(payload: Any) -> str | None:
+    """The canonical prompt text of an OpenAI request body (``None``: nothing to match)."""
+    if not isinstance(payload, dict):
+        return None
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        parts: list[str] = []
+        for message in messages:
+            if not isinstance(message, dict):
+                return None
+            parts.append(f"{message.get('role', '')}:{_content_text(message.get('content'))}")
+        return _SEP.join(parts) + _SEP if parts else None
+    prompt = payload.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+        return ",".join(map(str, prompt))  # token ids: their text is as good a key
+    return None
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: the text ones carry the prefix
+        return "".join(
+            part.get("text", "") if isinstance(part, dict) else str(part) for part in content
+        )
+    return "" if content is None else str(content)
+
+
+def block_hashes(text: str, block_chars: int) -> list[int]:
+    """Chained 64-bit hashes of the whole ``block_chars`` blocks of ``text``."""
+    data = text.encode("utf-8", "surrogatepass")
+    out: list[int] = []
+    prev = b""
+    # Cut the encoded bytes, not the str: equal text prefixes give equal byte prefixes.
+    for start in range(0, len(data) - block_chars + 1, block_chars):
+        digest = hashlib.blake2b(prev + data[start : start + block_chars], digest_size=8)
+        prev = digest.digest()
+        out.append(int.from_bytes(prev, "big", signed=True))
+    return out
+
+
+def request_blocks(body: bytes, block_chars: int) -> list[int]:
+    """Block hashes of a raw OpenAI request body (empty when it has no prompt to match)."""
+    try:
+        payload = pydantic_core.from_json(body) if body else None
+    except ValueError:
+        return []
+    text = conversation_text(payload)
+    return block_hashes(text, block_chars) if text else []

@@ -1,0 +1,189 @@
+"""The Ray Serve request router of every fleetserve model deployment.
+
+Ray Serve (2.60 ``RequestRouter`` API) runs one instance per deployment handle, inside the
+process that holds the handle - the ingress. ``choose_replicas`` returns replicas in
+preference order, one per rank; Serve sends to the first one whose queue has room (its
+``max_ongoing_requests`` check), so a full preferred replica falls through to the next.
+
+Hot path (per request): read the ``EngineRequest`` the ingress passes (its raw JSON body),
+hash its conversation once (cached by request id across routing retries), match against the
+local :class:`~fleetserve.serve.routing.index.PrefixIndex`, rank with
+:func:`~fleetserve.serve.routing.policy.rank_replicas`. No remote call: loads are this
+router's own in-flight counts (exact for its traffic) or Serve's queue-length cache; KV usage
+and cached blocks come from the replicas' periodic routing stats, which Serve broadcasts to
+routers (``update_replicas``).
+
+This module is shipped to the ingress by value (Serve cloudpickles the router's module), so
+the state it shares with the rest of fleetserve lives in imported modules (``registry``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
+from ray.serve.request_router import (
+    LocalityMixin,
+    MultiplexMixin,
+    PendingRequest,
+    ReplicaID,
+    RequestRouter,
+    RunningReplica,
+)
+
+from fleetserve.engine.signals import KV_CACHE_USAGE
+from fleetserve.serve.routing import registry
+from fleetserve.serve.routing.index import PrefixIndex
+from fleetserve.serve.routing.policy import PrefixParams, ReplicaView, rank_replicas
+from fleetserve.serve.routing.prefix import request_blocks
+
+#: Hashed requests kept between routing and their routed/completed hooks.
+_MAX_PENDING_BLOCKS = 10_000
+
+
+class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
+    """prefix | pow2 | round_robin routing for one model deployment."""
+
+    def initialize_state(
+        self,
+        policy: str = "prefix",
+        block_chars: int = 64,
+        load_factor: float = 1.25,
+        load_weight: float = 4.0,
+        **_: Any,
+    ) -> None:
+        self._policy = policy
+        self._block_chars = block_chars
+        self._params = PrefixParams(load_factor=load_factor, load_weight=load_weight)
+        self._index = PrefixIndex()
+        self._inflight: dict[str, int] = {}
+        self._blocks_by_request: dict[str, list[int]] = {}
+        self._report_marks: dict[str, tuple[Any, ...]] = {}
+        self._kv_usage: dict[str, float] = {}
+        self._turn = itertools.count()
+        self.decisions = {"affinity": 0, "balance": 0}
+        registry.publish(self._deployment_id.name, 0)
+
+    # ------------------------------------------------------------------ choosing
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        if len(candidate_replicas) <= 1:
+            return [candidate_replicas] if candidate_replicas else []
+        if self._policy == "pow2" or pending_request is None:
+            # Serve's own power-of-two choice, run on this router's state (it only needs
+            # the mixins this class has), as Ray Serve LLM's prefix router also does.
+            pow2 = PowerOfTwoChoicesRequestRouter.choose_replicas
+            ranked: list[list[RunningReplica]] = await pow2(
+                self,  # type: ignore[arg-type]
+                candidate_replicas,
+                pending_request,
+            )
+            return ranked
+        if self._policy == "round_robin":
+            start = next(self._turn) % len(candidate_replicas)
+            rotated = candidate_replicas[start:] + candidate_replicas[:start]
+            return [[r] for r in rotated]
+        blocks = self._blocks(pending_request)
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        views = [
+            ReplicaView(
+                id=rid,
+                load=self._load(r),
+                max_ongoing=r.max_ongoing_requests,
+                kv_usage=self._kv_usage.get(rid, 0.0),
+            )
+            for rid, r in by_id.items()
+        ]
+        choice = rank_replicas(blocks, views, self._index, self._params)
+        self.decisions[choice.reason] += 1
+        return [[by_id[rid]] for rid in choice.order]
+
+    def _blocks(self, pending_request: PendingRequest) -> list[int]:
+        key = pending_request.metadata.internal_request_id
+        blocks = self._blocks_by_request.get(key)
+        if blocks is None:
+            body = _body(pending_request)
+            blocks = request_blocks(body, self._block_chars) if body else []
+            if len(self._blocks_by_request) >= _MAX_PENDING_BLOCKS:
+                # Requests cancelled before routing never reach the hooks that pop them.
+                self._blocks_by_request.clear()
+            self._blocks_by_request[key] = blocks
+        return blocks
+
+    def _load(self, replica: RunningReplica) -> int:
+        rid = replica.replica_id
+        mine = self._inflight.get(rid.unique_id, 0)
+        cached = self._replica_queue_len_cache.get(rid)
+        return max(mine, cached) if cached is not None else mine
+
+    # ------------------------------------------------------------------ lifecycle hooks
+
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
+    ) -> None:
+        rid = replica_id.unique_id
+        self._inflight[rid] = self._inflight.get(rid, 0) + 1
+        blocks = self._blocks_by_request.pop(pending_request.metadata.internal_request_id, None)
+        if blocks:
+            self._index.add(rid, blocks)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        rid = replica_id.unique_id
+        left = self._inflight.get(rid, 0) - 1
+        if left > 0:
+            self._inflight[rid] = left
+        else:
+            self._inflight.pop(rid, None)
+        self._blocks_by_request.pop(internal_request_id, None)
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        ids = {r.replica_id.unique_id for r in replicas}
+        self._index.retain(ids)
+        for gone in set(self._inflight) - ids:
+            del self._inflight[gone]
+        for gone in set(self._report_marks) - ids:
+            del self._report_marks[gone]
+            self._kv_usage.pop(gone, None)
+        for r in replicas:
+            self._merge_report(r.replica_id.unique_id, r.routing_stats or {})
+        registry.publish(self._deployment_id.name, len(self._replicas))
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        rid = replica_id.unique_id
+        self._index.drop(rid)
+        self._inflight.pop(rid, None)
+        self._report_marks.pop(rid, None)
+        self._kv_usage.pop(rid, None)
+        registry.publish(self._deployment_id.name, len(self._replicas))
+
+    def _merge_report(self, rid: str, stats: dict[str, Any]) -> None:
+        blocks = stats.get("blocks")
+        if not isinstance(blocks, list):
+            return
+        mark = (stats.get("served"), len(blocks), blocks[-1] if blocks else None)
+        if self._report_marks.get(rid) == mark:
+            return
+        self._report_marks[rid] = mark
+        capacity = stats.get("capacity_blocks")
+        if isinstance(capacity, int):
+            self._index.set_capacity(rid, capacity)
+        self._index.merge(rid, blocks)
+        kv = stats.get(KV_CACHE_USAGE)
+        if isinstance(kv, int | float):
+            self._kv_usage[rid] = float(kv)
+
+
+def _body(pending_request: PendingRequest) -> bytes:
+    """The raw JSON body of the ``EngineRequest`` among the request's arguments."""
+    for arg in pending_request.args:
+        body = getattr(arg, "body", None)
+        if isinstance(body, bytes | bytearray):
+            return bytes(body)
+    return b""

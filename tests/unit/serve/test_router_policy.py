@@ -1,0 +1,205 @@
+"""The routing decision through its pure seam: prompt hashing, the prefix index, and the
+bounded-load choice over fake replicas with queues and cache state."""
+
+from __future__ import annotations
+
+import json
+
+from fleetserve.engine.protocol import EngineRequest, EngineStats
+from fleetserve.serve.routing.index import PrefixIndex
+from fleetserve.serve.routing.ledger import CacheLedger
+from fleetserve.serve.routing.policy import (
+    PrefixParams,
+    ReplicaView,
+    load_bound,
+    rank_replicas,
+)
+from fleetserve.serve.routing.prefix import block_hashes, conversation_text, request_blocks
+
+SYSTEM = "You are a support agent for ACME. " * 20  # ~680 characters
+
+
+def body(messages: list[dict[str, str]]) -> bytes:
+    return json.dumps({"model": "m", "messages": messages, "max_tokens": 4}).encode()
+
+
+def turn(n: int) -> list[dict[str, str]]:
+    msgs = [{"role": "system", "content": SYSTEM}]
+    for i in range(n):
+        msgs.append({"role": "user", "content": f"question {i} " * 10})
+        msgs.append({"role": "assistant", "content": f"answer {i} " * 10})
+    return msgs
+
+
+def views(loads: dict[str, int], max_ongoing: int = 64) -> list[ReplicaView]:
+    return [ReplicaView(rid, load, max_ongoing) for rid, load in loads.items()]
+
+
+# --------------------------------------------------------------------------- hashing
+
+
+def test_a_longer_conversation_extends_the_block_chain() -> None:
+    short = request_blocks(body(turn(1)), 64)
+    longer = request_blocks(body(turn(2)), 64)
+    assert len(short) >= 10
+    assert longer[: len(short)] == short
+    assert len(longer) > len(short)
+
+
+def test_blocks_cover_whole_blocks_only_and_are_chained() -> None:
+    assert block_hashes("a" * 63, 64) == []
+    one = block_hashes("a" * 64, 64)
+    two = block_hashes("a" * 128, 64)
+    assert len(one) == 1
+    assert len(two) == 2
+    assert two[0] == one[0]
+    assert two[1] != two[0]
+    assert block_hashes("b" + "a" * 127, 64)[1] != two[1]  # block 2 carries block 1
+
+
+def test_text_of_prompts_messages_and_content_parts() -> None:
+    assert conversation_text({"prompt": "hello"}) == "hello"
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    assert conversation_text(parts) == conversation_text(
+        {"messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert conversation_text({"messages": []}) is None
+    assert conversation_text([1, 2]) is None
+    assert request_blocks(b"not json", 64) == []
+    assert request_blocks(b"", 64) == []
+
+
+# --------------------------------------------------------------------------- index
+
+
+def test_index_matches_leading_blocks_per_replica() -> None:
+    index = PrefixIndex()
+    conv = request_blocks(body(turn(3)), 64)
+    index.add("a", conv[:12])
+    index.add("b", conv[:3])
+    assert index.match(conv, ["a", "b", "c"]) == {"a": 12, "b": 3, "c": 0}
+
+
+def test_index_is_bounded_by_capacity_lru() -> None:
+    index = PrefixIndex(default_capacity=4)
+    index.add("a", [1, 2, 3, 4])
+    index.add("a", [1])  # refresh 1
+    index.add("a", [5])  # evicts 2, the least recent
+    assert index.size("a") == 4
+    assert index.match([1], ["a"]) == {"a": 1}
+    assert index.match([2], ["a"]) == {"a": 0}
+
+
+def test_replica_report_replaces_the_view_but_keeps_newer_routing() -> None:
+    index = PrefixIndex()
+    index.add("a", [1, 2, 3])
+    index.merge("a", [1, 2, 3])  # report: the replica holds what we sent
+    index.add("a", [7, 8])  # routed after that report
+    index.merge("a", [1, 2])  # replica evicted 3; report predates 7, 8
+    assert index.match([1, 2, 3], ["a"]) == {"a": 2}
+    assert index.match([7, 8], ["a"]) == {"a": 2}
+
+
+def test_a_new_router_rebuilds_its_view_from_reports() -> None:
+    ledger = CacheLedger(block_chars=64)
+    request = EngineRequest("POST", "/v1/chat/completions", body(turn(2)))
+    ledger.observe(request)
+    report = ledger.report(EngineStats(running=1), {"kv_cache_usage": 0.5})
+    assert report["served"] == 1
+    assert report["kv_cache_usage"] == 0.5
+    index = PrefixIndex()  # e.g. the ingress restarted
+    index.merge("a", report["blocks"])
+    blocks = request_blocks(request.body, 64)
+    assert index.match(blocks, ["a"]) == {"a": len(blocks)}
+
+
+def test_dropped_replica_is_forgotten() -> None:
+    index = PrefixIndex()
+    index.add("a", [1, 2])
+    index.add("b", [1])
+    index.drop("a")
+    assert index.match([1, 2], ["a", "b"]) == {"a": 0, "b": 1}
+    index.retain(["c"])
+    assert index.replicas() == set()
+
+
+# --------------------------------------------------------------------------- choice
+
+
+def test_multi_turn_conversation_follows_its_cache() -> None:
+    index = PrefixIndex()
+    first = request_blocks(body(turn(1)), 64)
+    index.add("b", first)
+    second = request_blocks(body(turn(2)), 64)
+    choice = rank_replicas(second, views({"a": 0, "b": 1}), index, PrefixParams())
+    assert choice.order[0] == "b"
+    assert choice.reason == "affinity"
+    assert choice.matched_blocks == len(first)
+
+
+def test_saturated_preferred_replica_loses_affinity_for_this_request() -> None:
+    index = PrefixIndex()
+    conv = request_blocks(body(turn(3)), 64)
+    index.add("b", conv)
+    # b at its max_ongoing_requests: never first, but still tried last.
+    choice = rank_replicas(conv, views({"a": 0, "b": 8}, max_ongoing=8), index, PrefixParams())
+    assert choice.order == ("a", "b")
+    assert choice.reason == "balance"
+
+
+def test_bounded_load_caps_affinity_at_load_factor_times_mean() -> None:
+    index = PrefixIndex()
+    conv = request_blocks(body(turn(3)), 64)
+    index.add("b", conv)
+    params = PrefixParams(load_factor=1.25, load_weight=0)
+    # total 6 on 2 replicas -> bound ceil(1.25 * 7 / 2) = 5: b (4 -> 5) may still take it
+    assert load_bound(6, 2, 1.25) == 5
+    assert rank_replicas(conv, views({"a": 2, "b": 4}), index, params).order[0] == "b"
+    # b (5 -> 6) would exceed the bound of ceil(1.25 * 8 / 2) = 5: a takes it
+    assert rank_replicas(conv, views({"a": 2, "b": 5}), index, params).order[0] == "a"
+
+
+def test_load_weight_trades_cache_for_queue() -> None:
+    index = PrefixIndex()
+    conv = request_blocks(body(turn(0)), 64)  # system prompt only: ~10 blocks
+    index.add("b", conv)
+    many = views({"a": 0, "b": 3})
+    assert rank_replicas(conv, many, index, PrefixParams(4, load_weight=1)).order[0] == "b"
+    assert rank_replicas(conv, many, index, PrefixParams(4, load_weight=8)).order[0] == "a"
+
+
+def test_no_match_goes_to_least_loaded_then_stable_hash() -> None:
+    index = PrefixIndex()
+    conv = request_blocks(body(turn(1)), 64)
+    assert rank_replicas(conv, views({"a": 3, "b": 1, "c": 2}), index, PrefixParams()).order == (
+        "b",
+        "c",
+        "a",
+    )
+    tie = [rank_replicas(conv, views({"a": 0, "b": 0}), index, PrefixParams()) for _ in range(3)]
+    assert len({c.order for c in tie}) == 1  # same prompt family, same replica
+
+
+def test_kv_usage_breaks_ties() -> None:
+    index = PrefixIndex()
+    replicas = [ReplicaView("a", 0, 64, kv_usage=0.9), ReplicaView("b", 0, 64, kv_usage=0.1)]
+    assert rank_replicas([], replicas, index, PrefixParams()).order[0] == "b"
+
+
+def test_dead_replica_is_never_chosen_and_its_conversations_move() -> None:
+    index = PrefixIndex()
+    conv = request_blocks(body(turn(2)), 64)
+    index.add("b", conv)
+    index.drop("b")  # replica died; Serve no longer lists it
+    choice = rank_replicas(conv, views({"a": 0, "c": 0}), index, PrefixParams())
+    assert "b" not in choice.order
+    assert choice.reason == "balance"
+    index.add(choice.order[0], conv)
+    assert (
+        rank_replicas(conv, views({"a": 1, "c": 1}), index, PrefixParams()).order[0]
+        == (choice.order[0])
+    )
+
+
+def test_empty_candidates() -> None:
+    assert rank_replicas([1], [], PrefixIndex(), PrefixParams()).order == ()
