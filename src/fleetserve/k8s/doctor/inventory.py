@@ -140,6 +140,10 @@ class ScalingConfigCall:
     #: Arguments that were given but could not be resolved statically (e.g. computed at run
     #: time); their fields above are None and rules must not assume Ray's default for them.
     unresolved: tuple[str, ...] = ()
+    #: ``num_workers`` read from an environment variable (``int(os.environ["N"])``,
+    #: ``os.getenv("N", "2")``): (variable, the script's default or None). The manifest that
+    #: runs the script may set it (RayJob runtime env, pod env); rules look it up there.
+    num_workers_env: tuple[str, str | None] | None = None
 
     @property
     def ref(self) -> str:

@@ -259,8 +259,10 @@ class _Builder:
         constants = _module_constants(tree)
         v2 = _train_v2_flag(tree, constants)
         scopes = _Scopes(tree, constants)
+        env_names = _env_assignments(tree, constants)
         for call in _scaling_config_calls(tree):
             args = _bind_scaling_args(call, scopes.at(call))
+            workers_node = _scaling_arg_node(call, "num_workers")
             fields = {
                 "num_workers": _as_int(args.get("num_workers", 1)),
                 "use_gpu": _as_bool(args.get("use_gpu", False)),
@@ -286,6 +288,11 @@ class _Builder:
                     placement_strategy=_as_str(fields["placement_strategy"]),
                     train_v2=v2,
                     unresolved=tuple(unresolved),
+                    num_workers_env=(
+                        _env_read(workers_node, constants, env_names)
+                        if workers_node is not None and fields["num_workers"] is None
+                        else None
+                    ),
                 )
             )
         self.ray_requests.extend(_ray_requests(tree, scopes, file))
@@ -615,6 +622,66 @@ def _bind_scaling_args(call: ast.Call, constants: dict[str, Any]) -> dict[str, A
         if kw.arg is not None:
             args[kw.arg] = _eval(kw.value, constants)
     return args
+
+
+def _scaling_arg_node(call: ast.Call, name: str) -> ast.expr | None:
+    """The expression passed as ScalingConfig argument ``name`` (keyword or positional)."""
+    for kw in call.keywords:
+        if kw.arg == name:
+            return kw.value
+    if name in _SCALING_POSITIONAL:
+        i = _SCALING_POSITIONAL.index(name)
+        if i < len(call.args):
+            return call.args[i]
+    return None
+
+
+def _env_read(
+    node: ast.expr, constants: dict[str, Any], names: dict[str, tuple[str, str | None]]
+) -> tuple[str, str | None] | None:
+    """(variable, default) when ``node`` reads an env var: ``os.environ["N"]``,
+    ``os.environ.get("N", d)``, ``os.getenv("N", d)``, wrapped in ``int(...)`` or not, or a
+    name assigned from one of those (``names``)."""
+    if isinstance(node, ast.Call) and _call_name(node.func) in ("int", "float") and node.args:
+        return _env_read(node.args[0], constants, names)
+    if isinstance(node, ast.Name):
+        return names.get(node.id)
+    if isinstance(node, ast.Subscript) and _is_environ(node.value):
+        var = _eval(node.slice, constants)
+        return (var, None) if isinstance(var, str) else None
+    if isinstance(node, ast.Call) and node.args:
+        func = node.func
+        getter = (
+            isinstance(func, ast.Attribute) and func.attr == "get" and _is_environ(func.value)
+        ) or _call_name(func) == "getenv"
+        if not getter:
+            return None
+        var = _eval(node.args[0], constants)
+        default: Any = _eval(node.args[1], constants) if len(node.args) > 1 else None
+        if not isinstance(var, str):
+            return None
+        shown = None if default is None or default is _UNRESOLVED else str(default)
+        return var, shown
+    return None
+
+
+def _is_environ(node: ast.expr) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "environ"
+
+
+def _env_assignments(
+    tree: ast.Module, constants: dict[str, Any]
+) -> dict[str, tuple[str, str | None]]:
+    """Names assigned from an env var anywhere in the file (``n = int(os.getenv("N", 2))``)."""
+    out: dict[str, tuple[str, str | None]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name):
+                found = _env_read(node.value, constants, {})
+                if found is not None:
+                    out[target.id] = found
+    return out
 
 
 def _train_v2_flag(tree: ast.Module, constants: dict[str, Any]) -> bool | None:

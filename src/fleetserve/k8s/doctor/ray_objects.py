@@ -4,7 +4,9 @@ Design note: a Ray node group is seen by two schedulers. Kubernetes sees the pod
 ``resources`` (requests/limits); Ray sees what ``ray start`` advertises, which KubeRay derives:
 ``num-cpus`` from rayStartParams, else the group-level ``resources`` map, else the ray
 container's CPU limit, else its request, rounded UP to an integer (``Quantity.Value()``);
-``num-gpus`` from the first limit named ``*gpu`` (``nvidia.com/gpu``); ``memory`` from the
+``num-gpus`` from the first limit named ``*gpu`` (``nvidia.com/gpu``, ``amd.com/gpu``, MIG
+slices), ``TPU``/``neuron_cores`` from ``google.com/tpu``/``aws.amazon.com/neuroncore``, and
+what Ray detects by itself (Neuron devices, Intel GPUs, Gaudi ``HPU``); ``memory`` from the
 memory limit in bytes; custom resources from the ``resources`` JSON in rayStartParams.
 :func:`groups` computes both views once so every rule agrees on them. The ray container is
 the pod's first container (KubeRay's ``RayContainerIndex`` is 0).
@@ -123,6 +125,9 @@ class GroupView:
     advertised: dict[str, float]
     #: Where each advertised value came from, e.g. ``{"CPU": "limits.cpu"}``.
     advertised_from: dict[str, str]
+    #: Resources Ray detects in the pod in an amount the manifest does not say (``neuron_cores``
+    #: of ``aws.amazon.com/neuron`` devices; ``prefix*`` for ``accelerator_type:*``, ``TPU-*``).
+    auto_detected: frozenset[str]
     replicas: int | None
     min_replicas: int | None
     max_replicas: int | None
@@ -198,9 +203,61 @@ def custom_resources(params: dict[str, str]) -> dict[str, float] | None:
     return out
 
 
+_MIG = re.compile(r"nvidia\.com/mig-\d+g\.\d+gb$")
+
+
 def is_gpu_resource(name: str) -> bool:
-    """KubeRay maps container limits whose name ends in ``gpu`` (``nvidia.com/gpu``) to GPU."""
-    return name.lower().endswith("gpu")
+    """KubeRay's ``IsGPUResourceKey``: a limit whose name ends in ``gpu`` (``nvidia.com/gpu``,
+    ``amd.com/gpu``) or an NVIDIA MIG slice (``nvidia.com/mig-2g.32gb``) is Ray's ``GPU``."""
+    return name.endswith("gpu") or bool(_MIG.search(name))
+
+
+#: KubeRay 1.7's ``customAcceleratorToRayResourceMap`` (common/pod.go): container limits it
+#: turns into a custom Ray resource in ``--resources``; only the first one (sorted) is added,
+#: and none when rayStartParams already names one of these Ray resources.
+KUBERAY_ACCELERATORS: dict[str, str] = {
+    "aws.amazon.com/neuroncore": "neuron_cores",
+    "google.com/tpu": "TPU",
+}
+#: Devices KubeRay leaves alone but Ray's accelerator managers detect inside the pod
+#: (ray/_private/accelerators): limit -> the Ray resource. The count Ray finds is not written
+#: (Neuron devices hold 2+ cores each; Intel GPUs need the oneAPI runtime in the image), so
+#: the amount is unknown: rules assume it fits rather than guess.
+RAY_DETECTED: dict[str, str] = {
+    "aws.amazon.com/neuron": "neuron_cores",
+    "aws.amazon.com/neurondevice": "neuron_cores",
+    "gpu.intel.com/i915": "GPU",
+    "gpu.intel.com/xe": "GPU",
+}
+#: Devices Ray detects one for one (the HPU manager counts the Gaudi cards the pod sees).
+RAY_DETECTED_COUNT: dict[str, str] = {"habana.ai/gaudi": "HPU"}
+#: Resources Ray adds by itself on top of the accelerators: ``accelerator_type:<type>``
+#: everywhere, and on TPU hosts ``TPU-<pod type>-head`` (worker 0) and the slice name.
+AUTO_EXTRA_PREFIXES = ("accelerator_type:",)
+TPU_EXTRA_PREFIXES = ("TPU-",)
+
+
+def accelerator_family(group: GroupView) -> str | None:
+    """The group's accelerator in words (``NVIDIA GPU``, ``TPU``...), or None for CPU pods."""
+    for name in sorted(group.limits):
+        low = name.lower()
+        if try_quantity(group.limits[name]) in (None, 0.0):
+            continue
+        if low.startswith("nvidia.com/"):
+            return "NVIDIA GPU"
+        if low == "amd.com/gpu":
+            return "AMD GPU"
+        if low.startswith("gpu.intel.com/"):
+            return "Intel GPU"
+        if low == "google.com/tpu":
+            return "TPU"
+        if low.startswith("aws.amazon.com/neuron"):
+            return "AWS Neuron"
+        if low.startswith("habana.ai/"):
+            return "Intel Gaudi"
+        if is_gpu_resource(low):
+            return "GPU"
+    return None
 
 
 def _advertised(
@@ -208,13 +265,16 @@ def _advertised(
     group_res: dict[str, str],
     limits: dict[str, str],
     requests: dict[str, str],
-) -> tuple[dict[str, float], dict[str, str]]:
+) -> tuple[dict[str, float], dict[str, str], frozenset[str]]:
     # Mirrors KubeRay 1.7 (common/pod.go): the group ``resources`` map overrides
     # rayStartParams (updateRayStartParamsResources); else rayStartParams as written; else
     # num-cpus = ceil(limits.cpu) or ceil(requests.cpu), memory = limits.memory,
-    # num-gpus = ceil(first limit whose name ends in "gpu").
+    # num-gpus = the first limit (sorted) that IsGPUResourceKey, and the first TPU/Neuron-core
+    # limit as a custom resource (addWellKnownAcceleratorResources). Then what Ray itself
+    # detects in the pod (Neuron devices, Intel GPUs, Gaudi), unknown amounts kept apart.
     adv: dict[str, float] = {}
     src: dict[str, str] = {}
+    unknown: set[str] = set()
 
     def put(key: str, value: float, origin: str) -> None:
         adv[key] = value
@@ -252,13 +312,35 @@ def _advertised(
         val = try_quantity(limits.get("memory"))
         if val is not None and val > 0:
             put("memory", val, "limits.memory")
-    if "GPU" not in adv:
-        for name, raw in limits.items():
-            val = try_quantity(raw)
-            if is_gpu_resource(name) and val is not None and val > 0:
-                put("GPU", float(math.ceil(val)), f"limits.{name}")
-                break
-    return adv, src
+    custom_added = any(r in adv for r in KUBERAY_ACCELERATORS.values())
+    for name in sorted(limits):
+        val = try_quantity(limits[name])
+        if val is None or val <= 0:
+            continue
+        if "GPU" not in adv and is_gpu_resource(name):
+            put("GPU", float(math.ceil(val)), f"limits.{name}")
+        ray_name = KUBERAY_ACCELERATORS.get(name)
+        if ray_name is not None and not custom_added:
+            custom_added = True
+            if ray_name not in adv:
+                put(ray_name, val, f"limits.{name}")
+        detected = RAY_DETECTED.get(name)
+        if detected is not None and detected not in adv:
+            unknown.add(detected)
+        counted = RAY_DETECTED_COUNT.get(name)
+        if counted is not None and counted not in adv:
+            put(counted, float(math.floor(val)), f"limits.{name} (Ray detects each card)")
+    unknown.update(f"{p}*" for p in AUTO_EXTRA_PREFIXES)
+    if "TPU" in adv or "google.com/tpu" in limits:
+        unknown.update(f"{p}*" for p in TPU_EXTRA_PREFIXES)
+    return adv, src, frozenset(unknown)
+
+
+def is_unknown(key: str, unknown: frozenset[str]) -> bool:
+    """Whether Ray may advertise ``key`` in an amount the manifest does not say."""
+    if key in unknown:
+        return True
+    return any(p.endswith("*") and key.startswith(p[:-1]) for p in unknown)
 
 
 def _group(m: Manifest, spec: dict[str, Any], path: str, name: str, is_head: bool) -> GroupView:
@@ -276,7 +358,7 @@ def _group(m: Manifest, spec: dict[str, Any], path: str, name: str, is_head: boo
     requests = _str_map(res.get("requests"))
     params = _str_map(spec.get("rayStartParams"))
     group_res = _str_map(spec.get("resources"))
-    adv, src = _advertised(params, group_res, limits, requests)
+    adv, src, unknown = _advertised(params, group_res, limits, requests)
     return GroupView(
         manifest=m,
         name=name,
@@ -292,6 +374,7 @@ def _group(m: Manifest, spec: dict[str, Any], path: str, name: str, is_head: boo
         group_resources=group_res,
         advertised=adv,
         advertised_from=src,
+        auto_detected=unknown,
         replicas=_int_or_none(spec.get("replicas")),
         min_replicas=_int_or_none(spec.get("minReplicas")),
         max_replicas=_int_or_none(spec.get("maxReplicas")),
@@ -390,6 +473,26 @@ def serve_deployments(m: Manifest) -> list[tuple[str, dict[str, Any], str]]:
                     (f"{app_name}/{dep_name}", dep, f"{path}:applications[{i}].deployments[{j}]")
                 )
     return out
+
+
+def env_value(m: Manifest, name: str) -> tuple[str, str] | None:
+    """(value, where) of env var ``name`` as a Ray job's driver sees it: the RayJob's
+    ``runtimeEnvYAML`` env_vars, else a literal in the head container's env."""
+    raw = m.get("spec.runtimeEnvYAML") if m.kind == "RayJob" else None
+    if isinstance(raw, str):
+        try:
+            parsed = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            parsed = None
+        env = as_dict(as_dict(parsed).get("env_vars"))
+        if name in env and env[name] is not None:
+            return _scalar_str(env[name]), "spec.runtimeEnvYAML env_vars"
+    head = head_group(m)
+    for e in as_list(head.container.get("env")) if head else []:
+        if isinstance(e, dict) and e.get("name") == name and e.get("value") is not None:
+            assert head is not None
+            return _scalar_str(e["value"]), f"the head container's env ({head.path})"
+    return None
 
 
 def pod_templates(m: Manifest) -> list[tuple[dict[str, Any], str]]:

@@ -646,8 +646,12 @@ def parse_vllm_cli(
         if not eq and n + 1 < len(pairs):
             value, where = pairs[n + 1]
         found = _CLI_FLAGS.get(flag)
-        if found is None and flag == "--no-enable-chunked-prefill":
-            engine["enable_chunked_prefill"] = False
+        if found is None and flag in ("--no-enable-chunked-prefill", "--enable-chunked-prefill"):
+            # A boolean flag (BooleanOptionalAction): it consumes no value unless "=x" is given.
+            on = flag == "--enable-chunked-prefill"
+            if eq:
+                on = on and value.strip().lower() in ("1", "true", "yes")
+            engine["enable_chunked_prefill"] = on
             paths["enable_chunked_prefill"] = word_path
             continue
         if found is None and word == "serve" and n + 1 < len(pairs):

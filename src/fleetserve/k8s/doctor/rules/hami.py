@@ -87,7 +87,7 @@ def _scheduled_by_hami(pod: PodView, cfg: HamiConfig) -> tuple[bool, str]:
     return False, str(name)
 
 
-@rule("hami-scheduler-disabled")
+@rule("hami-scheduler-disabled", versions="all")
 def hami_scheduler_disabled(inv: Inventory) -> Iterator[Finding]:
     """gpumem/gpucores only hold when HAMi's scheduler places the pod."""
     cfg = hami_config(inv)
@@ -172,7 +172,7 @@ def _cards_per_node(pod: PodView, inv: Inventory) -> int | None:
     return None
 
 
-@rule("hami-gpumem-overflow")
+@rule("hami-gpumem-overflow", versions="all")
 def hami_gpumem_overflow(inv: Inventory) -> Iterator[Finding]:
     """A slice larger than the card (x deviceMemoryScaling) never finds a card."""
     cfg = hami_config(inv)
@@ -257,7 +257,7 @@ def _privileged(c: dict[str, Any]) -> bool:
     return isinstance(sc, dict) and sc.get("privileged") is True
 
 
-@rule("hami-privileged-gpu")
+@rule("hami-privileged-gpu", versions="all")
 def hami_privileged_gpu(inv: Inventory) -> Iterator[Finding]:
     """HAMi's webhook denies pods with a privileged container that ask for GPUs."""
     cfg = hami_config(inv)
@@ -303,7 +303,7 @@ def _replica_gpus(r: EngineReplica) -> tuple[int, str] | None:
     return None
 
 
-@rule("hami-gpu-count")
+@rule("hami-gpu-count", versions="all")
 def hami_gpu_count(inv: Inventory) -> Iterator[Finding]:
     """With HAMi, nvidia.com/gpu counts cards to slice from: TP=4 needs nvidia.com/gpu: 4."""
     cfg = hami_config(inv)
@@ -397,7 +397,7 @@ def _engines_on(
     return out
 
 
-@rule("hami-engine-memory")
+@rule("hami-engine-memory", versions="all")
 def hami_engine_memory(inv: Inventory) -> Iterator[Finding]:
     """vLLM inside a HAMi slice must fit the slice: its claim, and its weights."""
     cfg = hami_config(inv)
@@ -483,7 +483,7 @@ def _shares_card(s: Slice, card_mib: float | None) -> bool:
     return False  # no memory limit: HAMi gives the container the whole card's memory
 
 
-@rule("tenant-shares-gpu")
+@rule("tenant-shares-gpu", versions="all")
 def tenant_shares_gpu(inv: Inventory) -> Iterator[Finding]:
     """Workloads of different tenants that HAMi may place on one physical card."""
     cfg = hami_config(inv)

@@ -74,7 +74,7 @@ def _annotations(m: Manifest) -> dict[str, str]:
     return {str(k): str(v) for k, v in ann.items()} if isinstance(ann, dict) else {}
 
 
-@rule("rayservice-head-service-name")
+@rule("rayservice-head-service-name", versions="all")
 def head_service_name(inv: Inventory) -> Iterator[Finding]:
     """RayService must not name its head service (the operator renames it per cluster)."""
     for m in inv.of_kind("RayService"):
@@ -100,7 +100,7 @@ def head_service_name(inv: Inventory) -> Iterator[Finding]:
             )
 
 
-@rule("name-too-long")
+@rule("name-too-long", versions="all")
 def name_too_long(inv: Inventory) -> Iterator[Finding]:
     """RayCluster <= 53 chars, RayService/RayJob <= 47, and a DNS-1035 label."""
     for m in _ray_objects(inv):
@@ -143,7 +143,7 @@ def _int_field(spec: dict[str, Any], key: str) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-@rule("upgrade-strategy")
+@rule("upgrade-strategy", versions="all")
 def upgrade_strategy(inv: Inventory) -> Iterator[Finding]:
     """RayService upgradeStrategy type and incremental-upgrade options (ValidateRayServiceSpec)."""
     for m in inv.of_kind("RayService"):
@@ -264,7 +264,7 @@ def _autoscaler_v2(m: Manifest) -> tuple[bool, str]:
     return False, ""
 
 
-@rule("autoscaler-v2-restart-policy")
+@rule("autoscaler-v2-restart-policy", versions="all")
 def autoscaler_v2_restart_policy(inv: Inventory) -> Iterator[Finding]:
     """Autoscaler v2: pods must have restartPolicy Never or unset (and v2 needs autoscaling)."""
     for m in _ray_objects(inv):
@@ -318,7 +318,7 @@ def autoscaler_v2_restart_policy(inv: Inventory) -> Iterator[Finding]:
                 )
 
 
-@rule("gcs-ft-conflict")
+@rule("gcs-ft-conflict", versions="all")
 def gcs_ft_conflict(inv: Inventory) -> Iterator[Finding]:
     """GCS fault tolerance configured two ways, or Redis set without enabling it."""
     for m in _ray_objects(inv):
@@ -395,7 +395,7 @@ def gcs_ft_conflict(inv: Inventory) -> Iterator[Finding]:
                     )
 
 
-@rule("deprecated-threshold")
+@rule("deprecated-threshold", versions="all")
 def deprecated_threshold(inv: Inventory) -> Iterator[Finding]:
     """serviceUnhealthySecondThreshold / deploymentUnhealthySecondThreshold are ignored."""
     for m in inv.of_kind("RayService"):
@@ -419,7 +419,7 @@ def deprecated_threshold(inv: Inventory) -> Iterator[Finding]:
                 )
 
 
-@rule("replicas-min-gt-max")
+@rule("replicas-min-gt-max", versions="all")
 def replicas_min_gt_max(inv: Inventory) -> Iterator[Finding]:
     """Worker group replica bounds KubeRay rejects (negative, or min > max)."""
     for m in _ray_objects(inv):
@@ -452,7 +452,7 @@ def replicas_min_gt_max(inv: Inventory) -> Iterator[Finding]:
                 )
 
 
-@rule("resources-set-twice")
+@rule("resources-set-twice", versions={"kuberay": ">=1.4"})
 def resources_set_twice(inv: Inventory) -> Iterator[Finding]:
     """rayStartParams resource fields and the group ``resources`` map both set."""
     for m in _ray_objects(inv):

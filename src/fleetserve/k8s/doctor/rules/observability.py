@@ -69,7 +69,7 @@ def selector_matches(selector: Any, labels: dict[str, str]) -> bool | None:
 # --------------------------------------------------------------------------- release label
 
 
-@rule("servicemonitor-release-label")
+@rule("servicemonitor-release-label", versions="all")
 def servicemonitor_release_label(inv: Inventory) -> Iterator[Finding]:
     """Monitors and rules must carry the label the Prometheus CR selects them by."""
     proms = inv.of_kind("Prometheus")
@@ -175,7 +175,7 @@ def _watches(monitor: Manifest, namespace: str) -> bool:
     return monitor.namespace == namespace
 
 
-@rule("worker-metrics-podmonitor")
+@rule("worker-metrics-podmonitor", versions="all")
 def worker_metrics_podmonitor(inv: Inventory) -> Iterator[Finding]:
     """Ray worker metrics need a PodMonitor: KubeRay creates no Service for workers."""
     monitors = inv.of_kind("ServiceMonitor", "PodMonitor")
@@ -281,7 +281,7 @@ def _walk(node: Any, path: str) -> Iterator[tuple[str, Any]]:
             yield from _walk(v, f"{path}[{i}]")
 
 
-@rule("dashboard-exposed")
+@rule("dashboard-exposed", versions={"ray": "all", "kuberay": "all"})
 def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
     """The Ray dashboard/Jobs API (8265) and client port (10001) must not leave the cluster."""
     for m in inv.of_kind("Service"):
@@ -479,7 +479,7 @@ def _env_vars_in(node: Any, base: str) -> Iterator[tuple[str, str, Any]]:
             yield f"{path}.{k}", str(k), v
 
 
-@rule("plaintext-secret")
+@rule("plaintext-secret", versions="all")
 def plaintext_secret(inv: Inventory) -> Iterator[Finding]:
     """Tokens and API keys written as literals instead of Secret references."""
     for pod in pods(inv):
@@ -652,7 +652,7 @@ def _serving_workloads(inv: Inventory) -> list[tuple[Manifest, list[PodView]]]:
     return out
 
 
-@rule("no-network-policy")
+@rule("no-network-policy", versions={"kuberay": "all"})
 def no_network_policy(inv: Inventory) -> Iterator[Finding]:
     """Serving pods need a NetworkPolicy that restricts who can reach them."""
     policies = inv.of_kind("NetworkPolicy")

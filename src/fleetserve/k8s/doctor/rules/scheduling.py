@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import PurePath
@@ -34,23 +33,22 @@ from fleetserve.k8s.doctor.ray_objects import (
     as_dict,
     as_list,
     autoscaling_enabled,
+    env_value,
     fmt_num,
     groups,
     head_group,
     is_gpu_resource,
+    is_unknown,
     pod_templates,
     serve_config,
     try_quantity,
     worker_groups,
 )
 from fleetserve.k8s.doctor.registry import rule
+from fleetserve.k8s.doctor.rules._versions import TRAIN_V2_DEFAULT_FROM, ray_version
 
 #: KubeRay's CRD default for an unset maxReplicas (int32 max): "unbounded".
 UNBOUNDED = 2_147_483_647
-#: Ray version from which Ray Train v2 is the default here (checked: ray 2.60's
-#: ``ray.train.v2._internal.constants.is_v2_enabled()`` defaults to True). Below it, or with
-#: RAY_TRAIN_V2_ENABLED=0, Train v1 puts the trainer's resources into bundle 0.
-TRAIN_V2_DEFAULT_FROM = (2, 60)
 _EPS = 1e-9
 
 
@@ -94,6 +92,15 @@ class NodeType:
     def describe(self) -> str:
         return f"{self.label} {_fmt_res(self.capacity)}"
 
+    @property
+    def unknown(self) -> frozenset[str]:
+        """Resources Ray detects in an amount the manifest does not say (assumed to fit)."""
+        return self.group.auto_detected
+
+    def fits(self, bundle: dict[str, float]) -> bool:
+        """Whether ``bundle`` fits one empty pod of this type."""
+        return fits(bundle, self.capacity, self.unknown)
+
 
 def node_types(m: Manifest) -> list[NodeType]:
     """The head and worker groups of a Ray object as node types (suspended groups dropped)."""
@@ -126,12 +133,15 @@ def node_types(m: Manifest) -> list[NodeType]:
     return out
 
 
-def fits(bundle: dict[str, float], capacity: dict[str, float]) -> bool:
-    """Whether one bundle fits one empty node. CPU/memory absent from capacity = unknown = fits."""
+def fits(
+    bundle: dict[str, float], capacity: dict[str, float], unknown: frozenset[str] = frozenset()
+) -> bool:
+    """Whether one bundle fits one empty node. CPU/memory absent from capacity, and resources
+    Ray detects in an unwritten amount (``unknown``), are unknown: they fit."""
     for k, v in bundle.items():
         if v <= 0:
             continue
-        if k in ("CPU", "memory") and k not in capacity:
+        if (k in ("CPU", "memory") and k not in capacity) or is_unknown(k, unknown):
             continue
         if capacity.get(k, 0.0) + _EPS < v:
             return False
@@ -368,7 +378,7 @@ def _placeable(d: ServeDemand, types: list[NodeType]) -> list[str]:
         bundles = [d.per_replica]
     problems = []
     for i, b in enumerate(bundles):
-        if not any(fits(b, t.capacity) for t in usable):
+        if not any(t.fits(b) for t in usable):
             which = (
                 "all bundles together (STRICT_PACK)"
                 if d.strategy == "STRICT_PACK"
@@ -391,20 +401,6 @@ def _types_text(types: list[NodeType]) -> str:
 # --------------------------------------------------------------------------------------------
 # Demand: Ray Train
 # --------------------------------------------------------------------------------------------
-
-
-def _ray_version(m: Manifest) -> tuple[int, int] | None:
-    found = m.body.get("spec")
-    text = ""
-    if isinstance(found, dict):
-        inner = found.get("rayClusterConfig") or found.get("rayClusterSpec") or found
-        if isinstance(inner, dict):
-            text = str(inner.get("rayVersion", ""))
-    if not text:
-        head = head_group(m)
-        text = str(head.container.get("image", "")) if head else ""
-    match = re.search(r"(\d+)\.(\d+)(?:\.\d+)?", text.rsplit(":", 1)[-1] if ":" in text else text)
-    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def _train_v2_env(m: Manifest) -> bool | None:
@@ -454,57 +450,99 @@ def _script_clusters(inv: Inventory, file: str) -> list[Manifest]:
     return inv.of_kind("RayCluster", "RayJob")
 
 
-def _is_v2(call: ScalingConfigCall, m: Manifest) -> bool:
+def _train_version(call: ScalingConfigCall, m: Manifest) -> tuple[bool | None, str]:
+    """(Train v2?, why) for a script on cluster ``m``; None when nothing says which.
+
+    RAY_TRAIN_V2_ENABLED in the script, else in the cluster's env, else the default of the
+    Ray version the cluster runs (v2 from Ray 2.51; below it, Train v1 puts the trainer's
+    resources into bundle 0).
+    """
     if call.train_v2 is not None:
-        return call.train_v2
+        return call.train_v2, f"RAY_TRAIN_V2_ENABLED={int(call.train_v2)} in {call.file}"
     env = _train_v2_env(m)
     if env is not None:
-        return env
-    version = _ray_version(m)
-    return version is not None and version >= TRAIN_V2_DEFAULT_FROM
+        return env, f"RAY_TRAIN_V2_ENABLED={int(env)} in the pods of {m.ref}"
+    v = ray_version(m)
+    if v is None:
+        return None, f"{m.ref} names no Ray version; Train v2 is the default from Ray 2.51"
+    v2 = v.at_least(TRAIN_V2_DEFAULT_FROM)
+    return v2, f"{v.describe()}: Train {'v2' if v2 else 'v1'} is its default"
 
 
-def _call_finding(
-    rule_id: str, call: ScalingConfigCall, path: str, message: str, fix: str
+def _call_finding(  # noqa: PLR0917 - one positional per Finding field reads best at call sites
+    rule_id: str,
+    call: ScalingConfigCall,
+    path: str,
+    message: str,
+    fix: str,
+    severity: Severity = "error",
 ) -> Finding:
-    return Finding(rule_id, "error", call.ref, path, message, fix, call.file, call.line)
+    return Finding(rule_id, severity, call.ref, path, message, fix, call.file, call.line)
 
 
-@rule("train-coordinator-cpu")
+@rule("train-coordinator-cpu", versions={"ray": "all"})
 def train_coordinator_cpu(inv: Inventory) -> Iterator[Finding]:
     """Ray Train v1 adds the trainer's CPU to bundle 0; no node type can hold it."""
     for call in inv.scaling_configs:
         for m in _script_clusters(inv, call.file):
-            if _is_v2(call, m):
+            v2, why = _train_version(call, m)
+            if v2 is True:
                 continue
             built = _train_bundles(call, v2=False)
             types = [t for t in node_types(m) if t.max_count > 0]
             if built is None or not types:
                 continue
             worker, rank0, trainer_cpu = built
-            if trainer_cpu <= 0 or any(fits(rank0, t.capacity) for t in types):
+            if trainer_cpu <= 0 or any(t.fits(rank0) for t in types):
                 continue
-            if not any(fits(worker, t.capacity) for t in types):
+            if not any(t.fits(worker) for t in types):
                 continue  # the worker bundle alone is infeasible: infeasible-request says so
             cpus = [t.capacity["CPU"] for t in types if "CPU" in t.capacity]
             best = max(cpus) if cpus else 0.0
             wcpu = worker.get("CPU", 0.0)
+            who = (
+                f"If this runs Ray Train v1 ({why}), it" if v2 is None else f"Ray Train v1 ({why})"
+            )
             yield _call_finding(
                 "train-coordinator-cpu",
                 call,
                 "resources_per_worker",
-                f"Ray Train (v1) puts the trainer's {fmt_num(trainer_cpu)} CPU into the rank-0 "
+                f"{who} puts the trainer's {fmt_num(trainer_cpu)} CPU into the rank-0 "
                 f"bundle: bundle 0 needs {fmt_num(rank0.get('CPU', 0))} CPU "
                 f"({fmt_num(wcpu)} + {fmt_num(trainer_cpu)} trainer) {_fmt_res(rank0)}, but the "
                 f"largest node type of {m.ref} advertises {fmt_num(best)} CPU "
                 f"({_types_text(types)}). The job stays PENDING forever and the autoscaler calls "
                 f"the request infeasible and adds no node, whatever num_workers "
-                f"({call.num_workers if call.num_workers is not None else '?'}) is.",
+                f"({_num_workers_text(call, m)}) is.",
                 f"Raise the worker group's limits.cpu to {fmt_num(math.ceil(wcpu + trainer_cpu))} "
                 f"(or num-cpus), or lower resources_per_worker CPU to "
                 f"{fmt_num(max(best - trainer_cpu, 0))} so {fmt_num(max(best - trainer_cpu, 0))} "
-                f"+ {fmt_num(trainer_cpu)} <= {fmt_num(best)}.",
+                f"+ {fmt_num(trainer_cpu)} <= {fmt_num(best)}"
+                + (
+                    ""
+                    if v2 is False and "RAY_TRAIN_V2_ENABLED" in why
+                    else ", or run Train v2 (RAY_TRAIN_V2_ENABLED=1, the default from Ray 2.51), "
+                    "whose rank-0 bundle carries no trainer resources"
+                )
+                + ".",
+                "error" if v2 is False else "warning",
             )
+
+
+def _num_workers_text(call: ScalingConfigCall, m: Manifest) -> str:
+    """num_workers as the job will see it: the literal, or the env var the script reads."""
+    if call.num_workers is not None:
+        return str(call.num_workers)
+    if call.num_workers_env is None:
+        return "computed at run time"
+    var, default = call.num_workers_env
+    found = env_value(m, var)
+    if found is not None:
+        value, where = found
+        return f"{value}, from {var} in {where}"
+    if default is not None:
+        return f"{default}, the script's default: {var} is not set in {m.ref}"
+    return f"read from {var}, which {m.ref} does not set"
 
 
 # --------------------------------------------------------------------------------------------
@@ -531,7 +569,7 @@ def _entrypoint_bundle(spec: dict[str, Any]) -> dict[str, float] | None:
     return res or None
 
 
-@rule("infeasible-request")
+@rule("infeasible-request", versions={"ray": "all", "kuberay": "all"})
 def infeasible_request(inv: Inventory) -> Iterator[Finding]:
     """A replica, bundle, Train worker or job driver that no node type can hold, even empty."""
     for m in inv.of_kind(*RAY_KINDS):
@@ -556,7 +594,7 @@ def infeasible_request(inv: Inventory) -> Iterator[Finding]:
         spec = m.body.get("spec")
         if m.kind == "RayJob" and isinstance(spec, dict):
             bundle = _entrypoint_bundle(spec)
-            if bundle and not any(fits(bundle, t.capacity) for t in types if t.max_count > 0):
+            if bundle and not any(t.fits(bundle) for t in types if t.max_count > 0):
                 key = next(
                     (k for k in ("entrypointNumCpus", "entrypointNumGpus") if k in spec),
                     "entrypointResources",
@@ -578,7 +616,7 @@ def infeasible_request(inv: Inventory) -> Iterator[Finding]:
             if built is None or not types:
                 continue
             worker = built[0]
-            if not any(fits(worker, t.capacity) for t in types):
+            if not any(t.fits(worker) for t in types):
                 yield _call_finding(
                     "infeasible-request",
                     call,
@@ -601,9 +639,7 @@ def infeasible_request(inv: Inventory) -> Iterator[Finding]:
             types = [t for t in node_types(m) if t.max_count > 0]
             if not types:
                 continue
-            bad = [
-                (i, b) for i, b in enumerate(bundles) if not any(fits(b, t.capacity) for t in types)
-            ]
+            bad = [(i, b) for i, b in enumerate(bundles) if not any(t.fits(b) for t in types)]
             if not bad:
                 continue
             what = (
@@ -652,8 +688,8 @@ def _pack(
     order = sorted(demands, key=lambda d: (-d[1].get("GPU", 0.0), -d[1].get("CPU", 0.0), d[0]))
     unplaced = []
     for name, bundle in order:
-        for _, free in nodes:
-            if fits(bundle, free):
+        for t, free in nodes:
+            if fits(bundle, free, t.unknown):
                 for k, v in bundle.items():
                     if k in free:
                         free[k] -= v
@@ -663,7 +699,7 @@ def _pack(
     return unplaced
 
 
-@rule("ingress-starved")
+@rule("ingress-starved", versions="all")
 def ingress_starved(inv: Inventory) -> Iterator[Finding]:
     """At min replicas, replicas and bundles leave no CPU for another deployment (the ingress)."""
     for m in inv.of_kind("RayService"):
@@ -722,14 +758,18 @@ def _replicas_per_pod(d: ServeDemand, t: NodeType) -> int:
         need = d.per_replica
         counts = []
         for k, v in need.items():
-            if v <= 0 or (k in ("CPU", "memory") and k not in t.capacity):
+            if (
+                v <= 0
+                or (k in ("CPU", "memory") and k not in t.capacity)
+                or is_unknown(k, t.unknown)
+            ):
                 continue
             counts.append(math.floor(t.capacity.get(k, 0.0) / v + _EPS))
         return min(counts) if counts else 0
     return 0  # spread bundles: per-pod counting does not apply
 
 
-@rule("serve-replicas-exceed-workers")
+@rule("serve-replicas-exceed-workers", versions="all")
 def serve_replicas_exceed_workers(inv: Inventory) -> Iterator[Finding]:
     """Serve GPU demand at max replicas vs the GPUs the worker groups can ever have."""
     for m in inv.of_kind("RayService"):
@@ -815,7 +855,7 @@ def serve_replicas_exceed_workers(inv: Inventory) -> Iterator[Finding]:
 # --------------------------------------------------------------------------------------------
 
 
-@rule("head-schedulable")
+@rule("head-schedulable", versions="all")
 def head_schedulable(inv: Inventory) -> Iterator[Finding]:
     """A RayService head that advertises CPUs/GPUs receives replicas."""
     for m in inv.of_kind("RayService"):
@@ -842,7 +882,7 @@ def head_schedulable(inv: Inventory) -> Iterator[Finding]:
         )
 
 
-@rule("advertised-vs-limit")
+@rule("advertised-vs-limit", versions="all")
 def advertised_vs_limit(inv: Inventory) -> Iterator[Finding]:
     """rayStartParams / group resources disagree with the container's limits."""
     for m in inv.of_kind(*RAY_KINDS):
@@ -867,15 +907,16 @@ def advertised_vs_limit(inv: Inventory) -> Iterator[Finding]:
                     where = f"limits.{gpu_keys[0]}" if gpu_keys else ""
                 if limit is None:
                     if ray_key == "GPU" and advertised > 0:
+                        device = _gpu_device_hint(g)
                         yield _finding(
                             "advertised-vs-limit",
                             "warning",
                             m,
-                            f"{g.path}.rayStartParams.{param}",
+                            f"{g.path}.{src}",
                             f"{g.label} advertises {fmt_num(advertised)} GPU ({src}) but its "
                             "container requests no GPU: Kubernetes gives the pod none, and Ray "
                             "will place GPU replicas that find no device.",
-                            "Add nvidia.com/gpu to the container's limits, or drop num-gpus.",
+                            f"Add {device} to the container's limits, or drop {src}.",
                         )
                     continue
                 if abs(limit - advertised) < _EPS:
@@ -900,7 +941,13 @@ def advertised_vs_limit(inv: Inventory) -> Iterator[Finding]:
                 )
 
 
-@rule("cpu-rounding")
+def _gpu_device_hint(g: GroupView) -> str:
+    """The GPU device resource to suggest: AMD when the pod is AMD's, else NVIDIA's."""
+    image = str(g.container.get("image", "")).lower()
+    return "amd.com/gpu" if "rocm" in image or "amd" in image else "nvidia.com/gpu"
+
+
+@rule("cpu-rounding", versions="all")
 def cpu_rounding(inv: Inventory) -> Iterator[Finding]:
     """A fractional CPU limit without num-cpus: KubeRay advertises it rounded UP."""
     for m in inv.of_kind(*RAY_KINDS):
@@ -1177,7 +1224,7 @@ def _taint_text(t: dict[str, str]) -> str:
     return f"{t.get('key')}{value}:{t.get('effect')}"
 
 
-@rule("node-selector-no-pool")
+@rule("node-selector-no-pool", versions="all")
 def node_selector_no_pool(inv: Inventory) -> Iterator[Finding]:
     """The pod's nodeSelector/required affinity matches no known node pool."""
     pools = node_pools(inv)
@@ -1212,7 +1259,7 @@ def node_selector_no_pool(inv: Inventory) -> Iterator[Finding]:
         )
 
 
-@rule("missing-gpu-toleration")
+@rule("missing-gpu-toleration", versions="all")
 def missing_gpu_toleration(inv: Inventory) -> Iterator[Finding]:
     """A GPU pod that tolerates none of the taints of the pools it could land on."""
     pools = node_pools(inv)

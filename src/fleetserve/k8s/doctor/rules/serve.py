@@ -14,7 +14,9 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from fleetserve.k8s.doctor.finding import Finding
+from packaging.version import Version
+
+from fleetserve.k8s.doctor.finding import Finding, Severity
 from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import (
     RAY_KINDS,
@@ -43,10 +45,27 @@ from fleetserve.k8s.doctor.rules._engines import (
     http_port,
 )
 from fleetserve.k8s.doctor.rules._models import gib, replica_need
+from fleetserve.k8s.doctor.rules._versions import (
+    SERVE_DEFAULT_MAX_ONGOING,
+    SERVE_DEFAULT_TARGET_ONGOING,
+    SERVE_NEW_NAMES_FROM,
+    SERVE_OLD_NAMES_DROPPED_FROM,
+    KnownVersion,
+    normalise,
+    ray_version,
+    ray_version_of_image,
+    vllm_version,
+)
 
-#: Ray Serve's defaults (ray/serve/_private/constants.py, Ray 2.60).
-SERVE_DEFAULT_MAX_ONGOING = 5
-SERVE_DEFAULT_TARGET_ONGOING = 2.0
+__all__ = ["ray_version_of_image"]  # re-exported: tests and callers read it from here
+
+#: vLLM's V1 engine (chunked prefill always on) is the default from 0.8.0; V0 enabled chunked
+#: prefill by itself only for contexts above 32k tokens.
+VLLM_V1_DEFAULT_FROM = Version("0.8")
+VLLM_V0_AUTO_CHUNKED_ABOVE = 32 * 1024
+#: Ray Serve's defaults before 2.10 (ray/serve/_private/constants.py and config.py, 2.9.3).
+SERVE_PRE_2_10_MAX_CONCURRENT = 100
+SERVE_PRE_2_10_TARGET = 1.0
 #: vLLM's default gpu_memory_utilization (vllm/config/cache.py, vLLM 0.32).
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 
@@ -66,50 +85,18 @@ def _deployment_dicts(inv: Inventory) -> Iterator[tuple[Manifest, str, str, dict
             yield r.manifest, r.name, r.options_path, r.options
 
 
-@rule("deprecated-serve-field")
+@rule("deprecated-serve-field", versions={"ray": "all"})
 def deprecated_serve_field(inv: Inventory) -> Iterator[Finding]:
-    """Removed Serve fields that Ray drops silently, and num_replicas with autoscaling."""
+    """Serve fields renamed in Ray 2.10 and dropped in 2.33, read against the Ray version the
+    manifest runs, and num_replicas with autoscaling (rejected on every version)."""
     for m, name, path, opts in _deployment_dicts(inv):
         auto = opts.get("autoscaling_config")
         auto = auto if isinstance(auto, dict) else None
-        if "max_concurrent_queries" in opts:
-            meant = opts["max_concurrent_queries"]
-            real = opts.get("max_ongoing_requests", SERVE_DEFAULT_MAX_ONGOING)
-            yield finding(
-                "deprecated-serve-field",
-                "error",
-                m,
-                f"{path}.max_concurrent_queries",
-                f"Serve deployment {name!r} sets max_concurrent_queries: {meant}, a field Ray "
-                "Serve removed; Ray accepts the config without a word and drops it, so each "
-                f"replica takes max_ongoing_requests = {real}"
-                + (" (Ray's default)" if "max_ongoing_requests" not in opts else "")
-                + f", not {meant}.",
-                f"Rename it to max_ongoing_requests: {meant}.",
-            )
-        for where, table in (("", opts), (".autoscaling_config", auto or {})):
-            if "target_num_ongoing_requests_per_replica" not in table:
-                continue
-            meant = table["target_num_ongoing_requests_per_replica"]
-            has_new = "target_ongoing_requests" in (auto or {}) or "target_ongoing_requests" in opts
-            real = (auto or {}).get(
-                "target_ongoing_requests",
-                opts.get("target_ongoing_requests", SERVE_DEFAULT_TARGET_ONGOING),
-            )
-            yield finding(
-                "deprecated-serve-field",
-                "error",
-                m,
-                f"{path}{where}.target_num_ongoing_requests_per_replica",
-                f"Serve deployment {name!r} sets target_num_ongoing_requests_per_replica: "
-                f"{meant}, a field Ray Serve removed; it is dropped silently, so the autoscaler "
-                f"targets {fmt_num(float(real))} ongoing requests per replica"
-                + (" (Ray's default)" if not has_new else "")
-                + f", not {meant}: it scales up "
-                + ("earlier" if float(real) < float(meant) else "later")
-                + " than intended.",
-                f"Rename it to autoscaling_config.target_ongoing_requests: {meant}.",
-            )
+        v = ray_version(m)
+        if v is not None and not v.at_least(SERVE_NEW_NAMES_FROM):
+            yield from _new_names_too_early(m, name, path, opts, auto=auto, v=v)
+        else:
+            yield from _old_names(m, name, path, opts, auto=auto, v=v)
         num = opts.get("num_replicas")
         if isinstance(num, int) and not isinstance(num, bool) and auto is not None:
             yield finding(
@@ -125,6 +112,137 @@ def deprecated_serve_field(inv: Inventory) -> Iterator[Finding]:
             )
 
 
+def _old_names(
+    m: Manifest,
+    name: str,
+    path: str,
+    opts: dict[str, Any],
+    *,
+    auto: dict[str, Any] | None,
+    v: KnownVersion | None,
+) -> Iterator[Finding]:
+    """The pre-2.10 names on Ray >= 2.10 (or an unknown Ray): deprecated, or dropped >= 2.33."""
+    dropped = v is not None and v.at_least(SERVE_OLD_NAMES_DROPPED_FROM)
+    severity: Severity = "error" if dropped else "warning"
+    if "max_concurrent_queries" in opts:
+        meant = opts["max_concurrent_queries"]
+        has_new = "max_ongoing_requests" in opts
+        real = opts.get("max_ongoing_requests", SERVE_DEFAULT_MAX_ONGOING)
+        then = f"max_ongoing_requests = {real}" + ("" if has_new else " (Ray's default)")
+        yield finding(
+            "deprecated-serve-field",
+            severity,
+            m,
+            f"{path}.max_concurrent_queries",
+            f"Serve deployment {name!r} sets max_concurrent_queries: {meant}, "
+            + _old_name_effect(v, dropped, has_new, f"each replica takes {then}, not {meant}"),
+            f"Rename it to max_ongoing_requests: {meant}.",
+        )
+    for where, table in (("", opts), (".autoscaling_config", auto or {})):
+        if "target_num_ongoing_requests_per_replica" not in table:
+            continue
+        meant = table["target_num_ongoing_requests_per_replica"]
+        has_new = "target_ongoing_requests" in (auto or {}) or "target_ongoing_requests" in opts
+        real = (auto or {}).get(
+            "target_ongoing_requests",
+            opts.get("target_ongoing_requests", SERVE_DEFAULT_TARGET_ONGOING),
+        )
+        real_f = _float_or(real, SERVE_DEFAULT_TARGET_ONGOING)
+        meant_f = _float_or(meant, real_f)
+        effect = (
+            f"the autoscaler targets {fmt_num(real_f)} ongoing requests per replica"
+            + ("" if has_new else " (Ray's default)")
+            + f", not {meant}: it scales up "
+            + ("earlier" if real_f < meant_f else "later")
+            + " than intended"
+        )
+        yield finding(
+            "deprecated-serve-field",
+            severity,
+            m,
+            f"{path}{where}.target_num_ongoing_requests_per_replica",
+            f"Serve deployment {name!r} sets target_num_ongoing_requests_per_replica: "
+            f"{meant}, " + _old_name_effect(v, dropped, has_new, effect),
+            f"Rename it to autoscaling_config.target_ongoing_requests: {meant}.",
+        )
+
+
+def _old_name_effect(v: KnownVersion | None, dropped: bool, has_new: bool, effect: str) -> str:
+    """What the old name does on ``v``: dropped (>= 2.33), deprecated, or unknown."""
+    if dropped:
+        assert v is not None
+        return (
+            f"a field Ray Serve removed in 2.33: {v.describe()} accepts the config without "
+            f"a word and drops it, so {effect}."
+        )
+    if v is not None:
+        return (
+            f"a name deprecated since Ray 2.10 that {v.describe()} still honours"
+            + (" (the new name, also set, wins)" if has_new else "")
+            + f"; Ray 2.33 and later drop it without a word, and then {effect}."
+        )
+    return (
+        "a name Ray Serve deprecated in 2.10 and removed in 2.33 (the manifest names no Ray "
+        f"version): from Ray 2.33 on it is dropped without a word and {effect}; "
+        "Ray 2.10-2.32 still honour it."
+    )
+
+
+def _new_names_too_early(
+    m: Manifest,
+    name: str,
+    path: str,
+    opts: dict[str, Any],
+    *,
+    auto: dict[str, Any] | None,
+    v: KnownVersion,
+) -> Iterator[Finding]:
+    """Ray < 2.10 knows only the old names: the new ones are ignored without an error."""
+    if "max_ongoing_requests" in opts:
+        value = opts["max_ongoing_requests"]
+        real = opts.get("max_concurrent_queries", SERVE_PRE_2_10_MAX_CONCURRENT)
+        yield finding(
+            "deprecated-serve-field",
+            "error",
+            m,
+            f"{path}.max_ongoing_requests",
+            f"Serve deployment {name!r} sets max_ongoing_requests: {value}, a name Ray Serve "
+            f"added in 2.10; {v.describe()} does not know it and ignores it without a word, "
+            f"so each replica takes max_concurrent_queries = {real}"
+            + ("" if "max_concurrent_queries" in opts else " (its default)")
+            + f", not {value}.",
+            f"On Ray {v.version} write max_concurrent_queries: {value} (or upgrade Ray to "
+            "2.10+ together with the image).",
+        )
+    for where, table in (("", opts), (".autoscaling_config", auto or {})):
+        if "target_ongoing_requests" not in table:
+            continue
+        value = table["target_ongoing_requests"]
+        yield finding(
+            "deprecated-serve-field",
+            "error",
+            m,
+            f"{path}{where}.target_ongoing_requests",
+            f"Serve deployment {name!r} sets target_ongoing_requests: {value}, a name Ray "
+            f"Serve added in 2.10; {v.describe()} does not know it and ignores it without a "
+            "word, so the autoscaler keeps target_num_ongoing_requests_per_replica"
+            + (
+                f" = {(auto or {}).get('target_num_ongoing_requests_per_replica')}"
+                if "target_num_ongoing_requests_per_replica" in (auto or {})
+                else f" = {fmt_num(SERVE_PRE_2_10_TARGET)} (its default)"
+            )
+            + ".",
+            f"On Ray {v.version} write autoscaling_config.target_num_ongoing_requests_per_"
+            f"replica: {value} (or upgrade Ray to 2.10+ together with the image).",
+        )
+
+
+def _float_or(x: Any, default: float) -> float:
+    if isinstance(x, int | float) and not isinstance(x, bool):
+        return float(x)
+    return default
+
+
 # --------------------------------------------------------------------------- TP vs GPUs
 
 
@@ -132,7 +250,7 @@ def _gpu_groups(m: Manifest) -> list[GroupView]:
     return [g for g in worker_groups(m) if g.gpus_per_pod > 0]
 
 
-@rule("tp-gpus-mismatch")
+@rule("tp-gpus-mismatch", versions="all")
 def tp_gpus_mismatch(inv: Inventory) -> Iterator[Finding]:
     """TP x PP must equal the GPUs Ray gives the replica; TP beyond one pod needs Ray's executor."""
     yield from _server_tp(inv)
@@ -273,7 +391,7 @@ def _port(text: str) -> int | None:
     return int(text) if re.fullmatch(r"\s*\d{1,5}\s*", text) else None
 
 
-@rule("vllm-port-conflict")
+@rule("vllm-port-conflict", versions="all")
 def vllm_port_conflict(inv: Inventory) -> Iterator[Finding]:
     """VLLM_PORT on a port already taken, shared by replicas of one pod, or set by a Service."""
     service_links = {(s.namespace, s.name) for s in inv.of_kind("Service") if s.name == "vllm"}
@@ -390,37 +508,8 @@ def _replicas_per_pod(g: GroupView, replicas: list[EngineReplica]) -> int:
 
 # --------------------------------------------------------------------------- rayVersion
 
-_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
-
-def ray_version_of_image(image: str) -> str | None:
-    """The Ray version an image carries, when its name says so; None for other images.
-
-    ``rayproject/ray:2.35.0-py311-cu121`` -> 2.35.0 (also ray-ml, ray-llm, anyscale/ray);
-    ``.../ray2.24.0-py310-vllm-gpu:v1`` -> 2.24.0. A custom image's tag is not Ray's
-    version, so ``my/llm:1.2.3`` gives None.
-    """
-    ref = image.split("@", 1)[0]
-    last = ref.rsplit("/", 1)[-1]
-    name, _, tag = last.partition(":")
-    embedded = re.match(r"^ray[-_]?v?(\d+\.\d+(?:\.\d+)?)(?:[-_.]|$)", name)
-    if embedded:
-        return _normal(embedded.group(1))
-    if re.fullmatch(r"ray(-ml|-llm|-gpu|-cpu)?", name) and tag:
-        found = _VERSION.match(tag)
-        if found:
-            return _normal(found.group(0))
-    return None
-
-
-def _normal(version: str) -> str:
-    parts = version.lstrip("v").split(".")
-    while len(parts) < 3:
-        parts.append("0")
-    return ".".join(str(int(p)) for p in parts[:3])
-
-
-@rule("rayversion-image-mismatch")
+@rule("rayversion-image-mismatch", versions={"ray": "all", "kuberay": "all"})
 def rayversion_image_mismatch(inv: Inventory) -> Iterator[Finding]:
     """rayVersion must equal the Ray version in the head/worker images."""
     for m in inv.of_kind(*RAY_KINDS):
@@ -429,9 +518,10 @@ def rayversion_image_mismatch(inv: Inventory) -> Iterator[Finding]:
             continue
         spec, path = found
         declared = spec.get("rayVersion")
-        if not isinstance(declared, str | int | float) or not _VERSION.match(str(declared)):
+        parsed = normalise(str(declared)) if isinstance(declared, str | int | float) else None
+        if parsed is None:
             continue
-        want = _normal(_VERSION.match(str(declared)).group(0))  # type: ignore[union-attr]
+        want = str(parsed)
         for g in groups(m):
             containers = g.pod_spec.get("containers")
             for i, c in enumerate(containers if isinstance(containers, list) else []):
@@ -550,7 +640,7 @@ def _kv_finding(
     )
 
 
-@rule("kv-cache-too-small")
+@rule("kv-cache-too-small", versions="all")
 def kv_cache_too_small(inv: Inventory) -> Iterator[Finding]:
     """Weights + overhead + one max_model_len sequence must fit the engine's memory budget."""
     cfg = hami_config(inv)
@@ -598,7 +688,7 @@ def _slice_mib(container: dict[str, Any], cfg: HamiConfig) -> float | None:
     return None
 
 
-@rule("gpu-memory-utilization-exceeds-slice")
+@rule("gpu-memory-utilization-exceeds-slice", versions="all")
 def gpu_memory_utilization_exceeds_slice(inv: Inventory) -> Iterator[Finding]:
     """Replicas sharing a card must each claim at most their share of it."""
     for r in _replicas(inv):
@@ -630,22 +720,46 @@ def gpu_memory_utilization_exceeds_slice(inv: Inventory) -> Iterator[Finding]:
 
 
 def _batch_findings(
-    who: str, m: Manifest, engine: dict[str, Any], path_of: dict[str, str], default: str
+    who: str,
+    m: Manifest,
+    engine: dict[str, Any],
+    path_of: dict[str, str],
+    default: str,
+    *,
+    vllm: KnownVersion | None = None,
 ) -> Iterator[Finding]:
-    """The two start-up refusals: batch budget < context (no chunked prefill), < max_num_seqs."""
+    """The two start-up refusals: batch budget < context (no chunked prefill), < max_num_seqs.
+
+    Chunked prefill is always on in vLLM's V1 engine (the default from 0.8); the V0 engine of
+    a known older image turns it on by itself only above a 32k context, so there an unset
+    flag means "off". An unknown version keeps the unset flag's V1 meaning (no finding).
+    """
     mnbt = engine.get("max_num_batched_tokens")
     mml = engine.get("max_model_len")
     seqs = engine.get("max_num_seqs")
-    chunked = engine.get("enable_chunked_prefill", True)
+    chunked = engine.get("enable_chunked_prefill")
+    v0_off = (
+        chunked is None
+        and vllm is not None
+        and not vllm.at_least(VLLM_V1_DEFAULT_FROM)
+        and isinstance(mml, int)
+        and mml <= VLLM_V0_AUTO_CHUNKED_ABOVE
+    )
     at = path_of.get("max_num_batched_tokens", default)
-    if mnbt is not None and mml is not None and mnbt < mml and chunked is False:
+    if mnbt is not None and mml is not None and mnbt < mml and (chunked is False or v0_off):
+        why = (
+            "with chunked prefill off"
+            if chunked is False
+            else f"and chunked prefill unset, which {vllm.describe() if vllm else ''} (V0 engine) "
+            f"leaves off below a {VLLM_V0_AUTO_CHUNKED_ABOVE}-token context"
+        )
         yield finding(
             "max-num-batched-tokens",
             "warning",
             m,
             at,
             f"{who}: max_num_batched_tokens {mnbt} < max_model_len "
-            f"{mml} with chunked prefill off: a prompt longer than {mnbt} tokens can never "
+            f"{mml} {why}: a prompt longer than {mnbt} tokens can never "
             "be scheduled, and vLLM refuses this configuration at start-up.",
             f"Raise max_num_batched_tokens to >= {mml}, or enable chunked prefill.",
         )
@@ -661,12 +775,42 @@ def _batch_findings(
         )
 
 
-@rule("max-num-batched-tokens")
+def effective_target(opts: dict[str, Any], v: KnownVersion | None) -> tuple[str, float, str] | None:
+    """The autoscaling target Serve really uses on ``v``: (written key, value, assumption).
+
+    The same version facts as ``deprecated-serve-field``, so one report never cites a target
+    that another finding calls dropped: before Ray 2.10 only the old name counts; from 2.10 the
+    new name wins and the old one counts until 2.33; with no version only the new name is used
+    (the old one is dropped from 2.33 on, so nothing can be said about it).
+    """
+    auto = opts.get("autoscaling_config")
+    auto = auto if isinstance(auto, dict) else {}
+    new_names = v is None or v.at_least(SERVE_NEW_NAMES_FROM)
+    old_names = v is not None and not v.at_least(SERVE_OLD_NAMES_DROPPED_FROM)
+    keys = (["target_ongoing_requests"] if new_names else []) + (
+        ["target_num_ongoing_requests_per_replica"] if old_names else []
+    )
+    for key in keys:
+        for table, where in ((auto, "autoscaling_config."), (opts, "")):
+            val = table.get(key)
+            if isinstance(val, int | float) and not isinstance(val, bool):
+                assumed = (
+                    v.describe()
+                    if v is not None
+                    else "assuming Ray 2.10 or later; the manifest names no Ray version"
+                )
+                return f"{where}{key}", float(val), assumed
+    return None
+
+
+@rule("max-num-batched-tokens", versions={"ray": "all", "vllm": "all"})
 def max_num_batched_tokens(inv: Inventory) -> Iterator[Finding]:
     """Batch token budget vs context length, and max_num_seqs vs the traffic Serve sends."""
     for pod, c, path, engine, paths in _server_engines(inv):
         who = f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref}"
-        yield from _batch_findings(who, pod.manifest, engine, paths, path)
+        image = c.get("image")
+        vllm = vllm_version([image]) if isinstance(image, str) else None
+        yield from _batch_findings(who, pod.manifest, engine, paths, path, vllm=vllm)
     for r in _replicas(inv):
         if not r.is_vllm:
             continue
@@ -676,16 +820,10 @@ def max_num_batched_tokens(inv: Inventory) -> Iterator[Finding]:
         seqs = r.engine.get("max_num_seqs")
         if seqs is None:
             continue
-        auto = r.autoscaling()
-        targets: list[tuple[str, float]] = []
-        for table, where in ((auto, "autoscaling_config."), (r.options, "")):
-            for key in ("target_ongoing_requests", "target_num_ongoing_requests_per_replica"):
-                val = table.get(key)
-                if isinstance(val, int | float) and not isinstance(val, bool):
-                    targets.append((f"{where}{key}", float(val)))
-        if not targets:
+        found = effective_target(r.options, ray_version(r.manifest))
+        if found is None:
             continue
-        key, target = max(targets, key=lambda t: t[1])
+        key, target, assumed = found
         if seqs >= target:
             continue
         yield finding(
@@ -695,9 +833,9 @@ def max_num_batched_tokens(inv: Inventory) -> Iterator[Finding]:
             r.engine_path("max_num_seqs"),
             f"Serve replica {r.name!r}: vLLM runs at most max_num_seqs {seqs} sequences at "
             f"once, but Serve is told to keep {fmt_num(target)} requests per replica "
-            f"({key}): {fmt_num(target - seqs)} of them wait in vLLM's queue while the GPU "
-            f"is capped at {seqs} concurrent sequences, and the autoscaler adds replicas "
-            "late.",
+            f"({key}, {assumed}): {fmt_num(target - seqs)} of them wait in vLLM's queue "
+            f"while the GPU is capped at {seqs} concurrent sequences, and the autoscaler "
+            "adds replicas late.",
             f"Raise max_num_seqs to at least {fmt_num(math.ceil(target))} (the KV cache "
             "permitting), or lower the autoscaling target.",
         )
