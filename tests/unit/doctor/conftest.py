@@ -15,7 +15,6 @@ from fleetserve.modelstore.store import CACHE_ENV
 REPO = Path(__file__).resolve().parents[3]
 SHARED = REPO.parent / "shared"
 CRDS = SHARED / "k8s" / "crds"
-PITFALLS = SHARED / "docs" / "pitfalls.md"
 FIXTURES = REPO / "tests" / "fixtures" / "doctor"
 SEEDS = REPO / "tests" / "fixtures" / "seeds"
 

@@ -1,33 +1,27 @@
-"""Every rule of the pitfall catalogue has a trigger that raises it and a near miss that does not.
+"""The project's own rule catalogue, checked against the rule registry, and every rule's fixtures.
 
-The rule ids and severities come from ../shared/docs/pitfalls.md, so a rule missing from the
-code (or without fixtures) shows up here as a failure. Fixtures live in
+The catalogue (src/fleetserve/k8s/doctor/catalogue.yaml, rendered to docs/rules.md) and the
+registry must name the same rules; every rule states the versions it applies to and has an
+``--explain`` page; docs/rules.md is current. Each rule also has a trigger that raises it with
+the catalogue's severity and a near miss that does not. Fixtures live in
 tests/fixtures/doctor/<rule-id>/: ``trigger*`` / ``near_miss*``, each a YAML or Python file or
-a directory of them (for rules that join several objects).
+a directory of them (for rules that join several objects). Nothing reads the team's notes.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-from fleetserve.k8s.doctor.registry import load_rules
+from fleetserve.k8s.doctor import catalogue
+from fleetserve.k8s.doctor.registry import SCHEMA_RULE, load_rules, rule_info
 
-from .conftest import FIXTURES, PITFALLS, findings_for
+from .conftest import FIXTURES, REPO, findings_for
 
-_ROW = re.compile(r"^\|\s*`([a-z0-9-]+)`\s*\|\s*(error|warning|info)\s*\|", re.MULTILINE)
-
-
-def catalogue() -> dict[str, str]:
-    """rule id -> severity, from the pitfall catalogue."""
-    if not PITFALLS.is_file():
-        return {}
-    return dict(_ROW.findall(PITFALLS.read_text(encoding="utf-8")))
-
-
-CATALOGUE = catalogue()
+PAGES = catalogue.pages()
+#: rule id -> the severity its catalogue page states.
+CATALOGUE = {rule_id: p.severity for rule_id, p in PAGES.items() if rule_id != SCHEMA_RULE}
 
 
 def cases(prefix: str) -> list[tuple[str, Path]]:
@@ -48,13 +42,44 @@ def _id(case: tuple[str, Path]) -> str:
     return f"{case[0]}/{case[1].name}"
 
 
-def test_catalogue_is_readable() -> None:
-    assert len(CATALOGUE) >= 30, f"expected the pitfall catalogue at {PITFALLS}"
+def test_every_registered_rule_has_a_page() -> None:
+    missing = sorted(set(load_rules()) - set(PAGES))
+    assert not missing, f"rules without a page in catalogue.yaml: {missing}"
+    assert SCHEMA_RULE in PAGES
 
 
 @pytest.mark.parametrize("rule_id", sorted(CATALOGUE))
-def test_rule_is_implemented(rule_id: str) -> None:
-    assert rule_id in load_rules(), f"rule {rule_id!r} from pitfalls.md has no implementation"
+def test_every_page_is_a_registered_rule(rule_id: str) -> None:
+    assert rule_id in load_rules(), f"catalogue page {rule_id!r} names no registered rule"
+
+
+@pytest.mark.parametrize("rule_id", sorted(load_rules()))
+def test_every_rule_states_its_versions_and_has_an_explain_page(rule_id: str) -> None:
+    info = rule_info()[rule_id]
+    assert info.declared, f"@rule({rule_id!r}) declares no versions=..."
+    text = catalogue.explain(rule_id)
+    assert text.startswith(f"# {rule_id}\n")
+    for section in ("What breaks.", "Why.", "Versions.", "Fix.", "Example."):
+        assert f"**{section}**" in text, f"{rule_id}: page lacks {section}"
+    assert f"Versions: {info.versions_text()}." in text
+    assert info.help_uri in text
+
+
+def test_docs_rules_md_is_current() -> None:
+    docs = REPO / "docs" / "rules.md"
+    assert docs.read_text(encoding="utf-8") == catalogue.render_markdown(), (
+        "docs/rules.md is stale: run `python -m fleetserve.k8s.doctor.catalogue > docs/rules.md`"
+    )
+
+
+def test_no_test_reads_the_teams_shared_docs() -> None:
+    needle = "shared" + "/docs"  # split so this file does not match itself
+    readers = [
+        str(p.relative_to(REPO))
+        for p in sorted((REPO / "tests").rglob("*.py"))
+        if needle in p.read_text(encoding="utf-8") or "pitfalls" + ".md" in p.read_text("utf-8")
+    ]
+    assert not readers, f"tests must not need ../{needle}: {readers}"
 
 
 @pytest.mark.parametrize("rule_id", sorted(CATALOGUE))
@@ -62,11 +87,6 @@ def test_rule_has_trigger_and_near_miss(rule_id: str) -> None:
     names = [c[1].name for c in cases("trigger") + cases("near_miss") if c[0] == rule_id]
     assert any(n.startswith("trigger") for n in names), f"no trigger fixture for {rule_id}"
     assert any(n.startswith("near_miss") for n in names), f"no near-miss fixture for {rule_id}"
-
-
-def test_no_rule_outside_the_catalogue() -> None:
-    stray = sorted(set(load_rules()) - set(CATALOGUE))
-    assert not stray, f"rules not in pitfalls.md: {stray}"
 
 
 @pytest.mark.parametrize("case", cases("trigger"), ids=_id)

@@ -11,6 +11,7 @@ in the pure rule functions.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,14 +20,13 @@ from rich.console import Console
 
 from fleetserve import __version__
 from fleetserve.errors import UsageError
+from fleetserve.k8s.doctor import catalogue
 from fleetserve.k8s.doctor.crds import CLUSTER, lookup_crds
 from fleetserve.k8s.doctor.inventory import Inventory
 from fleetserve.k8s.doctor.loader import expand_paths, load_paths
-from fleetserve.k8s.doctor.registry import load_rules, run_rules
+from fleetserve.k8s.doctor.registry import SCHEMA_RULE, load_rules, run_rules
 from fleetserve.k8s.doctor.report import DoctorResult, print_text, to_github, to_json, to_sarif
 from fleetserve.k8s.doctor.schema import validate_schemas
-
-SCHEMA_RULE = "schema"
 
 
 def register(subparsers: Any) -> None:
@@ -38,8 +38,9 @@ def register(subparsers: Any) -> None:
             "Read YAML files or directories (RayService, RayCluster, RayJob, HAMi Helm values, "
             "Karpenter NodePools, monitoring objects, core kinds, fleet specs) and Python files "
             "(Ray Train ScalingConfig, @ray.remote, placement groups; read statically, never "
-            "executed); report schema violations and every pitfall of the catalogue. Exit 0: "
-            "no errors, 1: errors, 2: unreadable input."
+            "executed); report schema violations and every pitfall of the rule catalogue "
+            "(--list-rules, --explain RULE, docs/rules.md). Exit 0: no errors, 1: errors, 2: "
+            "unreadable input or bad usage."
         ),
         epilog=(
             "An object silences rules it breaks on purpose with the annotation "
@@ -47,7 +48,19 @@ def register(subparsers: Any) -> None:
         ),
     )
     p.add_argument(
-        "paths", nargs="+", metavar="PATH", help="files or directories to check (- reads stdin)"
+        "paths", nargs="*", metavar="PATH", help="files or directories to check (- reads stdin)"
+    )
+    p.add_argument(
+        "--explain",
+        metavar="RULE",
+        default=None,
+        help="print the catalogue page of RULE (what breaks, why, versions, fix, example)",
+    )
+    p.add_argument(
+        "--list-rules",
+        action="store_true",
+        help="list every rule: id, severity, versions it applies to, what it catches "
+        "(--format json: as JSON)",
     )
     p.add_argument(
         "--format",
@@ -97,7 +110,7 @@ def _parse_rules(raw: str | None) -> set[str] | None:
     if unknown or not wanted:
         raise UsageError(
             f"--rules: unknown rule id(s) {', '.join(unknown) or '(none given)'}",
-            hint="known: " + ", ".join(sorted(known)),
+            hint="known: " + ", ".join(sorted(known)) + " (fleetserve doctor --list-rules)",
         )
     return wanted
 
@@ -150,8 +163,32 @@ def diagnose(
     return DoctorResult(findings, unchecked, len(files), objects, tuple(notes), suppressed)
 
 
+def _list_rules(fmt: str) -> None:
+    rows = catalogue.list_rules()
+    if fmt == "json":
+        sys.stdout.write(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
+        return
+    # Plain columns, one rule a line (greppable, never wrapped inside an id).
+    head = {"rule": "rule", "severity": "severity", "versions": "versions", "title": "catches"}
+    width = {k: max(len(r[k]) for r in [head, *rows]) for k in ("rule", "severity", "versions")}
+    for r in [head, *rows]:
+        cells = [r[k].ljust(width[k]) for k in ("rule", "severity", "versions")]
+        sys.stdout.write("  ".join([*cells, r["title"]]) + "\n")
+
+
 def run(args: argparse.Namespace) -> int:
     """Handler: print the report; exit 1 when there are error findings."""
+    if args.explain is not None:
+        sys.stdout.write(catalogue.explain(args.explain))
+        return 0
+    if args.list_rules:
+        _list_rules(args.format)
+        return 0
+    if not args.paths:
+        raise UsageError(
+            "doctor: give at least one PATH to check",
+            hint="or --explain RULE / --list-rules to read the rule catalogue",
+        )
     rules = _parse_rules(args.rules)
     result = diagnose(args.paths, crds=args.crds, rules=rules, k8s_version=args.k8s_version)
     if args.format == "json":

@@ -42,6 +42,13 @@ ALL = "all"
 
 #: Where the rule catalogue is published; a rule's page is ``#<rule id>`` on it.
 CATALOGUE_URL = "https://github.com/fleetserve/fleetserve/blob/main/docs/rules.md"
+#: The id of schema-validation findings (not a registered rule, but a catalogue page).
+SCHEMA_RULE = "schema"
+
+
+def help_uri(rule_id: str) -> str:
+    """Absolute link to a rule's catalogue page (SARIF ``helpUri``, ``--explain``)."""
+    return f"{CATALOGUE_URL}#{rule_id}"
 
 
 @dataclass(frozen=True)
@@ -93,7 +100,7 @@ class RuleInfo:
     @property
     def help_uri(self) -> str:
         """Absolute link to the rule's catalogue page (SARIF ``helpUri``)."""
-        return f"{CATALOGUE_URL}#{self.anchor}"
+        return help_uri(self.anchor)
 
 
 #: rule id -> checker. Filled by the ``@rule`` decorator when rule modules are imported.

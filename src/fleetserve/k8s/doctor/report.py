@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.text import Text
 
+from fleetserve.k8s.doctor.catalogue import pages
 from fleetserve.k8s.doctor.finding import SEVERITY_ORDER, Finding
+from fleetserve.k8s.doctor.registry import CATALOGUE_URL, help_uri
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -60,8 +62,25 @@ _SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 _GITHUB_LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
 
 
+def _sarif_rule(rule_id: str) -> dict[str, object]:
+    """A SARIF reportingDescriptor: the rule's title, default level, catalogue page and link."""
+    out: dict[str, object] = {"id": rule_id, "name": rule_id, "helpUri": help_uri(rule_id)}
+    p = pages().get(rule_id)
+    if p is not None:
+        out["shortDescription"] = {"text": p.title}
+        out["fullDescription"] = {"text": " ".join(p.breaks.split())}
+        out["defaultConfiguration"] = {"level": _SARIF_LEVEL[p.severity]}
+        out["help"] = {
+            "text": f"{' '.join(p.fix.split())} See {p.help_uri}",
+            "markdown": p.body(),
+        }
+        out["properties"] = {"versions": p.versions}
+    return out
+
+
 def to_sarif(findings: Sequence[Finding], version: str) -> str:
-    """SARIF 2.1.0 (GitHub code scanning and most CI dashboards read it)."""
+    """SARIF 2.1.0 (GitHub code scanning and most CI dashboards read it); each rule links its
+    catalogue page (``helpUri``) and carries the page as ``help``."""
     rules = sorted({f.rule for f in findings})
     results = []
     for f in findings:
@@ -92,7 +111,8 @@ def to_sarif(findings: Sequence[Finding], version: str) -> str:
                     "driver": {
                         "name": "fleetserve doctor",
                         "version": version,
-                        "rules": [{"id": r, "name": r} for r in rules],
+                        "informationUri": CATALOGUE_URL,
+                        "rules": [_sarif_rule(r) for r in rules],
                     }
                 },
                 "results": results,
