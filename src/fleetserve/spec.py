@@ -71,9 +71,11 @@ class SecretRef(StrictModel):
         if isinstance(value, str):
             match = _ENV_REF.match(value)
             if not match:
+                hashed = " (key digests go in a tenant's api_key_hashes)"
                 raise ValueError(
                     "literal secret values are not allowed in a spec; "
                     "write '${ENV_VAR}' or {secret: NAME, key: KEY}"
+                    + (hashed if value.startswith("sha256:") else "")
                 )
             return {"env": match.group(1)}
         return value
@@ -390,8 +392,56 @@ class PoolSpec(StrictModel):
 # --------------------------------------------------------------------------- tenants
 
 
+class QuotaSpec(StrictModel):
+    """Limits on what one tenant (or one of its keys) may use; omitted limits are off.
+
+    Tokens are prompt + completion. At admission a request reserves an upper bound of its
+    tokens (the UTF-8 bytes of its body, capped by the context length, plus ``n`` x
+    ``max_tokens``, or the context length when absent); after the response the
+    reservation is replaced by the engine's reported usage. A request that would pass a
+    limit gets 429 ``rate_limit_exceeded`` with ``Retry-After``. Minute limits use a sliding
+    60 s window; the daily budget resets at 00:00 UTC.
+    """
+
+    requests_per_minute: int | None = Field(
+        default=None, ge=1, le=100_000_000, description="Requests admitted per sliding minute."
+    )
+    tokens_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000_000_000,
+        description="Prompt + completion tokens per sliding minute (reserved at admission).",
+    )
+    concurrent_requests: int | None = Field(
+        default=None, ge=1, le=1_000_000, description="Requests in flight at once."
+    )
+    tokens_per_day: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000_000_000_000,
+        description="Prompt + completion tokens per UTC day (a budget; resets at 00:00 UTC).",
+    )
+
+    @property
+    def limited(self) -> bool:
+        """Whether any limit is set."""
+        return any(
+            v is not None
+            for v in (
+                self.requests_per_minute,
+                self.tokens_per_minute,
+                self.concurrent_requests,
+                self.tokens_per_day,
+            )
+        )
+
+
+#: A SHA-256 digest of an API key, as ``sha256:<64 lower-case hex digits>``.
+KeyHash = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+
 class TenantSpec(StrictModel):
-    """A team or customer: its isolation level and the API keys that identify it."""
+    """A team or customer: its isolation level, the API keys that identify it, its quota."""
 
     name: DnsLabel = Field(description="Tenant name (a DNS label).")
     isolation: Literal["shared", "dedicated"] = Field(
@@ -400,6 +450,31 @@ class TenantSpec(StrictModel):
     )
     api_keys: list[SecretRef] = Field(
         default_factory=list, description="API keys of this tenant (secret references)."
+    )
+    api_key_hashes: list[KeyHash] = Field(
+        default_factory=list,
+        description="API keys given by their digest: `sha256:` + the hex SHA-256 of the key's "
+        "bytes, without a trailing newline (Python: `hashlib.sha256(key.encode()).hexdigest()`);"
+        " the key itself never appears anywhere.",
+    )
+    api_keys_file: str | None = Field(
+        default=None,
+        min_length=1,
+        description="A file of more keys, one per line (the key, or `sha256:<hex>`; `#` "
+        "comments). Re-read when it changes, so keys rotate without a restart (e.g. a "
+        "mounted Kubernetes Secret). Read on the host of the ingress.",
+    )
+    quota: QuotaSpec | None = Field(
+        default=None, description="Limits of the whole tenant (all its keys together)."
+    )
+    quota_per_key: QuotaSpec | None = Field(
+        default=None, description="Limits of each API key of the tenant on its own."
+    )
+    weight: float = Field(
+        default=1.0,
+        gt=0,
+        le=1000,
+        description="Share of a saturated model relative to other tenants (fair queuing).",
     )
 
 

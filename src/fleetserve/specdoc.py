@@ -27,6 +27,7 @@ _SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("Pool GPU", S.GpuSpec, "pools[].gpu"),
     ("Taint", S.Taint, "pools[].taints[]"),
     ("Tenant", S.TenantSpec, "tenants[]"),
+    ("Tenant quota", S.QuotaSpec, "tenants[].quota, tenants[].quota_per_key"),
     ("Secret reference", S.SecretRef, "(any secret field)"),
     ("Policy", S.Policy, "policy"),
     ("Server", S.ServerSpec, "server"),

@@ -4,7 +4,10 @@ Design: each alert answers one operator question with one metric family from
 :mod:`fleetserve.observe.metrics` - is the first token slow (TTFT p95), is the KV cache full
 (vLLM preempts and queues), are requests queueing, is a deployment/application unhealthy or
 short of the replicas the Serve autoscaler wants (pods Pending: no GPU, no slice), are users
-getting 5xx. Queries aggregate away Ray's per-process labels (WorkerId, ReplicaId) and keep
+getting 5xx or refused at the gateway, is a HAMi slice the wrong size for its engine (memory
+unused while the KV cache stays low, memory at the slice's limit, cores pinned while requests
+wait - joined ``on (namespace, pod)`` as in :mod:`fleetserve.observe.dashboard`). Queries
+aggregate away Ray's per-process labels (WorkerId, ReplicaId) and keep
 the labels an operator acts on (model_name, application, deployment). A ``selector`` (e.g.
 ``{namespace: fleetserve}``) scopes every query to one fleet, so two fleets in one Prometheus
 do not page for each other.
@@ -22,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleetserve.observe import metrics as m
+from fleetserve.observe.dashboard import ENGINE_CONTAINER
 from fleetserve.observe.promql import STATUS_5XX, series
 
 Severity = Literal["critical", "warning", "info"]
@@ -52,6 +56,32 @@ class AlertThresholds(BaseModel):
     )
     for_long: str = Field(
         default="10m", pattern=r"^[0-9]+[smh]$", description="'for' of saturation alerts."
+    )
+    for_capacity: str = Field(
+        default="15m",
+        pattern=r"^[0-9]+[smh]$",
+        description="'for' of replicas below target (pods may take minutes to schedule).",
+    )
+    for_sizing: str = Field(
+        default="1h", pattern=r"^[0-9]+[smh]$", description="'for' of slice-sizing hints."
+    )
+    slice_unused: float = Field(
+        default=0.25,
+        gt=0,
+        lt=1,
+        description="Fraction of a slice's memory unused that counts as over-provisioned.",
+    )
+    slice_kv_low: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="KV cache usage that stays below this over for_sizing counts as low.",
+    )
+    slice_memory_full: float = Field(
+        default=0.97, gt=0, le=1, description="Used/limit of a slice that counts as full."
+    )
+    slice_cores_busy: float = Field(
+        default=90, gt=0, le=100, description="SM utilisation (%) of a slice that counts as busy."
     )
 
 
@@ -93,7 +123,18 @@ def alert_rules(
         return series(metric, selector, *extra)
 
     ttft = f"histogram_quantile(0.95, sum by (le, model_name) (rate({s(m.VLLM_TTFT.bucket)}[{w}])))"
-    http = m.SERVE_HTTP_REQUESTS.name
+    gw = m.GATEWAY_REQUESTS.name
+    ctr = f'container="{ENGINE_CONTAINER}"'
+    limit = f"sum by (namespace, pod) ({s(m.HAMI_VGPU_MEMORY_LIMIT.name, ctr)})"
+    used = f"sum by (namespace, pod) ({s(m.HAMI_VGPU_MEMORY_USED.name, ctr)})"
+    cores = f"max by (namespace, pod) ({s(m.HAMI_CONTAINER_CORE_UTILIZATION.name, ctr)})"
+    model_of = f"group by (namespace, pod, model_name) ({s(m.VLLM_KV_CACHE_USAGE.name)})"
+    kv_peak = (
+        f"max by (namespace, pod, model_name) "
+        f"(max_over_time({s(m.VLLM_KV_CACHE_USAGE.name)}[{t.for_sizing}]))"
+    )
+    refused = s(m.GATEWAY_REJECTIONS.name, 'reason=~"overload|unavailable"')
+    waiting = f"sum by (namespace, pod, model_name) ({s(m.VLLM_REQUESTS_WAITING.name)})"
     status = m.SERVE_DEPLOYMENT_STATUS.name
     app_status = m.SERVE_APPLICATION_STATUS.name
     return [
@@ -191,14 +232,15 @@ def alert_rules(
                     f"sum by (application, deployment) ({s(m.SERVE_REPLICA_HEALTHY.name)}) "
                     f"< max by (application, deployment) ({s(m.SERVE_TARGET_REPLICAS.name)})"
                 ),
-                "for": "15m",
+                "for": t.for_capacity,
                 "severity": "warning",
                 "summary": (
                     "{{ $labels.application }}/{{ $labels.deployment }}: fewer healthy "
                     "replicas than the autoscaler wants"
                 ),
                 "description": (
-                    "Healthy replicas have stayed below Serve's target for 15m: worker pods "
+                    f"Healthy replicas have stayed below Serve's target for {t.for_capacity}: "
+                    "worker pods "
                     "are Pending (no GPU/slice free, node pool at its limit, taint or "
                     "selector mismatch) or replicas crash at start. Run `fleetserve doctor` "
                     "on the manifests and `kubectl describe` the Pending pods."
@@ -229,19 +271,98 @@ def alert_rules(
             {
                 "alert": "FleetServeHigh5xxRate",
                 "expr": (
-                    f"sum by (application) (rate({s(http, STATUS_5XX)}[{w}])) / "
-                    f"sum by (application) (rate({s(http)}[{w}])) > {t.error_ratio_5xx:g}"
+                    f"sum by (model) (rate({s(gw, STATUS_5XX)}[{w}])) / "
+                    f"sum by (model) (rate({s(gw)}[{w}])) > {t.error_ratio_5xx:g}"
                 ),
                 "for": t.for_short,
                 "severity": "critical",
                 "summary": (
-                    "{{ $labels.application }}: {{ $value | humanizePercentage }} of "
+                    "{{ $labels.model }}: {{ $value | humanizePercentage }} of "
                     "requests fail with 5xx"
                 ),
                 "description": (
-                    f"More than {t.error_ratio_5xx:.0%} of HTTP responses were 5xx over "
-                    f"{w}. 503 means replicas are full (max_ongoing_requests) or missing; "
-                    "500 means engine errors."
+                    f"More than {t.error_ratio_5xx:.0%} of the gateway's responses were 5xx "
+                    f"over {w}. 503 means replicas are full (max_ongoing_requests), missing "
+                    "or draining; 500 means engine errors."
+                ),
+            }
+        ),
+        AlertRule.model_validate(
+            {
+                "alert": "FleetServeRequestsRejected",
+                "expr": (f"sum by (model, reason) (rate({refused}[{w}])) > 0"),
+                "for": t.for_short,
+                "severity": "warning",
+                "summary": (
+                    "{{ $labels.model }}: requests refused ({{ $labels.reason }}), "
+                    "{{ $value | humanize }}/s"
+                ),
+                "description": (
+                    "The gateway keeps refusing requests because every replica is full and "
+                    "its queue too (overload) or no replica can take them (unavailable). "
+                    "Raise replicas.max or max_queued_requests, or check why replicas are down."
+                ),
+            }
+        ),
+        AlertRule.model_validate(
+            {
+                "alert": "FleetServeSliceOverProvisioned",
+                "expr": (
+                    f"(({limit} - {used}) / {limit} > {t.slice_unused:g}) "
+                    f"* on (namespace, pod) group_left (model_name) "
+                    f"(0 * ({kv_peak} < {t.slice_kv_low:g}) + 1)"
+                ),
+                "for": t.for_sizing,
+                "severity": "info",
+                "summary": (
+                    "{{ $labels.model_name }} on {{ $labels.pod }}: "
+                    "{{ $value | humanizePercentage }} of its GPU slice unused"
+                ),
+                "description": (
+                    f"More than {t.slice_unused:.0%} of the HAMi slice's memory stayed unused "
+                    f"and the engine's KV cache never reached {t.slice_kv_low:.0%} in "
+                    f"{t.for_sizing}: the slice is over-provisioned. Lower the model's GPU "
+                    "memory in the plan (smaller nvidia.com/gpumem) to fit more replicas per card."
+                ),
+            }
+        ),
+        AlertRule.model_validate(
+            {
+                "alert": "FleetServeSliceMemoryFull",
+                "expr": (
+                    f"({used} / {limit} > {t.slice_memory_full:g}) "
+                    f"* on (namespace, pod) group_left (model_name) {model_of}"
+                ),
+                "for": t.for_short,
+                "severity": "warning",
+                "summary": (
+                    "{{ $labels.model_name }} on {{ $labels.pod }}: GPU slice "
+                    "{{ $value | humanizePercentage }} used"
+                ),
+                "description": (
+                    "The engine uses nearly all of its HAMi slice: HAMi fails the next CUDA "
+                    "allocation (the engine crashes with out-of-memory). Give the slice more "
+                    "memory or lower gpu_memory_utilization/max_model_len."
+                ),
+            }
+        ),
+        AlertRule.model_validate(
+            {
+                "alert": "FleetServeSliceCoresSaturated",
+                "expr": (
+                    f"({cores} > {t.slice_cores_busy:g}) "
+                    f"* on (namespace, pod) group_left (model_name) (0 * ({waiting} > 0) + 1)"
+                ),
+                "for": t.for_long,
+                "severity": "warning",
+                "summary": (
+                    "{{ $labels.model_name }} on {{ $labels.pod }}: slice cores at "
+                    "{{ $value }}% with requests waiting"
+                ),
+                "description": (
+                    "The slice's SM utilisation is pinned while requests wait in the engine: "
+                    "the replica is short of GPU cores (nvidia.com/gpucores), not memory. "
+                    "Raise gpucores or add replicas."
                 ),
             }
         ),

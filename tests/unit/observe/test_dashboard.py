@@ -8,7 +8,12 @@ import pytest
 import yaml
 
 from fleetserve.cli import main
-from fleetserve.observe.dashboard import grafana_dashboard
+from fleetserve.observe.dashboard import (
+    NEEDS_REASON,
+    dashboard_panels,
+    dashboard_queries,
+    grafana_dashboard,
+)
 
 
 def test_panels_have_unique_ids_and_do_not_overlap() -> None:
@@ -29,14 +34,42 @@ def test_panels_have_unique_ids_and_do_not_overlap() -> None:
 def test_every_query_uses_the_datasource_variable_and_the_selector() -> None:
     dash = grafana_dashboard({"namespace": "llm"})
     names = [v["name"] for v in dash["templating"]["list"]]
-    assert names == ["datasource", "model"]
+    assert names == ["datasource", "model", "tenant"]
     for panel in dash["panels"]:
         for target in panel.get("targets", []):
             assert target["datasource"]["uid"] == "${datasource}"
             assert 'namespace="llm"' in target["expr"]
-    engine = [p for p in dash["panels"] if p.get("targets") and "vllm" in p["targets"][0]["expr"]]
-    assert engine
-    assert all('model_name=~"$model"' in t["expr"] for p in engine for t in p["targets"])
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    vllm = [e for e in exprs if "ray_vllm_" in e]
+    gateway = [e for e in exprs if "ray_fleetserve_gateway_" in e]
+    assert vllm
+    assert gateway
+    assert all('model_name=~"$model"' in e for e in vllm)
+    assert all('model=~"$model"' in e and 'tenant=~"$tenant"' in e for e in gateway)
+
+
+def test_front_door_reads_the_gateway_not_serves_proxy() -> None:
+    # With direct ingress Serve's proxy never sees a request: the front door is the gateway.
+    panels = dashboard_panels()
+    front = panels[:3]
+    assert all("ray_fleetserve_gateway_" in t.expr for p in front for t in p.targets)
+    assert not any("ray_serve_num_http" in q or "ray_serve_http" in q for q in dashboard_queries())
+
+
+def test_panels_say_what_they_need() -> None:
+    dash = grafana_dashboard()
+    by_title = {p["title"]: p for p in dash["panels"]}
+    for panel in dashboard_panels():
+        described = by_title[panel.title]["description"]
+        if panel.needs == "fleet":
+            assert "Needs" not in described
+        else:
+            assert NEEDS_REASON[panel.needs] in described
+    hami = [p for p in dashboard_panels() if p.needs == "kubernetes-hami"]
+    assert hami
+    for panel in hami:
+        exprs = " ".join(t.expr for t in panel.targets)
+        assert "on (namespace, pod) group_left (model_name)" in exprs or "ray_vllm_" in exprs
 
 
 def test_dashboard_is_deterministic() -> None:

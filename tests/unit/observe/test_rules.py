@@ -75,18 +75,54 @@ def _alert(name: str, at: str, labels: list[dict[str, str]]) -> dict[str, Any]:
     return {"eval_time": at, "alertname": name, "exp_alerts": [{"exp_labels": x} for x in labels]}
 
 
+GIB = 1024**3
+#: Thresholds of the promtool tests: slice sizing judged over 10m instead of 1h.
+THRESHOLDS = AlertThresholds(for_sizing="10m")
+
+
+def _slice(pod: str, limit_gib: float, used_gib: float, cores: float) -> list[dict[str, str]]:
+    ctr = {"pod": pod, "container": "ray-worker", "vdevice_index": "0", "device_uuid": "GPU-1"}
+    return [
+        _series("hami_vgpu_memory_limit_bytes", f"{limit_gib * GIB:.0f}x40", **ctr),
+        _series("hami_vgpu_memory_used_bytes", f"{used_gib * GIB:.0f}x40", **ctr),
+        _series("hami_container_device_utilization_ratio", f"{cores:g}x40", **ctr),
+    ]
+
+
+def _engine_pod(pod: str, kv: float, waiting: int) -> list[dict[str, str]]:
+    labels = {"pod": pod, "model_name": "m", "ReplicaId": f"r-{pod}"}
+    return [
+        _series("ray_vllm_kv_cache_usage_perc", f"{kv:g}x40", **labels),
+        _series("ray_vllm_num_requests_waiting", f"{waiting}x40", **labels),
+    ]
+
+
 def _sick_fleet() -> list[dict[str, str]]:
     ttft = "ray_vllm_time_to_first_token_seconds_bucket"
-    http = "ray_serve_num_http_requests_total"
+    http = "ray_fleetserve_gateway_requests_total"
+    gw = {"model": "m", "tenant": "t", "endpoint": "/v1/completions"}
     return [
+        # p1: slice 18 GiB, engine uses 11 GiB, KV cache 30 % full: over-provisioned.
+        *_slice("p1", 18, 11, 40),
+        *_engine_pod("p1", 0.3, 0),
+        # p2: slice nearly full and cores pinned with requests waiting.
+        *_slice("p2", 8, 7.9, 97),
+        *_engine_pod("p2", 0.9, 3),
+        _series(
+            "ray_fleetserve_gateway_rejections_total",
+            "0+5x40",
+            model="m",
+            tenant="t",
+            reason="overload",
+        ),
         _series(ttft, "0+0x40", le="1.0", model_name="m", ReplicaId="r1"),
         _series(ttft, "0+10x40", le="5.0", model_name="m", ReplicaId="r1"),
         _series(ttft, "0+10x40", le="+Inf", model_name="m", ReplicaId="r1"),
         _series("ray_vllm_kv_cache_usage_perc", "0.99x40", model_name="m", ReplicaId="r1"),
         _series("ray_vllm_kv_cache_usage_perc", "0.10x40", model_name="m", ReplicaId="r2"),
         _series("ray_vllm_num_requests_waiting", "7x40", model_name="m", ReplicaId="r1"),
-        _series(http, "0+100x40", application="fleetserve", status_code="200"),
-        _series(http, "0+20x40", application="fleetserve", status_code="503"),
+        _series(http, "0+100x40", status_code="200", **gw),
+        _series(http, "0+20x40", status_code="503", **gw),
         _series(
             "ray_serve_deployment_status", "2x40", application="fleetserve", deployment="model-m"
         ),
@@ -114,15 +150,18 @@ def _sick_fleet() -> list[dict[str, str]]:
 
 def _healthy_fleet() -> list[dict[str, str]]:
     ttft = "ray_vllm_time_to_first_token_seconds_bucket"
-    http = "ray_serve_num_http_requests_total"
+    http = "ray_fleetserve_gateway_requests_total"
+    gw = {"model": "m", "tenant": "t", "endpoint": "/v1/completions"}
     return [
+        *_slice("p1", 18, 16, 50),
+        *_engine_pod("p1", 0.6, 0),
         _series(ttft, "0+10x40", le="1.0", model_name="m", ReplicaId="r1"),
         _series(ttft, "0+10x40", le="5.0", model_name="m", ReplicaId="r1"),
         _series(ttft, "0+10x40", le="+Inf", model_name="m", ReplicaId="r1"),
         _series("ray_vllm_kv_cache_usage_perc", "0.5x40", model_name="m", ReplicaId="r1"),
         _series("ray_vllm_num_requests_waiting", "0x40", model_name="m", ReplicaId="r1"),
-        _series(http, "0+100x40", application="fleetserve", status_code="200"),
-        _series(http, "0+1x40", application="fleetserve", status_code="500"),
+        _series(http, "0+100x40", status_code="200", **gw),
+        _series(http, "0+1x40", status_code="500", **gw),
         _series(
             "ray_serve_deployment_status", "6x40", application="fleetserve", deployment="model-m"
         ),
@@ -154,7 +193,7 @@ def _healthy_fleet() -> list[dict[str, str]]:
 
 
 def test_alerts_fire_on_a_sick_fleet_and_stay_silent_on_a_healthy_one(tmp_path: Path) -> None:
-    groups = rule_groups(NS, AlertThresholds())
+    groups = rule_groups(NS, THRESHOLDS)
     for group in groups["groups"]:
         for rule in group["rules"]:
             rule.pop("annotations")  # templates are checked by `check rules`; compare labels
@@ -166,8 +205,26 @@ def test_alerts_fire_on_a_sick_fleet_and_stay_silent_on_a_healthy_one(tmp_path: 
         ),
         _alert("FleetServeKVCacheNearlyFull", "20m", [{"severity": "warning", "model_name": "m"}]),
         _alert("FleetServeRequestsWaiting", "20m", [{"severity": "warning", "model_name": "m"}]),
+        _alert("FleetServeHigh5xxRate", "20m", [{"severity": "critical", "model": "m"}]),
         _alert(
-            "FleetServeHigh5xxRate", "20m", [{"severity": "critical", "application": "fleetserve"}]
+            "FleetServeRequestsRejected",
+            "20m",
+            [{"severity": "warning", "model": "m", "reason": "overload"}],
+        ),
+        _alert(
+            "FleetServeSliceOverProvisioned",
+            "20m",
+            [{"severity": "info", "namespace": "llm", "pod": "p1", "model_name": "m"}],
+        ),
+        _alert(
+            "FleetServeSliceMemoryFull",
+            "20m",
+            [{"severity": "warning", "namespace": "llm", "pod": "p2", "model_name": "m"}],
+        ),
+        _alert(
+            "FleetServeSliceCoresSaturated",
+            "20m",
+            [{"severity": "warning", "namespace": "llm", "pod": "p2", "model_name": "m"}],
         ),
         _alert(
             "FleetServeDeploymentUnhealthy",

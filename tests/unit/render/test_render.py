@@ -214,15 +214,16 @@ def test_app_args_are_what_build_app_accepts(kit: Any) -> None:
 def test_monitoring_objects_carry_the_selector_label(kit: Any) -> None:
     objects = render(*kit.sliced_fleet())
     for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):
-        (obj,) = by_kind(objects, kind)
-        assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+        for obj in by_kind(objects, kind):  # the sliced fleet also scrapes HAMi's monitor
+            assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     custom = render(*kit.sliced_fleet(), RenderOptions(monitoring_labels={"prometheus": "main"}))
     (rule,) = by_kind(custom, "PrometheusRule")
     assert rule["metadata"]["labels"]["prometheus"] == "main"
     assert "release" not in rule["metadata"]["labels"]
     (pm,) = by_kind(objects, "PodMonitor")
     assert pm["spec"]["selector"]["matchLabels"]["ray.io/node-type"] == "worker"
-    (sm,) = by_kind(objects, "ServiceMonitor")
+    sm, hami = by_kind(objects, "ServiceMonitor")
+    assert hami["spec"]["endpoints"][0]["honorLabels"] is True
     assert sm["spec"]["selector"]["matchLabels"]["ray.io/originated-from-cr-name"] == "llm"
     exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
     assert all('namespace="llm-serving"' in e for e in exprs)

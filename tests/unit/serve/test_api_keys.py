@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import pytest
 
 from fleetserve.errors import SpecError
-from fleetserve.serve.api_keys import ApiKeyTable, AuthError
+from fleetserve.serve.api_keys import KEY_FILE_CHECK_S, ApiKeyTable, AuthError, parse_key_file
 from fleetserve.spec import parse_spec
 
 
@@ -68,3 +71,54 @@ def test_one_key_for_two_tenants_is_refused() -> None:
     env = {**ENV, "KEY_B": "sk-a"}
     with pytest.raises(SpecError, match="also a key of tenant 'a'"):
         ApiKeyTable.from_spec(spec(api_keys=["${KEY_B}"]), env)  # type: ignore[arg-type]
+
+
+def test_key_hashes_in_the_spec_identify_the_tenant() -> None:
+    hashed = "sha256:" + hashlib.sha256(b"sk-hashed").hexdigest()
+    table = ApiKeyTable.from_spec(spec(api_key_hashes=[hashed]), ENV)  # type: ignore[arg-type]
+    assert table.tenant("Bearer sk-hashed") == "b"
+    assert "sk-hashed" not in repr(table.to_args())
+    with pytest.raises(SpecError, match=r"api_key_hashes\.0|api_key_hashes\[0\]"):
+        spec(api_key_hashes=["sha256:nothex"])
+    with pytest.raises(SpecError, match="key digests go in a tenant's api_key_hashes"):
+        spec(api_keys=[hashed])
+
+
+def test_a_key_file_rotates_keys_without_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("# team b\nsk-old\n")
+    table = ApiKeyTable.from_spec(spec(api_keys_file=str(keys)), ENV)  # type: ignore[arg-type]
+    # The ingress gets the table through Serve's arguments: paths travel, keys do not.
+    table = ApiKeyTable.from_args(table.to_args())
+    clock = [1000.0]
+    monkeypatch.setattr("fleetserve.serve.api_keys.time.monotonic", lambda: clock[0])
+    assert "sk-old" not in repr(table.to_args())
+    assert table.tenant("Bearer sk-old") == "b"
+    assert "b" in table.tenants
+    # Rotate the way a mounted Secret does: write a new file, rename it over the old one.
+    new = tmp_path / "keys.new"
+    new.write_text("sk-new\nsha256:" + hashlib.sha256(b"sk-other").hexdigest() + "\n")
+    new.replace(keys)
+    clock[0] += KEY_FILE_CHECK_S + 0.1
+    assert table.tenant("Bearer sk-new") == "b"
+    assert table.tenant("Bearer sk-other") == "b"
+    with pytest.raises(AuthError):
+        table.tenant("Bearer sk-old")
+    # A broken file keeps the keys it had (no lock-out while a file is half-written).
+    keys.write_text("sha256:zz\n")
+    clock[0] += KEY_FILE_CHECK_S + 0.1
+    assert table.tenant("Bearer sk-new") == "b"
+
+
+def test_a_missing_key_file_refuses_to_start(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="api_keys_file"):
+        ApiKeyTable.from_spec(spec(api_keys_file=str(tmp_path / "none")), ENV)  # type: ignore[arg-type]
+
+
+def test_key_file_lines() -> None:
+    digest = hashlib.sha256(b"k1").hexdigest()
+    assert parse_key_file(f"k1 # comment\n\n  sha256:{digest.upper()}\n") == [digest, digest]
+    with pytest.raises(ValueError, match="line 2"):
+        parse_key_file("ok\nsha256:abc\n")

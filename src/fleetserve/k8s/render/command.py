@@ -55,6 +55,7 @@ def _handle(args: argparse.Namespace) -> int:
             monitoring_labels=_labels(args.monitoring_label),
             prometheus_namespace=args.prometheus_namespace,
             kuberay_namespace=args.kuberay_namespace,
+            hami_namespace=args.hami_namespace,
             with_nodepools=args.with_nodepools,
             node_class=args.node_class,
             head_pool=args.head_pool,
@@ -123,6 +124,11 @@ def register(subparsers: Any) -> None:
         "--kuberay-namespace",
         default=RenderOptions.model_fields["kuberay_namespace"].default,
         help="namespace of the KubeRay operator (allowed to reach the dashboard port)",
+    )
+    parser.add_argument(
+        "--hami-namespace",
+        default=RenderOptions.model_fields["hami_namespace"].default,
+        help="namespace of HAMi's device plugin (its vGPU monitor is scraped with HAMi slices)",
     )
     parser.add_argument(
         "--node-class",

@@ -7,6 +7,14 @@ per-cluster head Service) and the workers through a PodMonitor on the pod labels
 sets. All four objects carry the label the Prometheus CR selects them by (default
 ``release: kube-prometheus-stack``); without it Prometheus silently ignores them. Alert
 rules and the dashboard come from :mod:`fleetserve.observe`, scoped to the fleet's namespace.
+
+With HAMi slices a fifth object scrapes HAMi's vGPU monitor (the ``hami-device-plugin``
+Service's ``monitorport``, container port 9394, in HAMi's namespace). Its series label each
+slice with the engine pod's ``namespace``/``pod``/``container``; ``honorLabels`` keeps those
+(otherwise Prometheus renames them ``exported_*`` and overwrites them with the monitor pod's
+own), which is what joins a slice with its engine's vLLM series - scraped by the PodMonitor,
+whose targets carry the same ``namespace``/``pod``. Only this fleet's namespace is kept, so a
+HAMi shared by several fleets is not scraped into duplicate series by each.
 """
 
 from __future__ import annotations
@@ -20,6 +28,9 @@ from fleetserve.observe.dashboard import grafana_dashboard
 from fleetserve.spec import FleetSpec
 
 SCRAPE_INTERVAL = "30s"
+#: HAMi chart's device-plugin monitor Service: its port name and the component label.
+HAMI_MONITOR_PORT_NAME = "monitorport"
+HAMI_COMPONENT = {"app.kubernetes.io/component": "hami-device-plugin"}
 #: Label kube-prometheus-stack's Grafana sidecar loads dashboard ConfigMaps by.
 GRAFANA_DASHBOARD_LABEL = "grafana_dashboard"
 
@@ -81,6 +92,37 @@ def pod_monitor(spec: FleetSpec, labels: dict[str, str]) -> dict[str, Any]:
                     "port": METRICS_PORT_NAME,
                     "interval": SCRAPE_INTERVAL,
                     "relabelings": _cluster_relabel(),
+                }
+            ],
+        },
+    }
+
+
+def hami_service_monitor(
+    spec: FleetSpec, labels: dict[str, str], *, hami_namespace: str
+) -> dict[str, Any]:
+    """Scrapes HAMi's vGPU monitor for this fleet's slices (see the module docstring)."""
+    k8s = spec.kubernetes
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": _meta(spec, f"{k8s.name}-hami", labels),
+        "spec": {
+            "namespaceSelector": {"matchNames": [hami_namespace]},
+            "selector": {"matchLabels": dict(HAMI_COMPONENT)},
+            "endpoints": [
+                {
+                    "port": HAMI_MONITOR_PORT_NAME,
+                    "path": "/metrics",
+                    "interval": SCRAPE_INTERVAL,
+                    "honorLabels": True,
+                    "metricRelabelings": [
+                        {
+                            "action": "keep",
+                            "sourceLabels": ["namespace"],
+                            "regex": k8s.namespace,
+                        }
+                    ],
                 }
             ],
         },

@@ -85,3 +85,10 @@ class RenderOptions(BaseModel):
     alerts: AlertThresholds = Field(
         default_factory=AlertThresholds, description="Alert thresholds of the PrometheusRule."
     )
+    hami_namespace: str = Field(
+        default="kube-system",
+        pattern=_DNS_LABEL,
+        max_length=63,
+        description="Namespace of HAMi's device plugin, whose vGPU monitor (port 9394) the "
+        "rendered ServiceMonitor scrapes when GPU pods use HAMi slices.",
+    )

@@ -18,6 +18,7 @@ from fleetserve.k8s.render.groups import (
 )
 from fleetserve.k8s.render.monitoring import (
     dashboard_configmap,
+    hami_service_monitor,
     pod_monitor,
     prometheus_rule,
     service_monitor,
@@ -94,6 +95,9 @@ def render(
         prometheus_rule(spec, labels, opts.alerts),
         dashboard_configmap(spec),
     ]
+    if hami:
+        # HAMi's per-slice memory and cores, joined with the engines on the dashboard.
+        objects.append(hami_service_monitor(spec, labels, hami_namespace=opts.hami_namespace))
     if opts.with_nodepools:
         objects.extend(node_pool(spec, pool, opts.node_class) for pool in spec.pools)
     return objects
