@@ -100,6 +100,10 @@ class PointSummary(BaseModel):
     )
 
 
+#: Error statuses whose meaning the report spells out (error type ``http_<status>_<meaning>``).
+HTTP_MEANING = {429: "rate_limited", 503: "overloaded"}
+
+
 def summarize(
     label: str, x: float, records: Sequence[RequestRecord], slo: Slo | None
 ) -> PointSummary:
@@ -132,7 +136,11 @@ def summarize(
         by_status["none" if r.status is None else str(r.status)] += 1
         kind = r.error_type or "client_error"
         if kind == "http_error":
-            kind = f"http_{r.status}"
+            # 429 (a tenant over its quota) and 503 (the server over capacity) mean
+            # different things; the report names them.
+            kind = f"http_{r.status}" + (
+                f"_{HTTP_MEANING[r.status]}" if r.status in HTTP_MEANING else ""
+            )
         by_type[kind] += 1
         examples.setdefault(kind, r.error or "")
     ins = [r.tokens_in for r in ok if r.tokens_in is not None]

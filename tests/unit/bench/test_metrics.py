@@ -81,3 +81,20 @@ def test_throughput_goodput_errors_and_warmup() -> None:
     assert s.errors_by_type == {"http_500": 1, "connection_refused": 1}
     assert s.error_examples["http_500"] == "HTTP 500: boom"
     assert s.max_in_flight == 3
+
+
+def test_rate_limited_and_overloaded_are_named_apart() -> None:
+    def failed(status: int) -> RequestRecord:
+        return RequestRecord(
+            id=status,
+            point="x",
+            start=0.0,
+            e2e=1.0,
+            error=f"HTTP {status}",
+            error_type="http_error",
+            status=status,
+        )
+
+    s = summarize("x", 1.0, [failed(429), failed(429), failed(503)], None)
+    assert s.errors_by_status == {"429": 2, "503": 1}
+    assert s.errors_by_type == {"http_429_rate_limited": 2, "http_503_overloaded": 1}
