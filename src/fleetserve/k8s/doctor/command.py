@@ -21,7 +21,7 @@ from rich.console import Console
 from fleetserve import __version__
 from fleetserve.errors import UsageError
 from fleetserve.k8s.doctor import catalogue
-from fleetserve.k8s.doctor.crds import CLUSTER, lookup_crds
+from fleetserve.k8s.doctor.crds import CLUSTER, known_upstream, lookup_crds
 from fleetserve.k8s.doctor.inventory import Inventory
 from fleetserve.k8s.doctor.loader import expand_paths, load_paths
 from fleetserve.k8s.doctor.registry import SCHEMA_RULE, load_rules, run_rules
@@ -138,13 +138,19 @@ def diagnose(
         schema = validate_schemas(inv, found.schemas, k8s_version)
         findings.extend(schema.findings)
         unchecked = schema.unchecked
-        # One note for everything not schema-checked: the CRDs that could not be had say
-        # why; other unknown kinds (a Karpenter NodePool...) are only listed.
+        # One note for the CRDs that could not be had (it says why and what to do); kinds
+        # no upstream is known for (a Karpenter NodePool, a Gateway...) are only listed.
         missing = found.note()
         if missing:
             notes.append(missing)
-        elif unchecked:
-            shown = ", ".join(sorted(set(unchecked))[:5]) + (" ..." if len(unchecked) > 5 else "")
+        unchecked_set = set(unchecked)
+        others = sorted(
+            {m.ref for m in inv.manifests if m.ref in unchecked_set and not known_upstream(m)}
+        )
+        if others:
+            shown = ", ".join(others[:5]) + (
+                f" and {len(others) - 5} more" if len(others) > 5 else ""
+            )
             notes.append(f"no schema known for {shown}: not schema-checked")
     if inv.skipped:
         shown = ", ".join(inv.skipped[:5]) + (" ..." if len(inv.skipped) > 5 else "")

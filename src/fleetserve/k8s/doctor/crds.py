@@ -41,7 +41,7 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from fleetserve.errors import UsageError
-from fleetserve.k8s.doctor.inventory import Inventory
+from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.schema import CrdSchemas
 
 #: ``--crds`` value that reads the CRDs installed in the cluster of the current kubeconfig.
@@ -185,11 +185,16 @@ def needed_kinds(inv: Inventory) -> dict[Upstream, set[str]]:
     }
     out: dict[Upstream, set[str]] = {}
     for m in inv.manifests:
-        group = m.api_version.rpartition("/")[0]
-        for up in UPSTREAMS:
-            if group == up.group and m.kind in up.files and (group, m.kind) not in inline:
-                out.setdefault(up, set()).add(m.kind)
+        up = known_upstream(m)
+        if up is not None and (up.group, m.kind) not in inline:
+            out.setdefault(up, set()).add(m.kind)
     return out
+
+
+def known_upstream(m: Manifest) -> Upstream | None:
+    """The upstream that publishes the CRD of ``m``'s kind, if doctor knows one."""
+    group = m.api_version.rpartition("/")[0]
+    return next((up for up in UPSTREAMS if up.group == group and m.kind in up.files), None)
 
 
 def _crd_kind(body: dict[str, Any]) -> str:
