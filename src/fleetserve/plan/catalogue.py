@@ -74,6 +74,130 @@ _PHI3_MINI: dict[str, Any] = {
 }
 
 
+_GEMMA2: dict[str, Any] = {
+    "architectures": ["Gemma2ForCausalLM"],
+    "model_type": "gemma2",
+    "vocab_size": 256000,
+    "head_dim": 256,
+    "sliding_window": 4096,  # layers 0, 2, 4, ... local; the others global
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
+_QWEN3: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "head_dim": 128,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 40960,
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+_QWEN3_MOE: dict[str, Any] = {
+    **_QWEN3,
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "num_key_value_heads": 4,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+}
+_LLAMA4_VISION: dict[str, Any] = {
+    "model_type": "llama4_vision_model",
+    "hidden_size": 1408,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 34,
+    "num_attention_heads": 16,
+    "image_size": 336,
+    "patch_size": 14,
+    "num_channels": 3,
+    "pixel_shuffle_ratio": 0.5,
+    "projector_input_dim": 4096,
+    "projector_output_dim": 4096,
+    "vision_output_dim": 4096,
+}
+_LLAMA4_TEXT: dict[str, Any] = {
+    "model_type": "llama4_text",
+    "vocab_size": 202048,
+    "hidden_size": 5120,
+    "intermediate_size": 8192,  # each routed expert and the shared expert
+    "intermediate_size_mlp": 16384,  # the dense layers
+    "num_hidden_layers": 48,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "num_experts_per_tok": 1,
+    "attention_chunk_size": 8192,  # 3 of 4 layers attend within 8192-token chunks
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+}
+_DEEPSEEK_MLA: dict[str, Any] = {
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "max_position_embeddings": 163840,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 40,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 0.707,
+        "mscale_all_dim": 0.707,
+    },
+    "moe_layer_freq": 1,
+    "first_k_dense_replace": 1,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+_GPT_OSS: dict[str, Any] = {
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "vocab_size": 201088,
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "experts_per_token": 4,
+    "num_experts_per_tok": 4,
+    "sliding_window": 128,
+    "attention_bias": True,
+    "max_position_embeddings": 131072,
+    "rope_scaling": {
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+    },
+    "tie_word_embeddings": False,
+    "quantization_config": {"quant_method": "mxfp4"},
+    "torch_dtype": "bfloat16",
+}
+
+
+def _alternating(layers: int) -> list[str]:
+    """gpt-oss's layer_types: sliding, full, sliding, full, ..."""
+    return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+
+
+def _llama4(text: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "architectures": ["Llama4ForConditionalGeneration"],
+        "model_type": "llama4",
+        "text_config": {**_LLAMA4_TEXT, **text},
+        "vision_config": dict(_LLAMA4_VISION),
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+
+
 def _gemma3_mm(text: dict[str, Any]) -> dict[str, Any]:
     return {
         "architectures": ["Gemma3ForConditionalGeneration"],
@@ -341,6 +465,203 @@ MODEL_CATALOGUE: dict[str, dict[str, Any]] = {
         "sliding_window": 262144,
         "max_position_embeddings": 131072,
     },
+    # Meta Llama 3.1 405B (dense) and Llama 4 (MoE + chunked attention + vision tower)
+    "llama-3.1-405b": {
+        **_LLAMA3_8B,
+        "hidden_size": 16384,
+        "intermediate_size": 53248,
+        "num_hidden_layers": 126,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 131072,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    },
+    "llama-4-scout": _llama4(
+        {
+            "num_local_experts": 16,
+            "interleave_moe_layer_step": 1,
+            "max_position_embeddings": 10485760,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 16.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192,
+            },
+        }
+    ),
+    "llama-4-maverick": _llama4(
+        {
+            "num_local_experts": 128,
+            "interleave_moe_layer_step": 2,  # MoE and dense layers alternate
+            "max_position_embeddings": 1048576,
+        }
+    ),
+    # Google Gemma 2 (global and 4096-token sliding layers alternate; tied head)
+    "gemma-2-2b": {
+        **_GEMMA2,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "query_pre_attn_scalar": 256,
+    },
+    "gemma-2-9b": {
+        **_GEMMA2,
+        "hidden_size": 3584,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 42,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "query_pre_attn_scalar": 256,
+    },
+    "gemma-2-27b": {
+        **_GEMMA2,
+        "hidden_size": 4608,
+        "intermediate_size": 36864,
+        "num_hidden_layers": 46,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 16,
+        "head_dim": 128,
+        "query_pre_attn_scalar": 144,
+    },
+    # Alibaba Qwen3 (q/k norms, no biases; 0.6B-4B tie the head) and Qwen3 MoE
+    "qwen3-0.6b": {
+        **_QWEN3,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "tie_word_embeddings": True,
+    },
+    "qwen3-1.7b": {
+        **_QWEN3,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "tie_word_embeddings": True,
+    },
+    "qwen3-4b": {
+        **_QWEN3,
+        "hidden_size": 2560,
+        "intermediate_size": 9728,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "tie_word_embeddings": True,
+    },
+    "qwen3-8b": {
+        **_QWEN3,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+    },
+    "qwen3-14b": {
+        **_QWEN3,
+        "hidden_size": 5120,
+        "intermediate_size": 17408,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 40,
+    },
+    "qwen3-32b": {
+        **_QWEN3,
+        "hidden_size": 5120,
+        "intermediate_size": 25600,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 64,
+    },
+    "qwen3-30b-a3b": {
+        **_QWEN3_MOE,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+    },
+    "qwen3-235b-a22b": {
+        **_QWEN3_MOE,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "moe_intermediate_size": 1536,
+        "num_hidden_layers": 94,
+        "num_attention_heads": 64,
+    },
+    # DeepSeek V2 / V3: MLA attention (one 576-wide latent per token per layer) + MoE
+    "deepseek-v2-lite": {
+        **_DEEPSEEK_MLA,
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v2",
+        "vocab_size": 102400,
+        "hidden_size": 2048,
+        "intermediate_size": 10944,
+        "moe_intermediate_size": 1408,
+        "num_hidden_layers": 27,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "q_lora_rank": None,
+        "n_routed_experts": 64,
+        "n_shared_experts": 2,
+        "num_experts_per_tok": 6,
+        "topk_method": "greedy",
+    },
+    "deepseek-v2": {
+        **_DEEPSEEK_MLA,
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v2",
+        "vocab_size": 102400,
+        "hidden_size": 5120,
+        "intermediate_size": 12288,
+        "moe_intermediate_size": 1536,
+        "num_hidden_layers": 60,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "q_lora_rank": 1536,
+        "n_routed_experts": 160,
+        "n_shared_experts": 2,
+        "num_experts_per_tok": 6,
+        "topk_method": "group_limited_greedy",
+    },
+    "deepseek-v3": {
+        **_DEEPSEEK_MLA,
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "vocab_size": 129280,
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "q_lora_rank": 1536,
+        "n_routed_experts": 256,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3,
+        "topk_method": "noaux_tc",
+        "num_nextn_predict_layers": 1,  # the MTP layer: not loaded without speculation
+        "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+    },
+    # OpenAI gpt-oss (MXFP4 experts, alternating 128-token sliding/full attention, sinks)
+    "gpt-oss-20b": {
+        **_GPT_OSS,
+        "num_hidden_layers": 24,
+        "num_local_experts": 32,
+        "layer_types": _alternating(24),
+    },
+    "gpt-oss-120b": {
+        **_GPT_OSS,
+        "num_hidden_layers": 36,
+        "num_local_experts": 128,
+        "layer_types": _alternating(36),
+    },
 }
 
 #: Other spellings -> canonical name.
@@ -357,9 +678,17 @@ _ALIASES: dict[str, str] = {
     "phi-3-medium": "phi-3-medium-4k",
     "gemma-3-270m": "gemma-3-270m",
     "builtin:gemma-3-270m": "gemma-3-270m",
+    "meta-llama-3.1-405b": "llama-3.1-405b",
+    "llama-4-scout-17b-16e": "llama-4-scout",
+    "llama-4-maverick-17b-128e": "llama-4-maverick",
+    "gemma-2-2b": "gemma-2-2b",
+    "deepseek-v2-lite": "deepseek-v2-lite",
+    "deepseek-v3-0324": "deepseek-v3",
+    "qwen3-30b-a3b-2507": "qwen3-30b-a3b",
+    "qwen3-235b-a22b-2507": "qwen3-235b-a22b",
 }
 
-_SUFFIXES = ("-instruct", "-it", "-chat", "-hf", "-pt", "-base")
+_SUFFIXES = ("-instruct", "-it", "-chat", "-hf", "-pt", "-base", "-original")
 
 
 def _normalise(name: str) -> str:

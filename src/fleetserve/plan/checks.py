@@ -4,16 +4,23 @@ Used by the tests on every plan they make (including hypothesis-generated fleets
 usable by anything that receives a :class:`PlanResult` (e.g. a doctor checking a plan that
 was edited by hand): card memory and cores never oversubscribed, HAMi's deviceSplitCount
 respected, tensor-parallel replicas on whole cards of one node, dedicated tenants alone on
-their cards, engines never asking for more than their slice.
+their cards, engines never asking for more than their slice, and no replica vLLM would
+refuse to start on its card (:mod:`fleetserve.plan.vllm_rules`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+from fleetserve.errors import SpecError
+from fleetserve.plan.architecture import ModelConfig
+from fleetserve.plan.gpus import GpuType, custom_gpu, gpu_type
 from fleetserve.plan.problem import DEVICE_SPLIT_COUNT
 from fleetserve.plan.result import PlanResult
-from fleetserve.spec import FleetSpec
+from fleetserve.plan.sizing import model_config_for
+from fleetserve.plan.vllm_rules import engine_refusals
+from fleetserve.spec import FleetSpec, PoolSpec
 
 
 def plan_violations(spec: FleetSpec, result: PlanResult) -> list[str]:
@@ -22,6 +29,11 @@ def plan_violations(spec: FleetSpec, result: PlanResult) -> list[str]:
     pools = {p.name: p for p in spec.pools}
     tenants = {t.name: t.isolation for t in spec.tenants}
     cards: dict[tuple[str, int, int], list[Any]] = {}
+    configs: dict[str, ModelConfig] = {}
+    for m in spec.models:
+        # a config only the spec's directory resolves: that model's vLLM rules go unchecked
+        with contextlib.suppress(SpecError):
+            configs[m.name] = model_config_for(m)
     for r in result.replicas:
         pool = pools.get(r.pool)
         if pool is None or pool.gpu is None:
@@ -30,6 +42,11 @@ def plan_violations(spec: FleetSpec, result: PlanResult) -> list[str]:
         model = spec.model(r.model)
         if model.pools is not None and r.pool not in model.pools:
             errors.append(f"{r.model}#{r.index} on a pool it may not use")
+        refused = (
+            engine_refusals(model, configs[r.model], _card(pool)) if r.model in configs else []
+        )
+        if refused:
+            errors.append(f"{r.model}#{r.index}: vLLM would refuse it: {refused[0].reason}")
         want = model.tensor_parallel * model.pipeline_parallel
         if len(r.gpus) != want or len(set(r.gpus)) != want:
             errors.append(f"{r.model}#{r.index}: {r.gpus} for {want} cards")
@@ -69,6 +86,13 @@ def plan_violations(spec: FleetSpec, result: PlanResult) -> list[str]:
     if wanted is not None and placed | missing != wanted:
         errors.append(f"replicas neither placed nor reported: {sorted(wanted - placed - missing)}")
     return errors
+
+
+def _card(pool: PoolSpec) -> GpuType:
+    assert pool.gpu is not None
+    if pool.gpu.type is None:
+        return custom_gpu(pool.gpu.memory_gb or 0)
+    return gpu_type(pool.gpu.type)
 
 
 def expected_replicas(spec: FleetSpec, scenario: str = "min") -> set[tuple[str, int]]:

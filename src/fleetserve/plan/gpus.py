@@ -1,18 +1,28 @@
 """The GPU catalogue: card types a pool may name, with the facts the planner needs.
 
-Memory is in MiB *as nvidia-smi reports it* (``memory.total``), not the marketing GB: a
-"24 GB" A10G shows 23028 MiB, and a HAMi ``nvidia.com/gpumem`` slice is carved from what the
-device plugin registers, which is that figure. Names are matched loosely (case, dashes,
-spaces and vendor prefixes do not matter), so ``A100-80GB``, ``a100_80gb`` and
-``NVIDIA A100-SXM4-80GB`` are the same card.
+Memory is in MiB *as nvidia-smi reports it* (``memory.total``; ``rocm-smi``'s VRAM total for
+AMD), not the marketing GB: a "24 GB" A10G shows 23028 MiB, and a HAMi ``nvidia.com/gpumem``
+slice is carved from what the device plugin registers, which is that figure. Names are
+matched loosely (case, dashes, spaces and vendor prefixes do not matter), so ``A100-80GB``,
+``a100_80gb`` and ``NVIDIA A100-SXM4-80GB`` are the same card.
+
+``compute_capability`` is what ``torch.cuda.get_device_capability()`` returns on the card:
+the CUDA SM version on NVIDIA, and on AMD (ROCm) the gfx architecture's major/minor
+(gfx942 = MI300X -> (9, 4)), which is what vLLM compares against a quantization method's
+minimum capability there too. vLLM's start-up rules read it (plan/vllm_rules.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from fleetserve.errors import SpecError
+from fleetserve.units import gib_to_mib_floor
+
+Vendor = Literal["nvidia", "amd"]
 
 
 @dataclass(frozen=True)
@@ -22,53 +32,68 @@ class GpuType:
     name: str
     """Canonical catalogue name (what the plan reports)."""
     memory_mib: int
-    """Memory as nvidia-smi reports it (MiB)."""
+    """Memory as nvidia-smi (rocm-smi) reports it (MiB)."""
     sm_count: int
-    """Streaming multiprocessors (HAMi's gpucores are a share of these)."""
-    bf16: bool
-    """Native bfloat16 (Ampere and later); vLLM falls back to float16 otherwise."""
-    fp8: bool
-    """Native FP8 tensor cores (Ada, Hopper); weight-only FP8 still runs on Ampere."""
+    """Streaming multiprocessors / compute units (HAMi's gpucores are a share of these)."""
+    compute_capability: tuple[int, int] = (8, 0)
+    """``torch.cuda.get_device_capability()`` (see the module note)."""
+    vendor: Vendor = "nvidia"
     aliases: tuple[str, ...] = ()
+    known: bool = True
+    """False for a card given only by its memory (capability unknown: assumed modern)."""
+
+    @property
+    def capability(self) -> int:
+        """``compute_capability`` as vLLM's integer (8.9 -> 89)."""
+        return self.compute_capability[0] * 10 + self.compute_capability[1]
+
+    @property
+    def bf16(self) -> bool:
+        """bfloat16 runs (vLLM: CUDA capability >= 8.0; every ROCm card vLLM supports)."""
+        return self.vendor == "amd" or self.capability >= 80
+
+    @property
+    def fp8(self) -> bool:
+        """Native FP8 tensor cores (vLLM ``supports_fp8``: CUDA >= 8.9; MI300 gfx94x)."""
+        return self.capability >= 89 if self.vendor == "nvidia" else self.capability >= 94
 
 
-#: The catalogue. Memory figures are nvidia-smi's ``memory.total`` on current drivers.
+def _nv(name: str, mib: int, sms: int, cc: tuple[int, int], *aliases: str) -> GpuType:
+    return GpuType(name, mib, sms, cc, "nvidia", tuple(aliases))
+
+
+#: The catalogue. Memory figures are nvidia-smi's ``memory.total`` on current drivers
+#: (H20: its 96 GiB less the same reserve the H100's 80 GiB shows, 81559/81920 MiB).
 GPU_CATALOGUE: tuple[GpuType, ...] = (
-    GpuType("T4", 15360, 40, bf16=False, fp8=False, aliases=("tesla-t4",)),
-    GpuType("L4", 23034, 58, bf16=True, fp8=True),
-    GpuType("A10", 23028, 72, bf16=True, fp8=False),
-    GpuType("A10G", 23028, 80, bf16=True, fp8=False),
-    GpuType("RTX-3090", 24576, 82, bf16=True, fp8=False, aliases=("geforce-rtx-3090", "3090")),
-    GpuType("RTX-4090", 24564, 128, bf16=True, fp8=True, aliases=("geforce-rtx-4090", "4090")),
-    GpuType("RTX-A6000", 49140, 84, bf16=True, fp8=False, aliases=("a6000",)),
-    GpuType("A40", 46068, 84, bf16=True, fp8=False),
-    GpuType("L40", 46068, 142, bf16=True, fp8=True),
-    GpuType("L40S", 46068, 142, bf16=True, fp8=True),
-    GpuType("A100-40GB", 40960, 108, bf16=True, fp8=False, aliases=("a100-sxm4-40gb", "a100-40")),
-    GpuType(
-        "A100-80GB",
-        81920,
-        108,
-        bf16=True,
-        fp8=False,
-        aliases=("a100-sxm4-80gb", "a100-pcie-80gb", "a100-80", "a100"),
-    ),
-    GpuType(
-        "H100-80GB",
-        81559,
-        132,
-        bf16=True,
-        fp8=True,
-        aliases=("h100-80gb-hbm3", "h100-sxm", "h100-80", "h100"),
-    ),
-    GpuType("H100-PCIE", 81559, 114, bf16=True, fp8=True, aliases=("h100-pcie-80gb",)),
-    GpuType("H200", 143771, 132, bf16=True, fp8=True, aliases=("h200-141gb", "h200-sxm")),
+    _nv("V100-16GB", 16384, 80, (7, 0), "v100", "v100-sxm2-16gb", "v100-pcie-16gb", "v100-16"),
+    _nv("V100-32GB", 32768, 80, (7, 0), "v100-sxm2-32gb", "v100-pcie-32gb", "v100-32"),
+    _nv("T4", 15360, 40, (7, 5), "tesla-t4"),
+    _nv("L4", 23034, 58, (8, 9)),
+    _nv("A10", 23028, 72, (8, 6)),
+    _nv("A10G", 23028, 80, (8, 6)),
+    _nv("RTX-3090", 24576, 82, (8, 6), "geforce-rtx-3090", "3090"),
+    _nv("RTX-4090", 24564, 128, (8, 9), "geforce-rtx-4090", "4090"),
+    _nv("RTX-A6000", 49140, 84, (8, 6), "a6000"),
+    _nv("A40", 46068, 84, (8, 6)),
+    _nv("L20", 46068, 92, (8, 9)),
+    _nv("L40", 46068, 142, (8, 9)),
+    _nv("L40S", 46068, 142, (8, 9)),
+    _nv("A100-40GB", 40960, 108, (8, 0), "a100-sxm4-40gb", "a100-40"),
+    _nv("A100-80GB", 81920, 108, (8, 0), "a100-sxm4-80gb", "a100-pcie-80gb", "a100-80", "a100"),
+    _nv("A800-80GB", 81920, 108, (8, 0), "a800-sxm4-80gb", "a800-80", "a800"),
+    _nv("H100-80GB", 81559, 132, (9, 0), "h100-80gb-hbm3", "h100-sxm", "h100-80", "h100"),
+    _nv("H100-PCIE", 81559, 114, (9, 0), "h100-pcie-80gb"),
+    _nv("H800-80GB", 81559, 132, (9, 0), "h800-80gb-hbm3", "h800-sxm", "h800"),
+    _nv("H20", 97871, 78, (9, 0), "h20-96gb"),
+    _nv("H200", 143771, 132, (9, 0), "h200-141gb", "h200-sxm"),
+    _nv("B200", 183359, 148, (10, 0), "b200-180gb", "b200-sxm"),
+    GpuType("MI300X", 196592, 304, (9, 4), "amd", ("amd-instinct-mi300x", "instinct-mi300x")),
 )
 
 
 def _key(name: str) -> str:
     key = re.sub(r"[^a-z0-9]", "", name.lower())
-    for prefix in ("nvidia", "tesla", "geforce"):
+    for prefix in ("nvidia", "tesla", "geforce", "amd"):
         if key.startswith(prefix) and len(key) > len(prefix):
             key = key[len(prefix) :]
     return key
@@ -92,7 +117,14 @@ def gpu_type(name: str) -> GpuType:
     return found
 
 
-def custom_gpu(memory_gb: float, name: str | None = None) -> GpuType:
-    """A card given only by its memory (pool ``gpu.memory_gb``; GB = 10^9 bytes)."""
-    mib = int(memory_gb * 1e9 / 2**20)
-    return GpuType(name or f"custom-{memory_gb:g}GB", mib, 0, bf16=True, fp8=False)
+def custom_gpu(memory_gib: float, name: str | None = None) -> GpuType:
+    """A card given only by its memory (pool ``gpu.memory_gb``, in GiB like every
+    ``memory_gb``: see :mod:`fleetserve.units`). Its capability is unknown: assumed a
+    current card (bf16 yes, native fp8 no)."""
+    mib = gib_to_mib_floor(memory_gib)
+    return GpuType(name or f"custom-{memory_gib:g}GiB", mib, 0, (8, 0), known=False)
+
+
+def with_memory(gpu: GpuType, memory_gib: float) -> GpuType:
+    """``gpu`` with its memory overridden by a pool's ``gpu.memory_gb`` (GiB)."""
+    return dataclasses.replace(gpu, memory_mib=gib_to_mib_floor(memory_gib))

@@ -23,8 +23,10 @@ from fleetserve.plan.memory import MiB, estimate_replica
 from fleetserve.plan.planner import PoolCard, build_problem, compose_result, solve
 from fleetserve.plan.problem import DEVICE_SPLIT_COUNT, PoolShape
 from fleetserve.plan.result import EngineSettings, PlanResult, PoolUsage, ReplicaPlacement, Unplaced
-from fleetserve.plan.sizing import margin_mb, model_config_for
+from fleetserve.plan.sizing import default_max_model_len, margin_mb, model_config_for
+from fleetserve.plan.vllm_rules import model_refusals
 from fleetserve.spec import FleetSpec, GpuSpec, PoolSpec
+from fleetserve.units import mib_to_gib
 
 #: Host RAM kept for the OS, Ray (GCS, raylet, dashboard) and the HTTP proxy on a CPU host.
 CPU_HOST_RESERVE_MB = 3072
@@ -91,12 +93,12 @@ def plan_local(spec: FleetSpec, host: LocalHost) -> PlanResult:
 
 def _plan_gpu(spec: FleetSpec, host: LocalHost) -> PlanResult:
     card_mb = min(host.gpu_memory_mb)  # engines may land on any card: plan for the smallest
-    gpu = GpuType("local", card_mb, 0, bf16=True, fp8=False)
+    gpu = GpuType("local", card_mb, 0, known=False)  # capability not probed: rules skipped
     pool = PoolSpec(
         name="local",
-        gpu=GpuSpec(count=len(host.gpu_memory_mb), memory_gb=card_mb * MiB / 1e9),
+        gpu=GpuSpec(count=len(host.gpu_memory_mb), memory_gb=mib_to_gib(card_mb)),
         cpu=host.cpus,
-        memory_gb=host.memory_mb * MiB / 1e9,
+        memory_gb=mib_to_gib(host.memory_mb),
         max_nodes=1,
     )
     shape = PoolShape(
@@ -127,9 +129,23 @@ def _plan_cpu(spec: FleetSpec, host: LocalHost) -> PlanResult:
     replicas: list[ReplicaPlacement] = []
     unplaced: list[Unplaced] = []
     used_mb = 0
-    for model in spec.models:
+    for m_index, model in enumerate(spec.models):
         config = model_config_for(model)
-        max_len = model.max_model_len or config.max_position_embeddings
+        refusals = model_refusals(model, config)
+        if refusals:  # vLLM would not start it: never plan it
+            for index in range(max(1, model.replicas.min)):
+                unplaced.append(
+                    Unplaced(
+                        model=model.name,
+                        index=index,
+                        reason=f"models[{m_index}].{refusals[0].field}: "
+                        + "; ".join(r.reason for r in refusals),
+                        resource="engine",
+                        fixes=list(dict.fromkeys(f for r in refusals for f in r.fixes)),
+                    )
+                )
+            continue
+        max_len = default_max_model_len(model, config)
         seqs = model.max_num_seqs or model.concurrency
         # vLLM CPU's OpenAI-server default (vllm/engine/arg_utils.py), never below max_num_seqs
         tokens = max(model.max_num_batched_tokens or 2048, seqs)

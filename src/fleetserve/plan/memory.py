@@ -19,9 +19,15 @@ and that sum (per card under tensor parallelism) is its slice. Each term:
   times the bytes of the dtype; with ``fp8`` the linear layers take 1 byte, with ``awq``/
   ``gptq`` 4 bits plus an fp16 scale and 4-bit zero per group of 128. Embeddings, the LM
   head and norms stay unquantized (what vLLM's quantized linear methods do).
-* KV per token: 2 (K and V) x layers x kv_heads x head_dim x kv-dtype bytes. Layers with a
-  sliding window (Mistral v0.1, Phi-3, Gemma 3's local layers) only keep ``window`` tokens
-  (+ one block), which is what vLLM's hybrid KV cache manager allocates.
+  Checkpoints that ship quantized (DeepSeek-V3 fp8, gpt-oss MXFP4 experts) load that way.
+  With pipeline parallelism the fullest stage counts (vLLM's layer split, the embeddings
+  on the first stage and the LM head on the last).
+* KV per token: 2 (K and V) x layers x kv_heads x head_dim x kv-dtype bytes; MLA models
+  (DeepSeek-V2/V3) store one ``kv_lora_rank + qk_rope_head_dim`` latent per layer instead.
+  Layers with a sliding window (Mistral v0.1, Phi-3, Gemma 2/3's local layers, gpt-oss) or
+  chunked local attention (Llama 4) only keep the window/chunk plus the tokens in flight,
+  which is what vLLM's hybrid KV cache manager allocates. The architecture facts come from
+  :mod:`fleetserve.plan.architecture`.
 * activation: vLLM's profile run pushes ``max_num_batched_tokens`` through the model and
   samples ``max_num_seqs`` logits in fp32; the peak is the widest MLP/attention
   intermediate of that batch plus the logits.
@@ -35,17 +41,28 @@ so the runtime term there is the process's resident memory besides the weights.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
-from fleetserve.errors import SpecError
-from fleetserve.plan.catalogue import MODEL_CATALOGUE, catalogue_entry
+from fleetserve.plan.architecture import ModelConfig, load_model_config, parse_config
+from fleetserve.units import GiB, MiB
 
-MiB = 2**20
-GiB = 2**30
+__all__ = [
+    "GiB",
+    "MiB",
+    "ModelConfig",
+    "ReplicaMemory",
+    "estimate_replica",
+    "kv_bytes_per_sequence",
+    "kv_bytes_per_token",
+    "load_model_config",
+    "max_model_len_within",
+    "parse_config",
+    "pp_stage_layers",
+    "weight_bytes",
+    "weight_bytes_per_card",
+]
 
 #: vLLM's KV block size (tokens per page) on GPU, and on CPU (its CPU attention backend
 #: uses 128-token blocks: "kv lcm block sizes 128" in the start-up log).
@@ -79,215 +96,6 @@ KvDtype = Literal["auto", "fp8"]
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "half": 2, "float": 4}
 
 
-# --------------------------------------------------------------------------- config
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The architecture facts of a decoder LLM (from a HF config.json)."""
-
-    name: str
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    tie_word_embeddings: bool
-    attention_bias: bool
-    num_experts: int
-    """Routed experts per MoE layer (0: dense MLP)."""
-    experts_per_token: int
-    moe_intermediate_size: int
-    shared_expert_intermediate_size: int
-    sliding_window: int | None
-    """Window of the sliding-window layers (None: all layers attend globally)."""
-    sliding_layers: int
-    """How many layers use the sliding window."""
-    max_position_embeddings: int
-    torch_dtype: str
-    norms_per_layer: int
-    qk_norm: bool
-    extra_params: int
-    """Parameters outside the decoder (vision tower + projector), kept unquantized."""
-
-    @property
-    def full_layers(self) -> int:
-        """Layers that attend over the whole context."""
-        return self.num_layers - self.sliding_layers
-
-    # ---- parameter counts
-
-    def embedding_params(self) -> int:
-        """Input embeddings plus an untied LM head."""
-        emb = self.vocab_size * self.hidden_size
-        return emb if self.tie_word_embeddings else 2 * emb
-
-    def linear_params(self) -> int:
-        """Parameters in the decoder's linear layers (what quantization shrinks)."""
-        h, hd = self.hidden_size, self.head_dim
-        q, kv = self.num_heads * hd, self.num_kv_heads * hd
-        attn = h * q + 2 * h * kv + q * h
-        if self.num_experts:
-            mlp = self.num_experts * 3 * h * self.moe_intermediate_size
-            mlp += h * self.num_experts  # router
-            if self.shared_expert_intermediate_size:
-                mlp += 3 * h * self.shared_expert_intermediate_size + h
-        else:
-            mlp = 3 * h * self.intermediate_size  # gated MLP: gate, up, down
-        return self.num_layers * (attn + mlp)
-
-    def small_params(self) -> int:
-        """Norms and biases (never quantized)."""
-        h, hd = self.hidden_size, self.head_dim
-        per_layer = self.norms_per_layer * h
-        if self.attention_bias:
-            per_layer += (self.num_heads + 2 * self.num_kv_heads) * hd
-        if self.qk_norm:
-            per_layer += 2 * hd
-        return self.num_layers * per_layer + h
-
-    def num_params(self) -> int:
-        """All parameters (the published model size)."""
-        return (
-            self.embedding_params() + self.linear_params() + self.small_params() + self.extra_params
-        )
-
-    def active_params(self) -> int:
-        """Parameters used per token (MoE: only ``experts_per_token`` experts)."""
-        if not self.num_experts:
-            return self.num_params()
-        h = self.hidden_size
-        unused = (self.num_experts - self.experts_per_token) * 3 * h * self.moe_intermediate_size
-        return self.num_params() - self.num_layers * unused
-
-
-def _int(cfg: dict[str, Any], key: str, source: str, default: int | None = None) -> int:
-    value = cfg.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        if value is None:
-            raise SpecError(f"{source}: config.json has no '{key}'")
-        raise SpecError(f"{source}: config.json '{key}' must be a non-negative integer")
-    return value
-
-
-def _vision_params(vision: dict[str, Any], text_hidden: int) -> int:
-    """A ViT/SigLIP encoder plus a linear projector into the text model."""
-    vh = int(vision.get("hidden_size", 0))
-    if vh <= 0:
-        return 0
-    vi = int(vision.get("intermediate_size", 4 * vh))
-    layers = int(vision.get("num_hidden_layers", 0))
-    patch = int(vision.get("patch_size", 14))
-    image = int(vision.get("image_size", 224))
-    channels = int(vision.get("num_channels", 3))
-    per_layer = 4 * vh * vh + 4 * vh + 2 * vh * vi + vi + vh + 4 * vh
-    embeddings = channels * patch * patch * vh + vh + (image // patch) ** 2 * vh
-    projector = vh * text_hidden + vh
-    head = 0
-    if vision.get("vision_use_head", True) and vision.get("model_type") == "siglip_vision_model":
-        # SigLIP's attention-pooling head: probe, MHA (in/out proj), layernorm, MLP
-        head = vh + 3 * vh * vh + 3 * vh + vh * vh + vh + 2 * vh + 2 * vh * vi + vi + vh
-    return layers * per_layer + embeddings + 2 * vh + projector + head
-
-
-def parse_config(raw: dict[str, Any], name: str = "<config>") -> ModelConfig:
-    """A :class:`ModelConfig` from a HF config.json dict (SpecError naming the key if bad)."""
-    if not isinstance(raw, dict):
-        raise SpecError(f"{name}: config.json must be a JSON object")
-    cfg = raw
-    extra = 0
-    if isinstance(raw.get("text_config"), dict):  # multimodal wrapper (Gemma 3 4b+, ...)
-        cfg = {**raw["text_config"]}
-        cfg.setdefault("torch_dtype", raw.get("torch_dtype") or raw.get("dtype"))
-        cfg.setdefault("tie_word_embeddings", raw.get("tie_word_embeddings", True))
-        if isinstance(raw.get("vision_config"), dict):
-            extra = _vision_params(raw["vision_config"], int(cfg.get("hidden_size", 0)))
-    model_type = str(cfg.get("model_type", raw.get("model_type", "")))
-    hidden = _int(cfg, "hidden_size", name)
-    heads = _int(cfg, "num_attention_heads", name)
-    if heads == 0 or hidden == 0:
-        raise SpecError(f"{name}: config.json hidden_size and num_attention_heads must be > 0")
-    kv_heads = _int(cfg, "num_key_value_heads", name, heads)
-    head_dim = cfg.get("head_dim") or hidden // heads
-    layers = _int(cfg, "num_hidden_layers", name)
-    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
-    intermediate = _int(cfg, "intermediate_size", name, 4 * hidden)
-    moe_inter = int(cfg.get("moe_intermediate_size") or (intermediate if experts else 0))
-    shared = int(cfg.get("shared_expert_intermediate_size") or 0)
-
-    window = cfg.get("sliding_window")
-    if cfg.get("use_sliding_window") is False or not isinstance(window, int) or window <= 0:
-        window = None
-    sliding_layers = 0
-    if window is not None:
-        layer_types = cfg.get("layer_types")
-        pattern = cfg.get("sliding_window_pattern")
-        if isinstance(layer_types, list):
-            sliding_layers = sum(1 for t in layer_types if t == "sliding_attention")
-        elif isinstance(pattern, int) and pattern > 0:
-            sliding_layers = layers - layers // pattern  # every pattern-th layer is global
-        else:
-            sliding_layers = layers
-        if sliding_layers == 0:
-            window = None
-
-    gemma = model_type.startswith("gemma3")
-    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or raw.get("torch_dtype") or "bfloat16")
-    return ModelConfig(
-        name=name,
-        vocab_size=_int(cfg, "vocab_size", name),
-        hidden_size=hidden,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=int(head_dim),
-        intermediate_size=intermediate,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=bool(cfg.get("attention_bias", model_type.startswith("qwen2"))),
-        num_experts=experts,
-        experts_per_token=int(cfg.get("num_experts_per_tok") or (2 if experts else 0)),
-        moe_intermediate_size=moe_inter,
-        shared_expert_intermediate_size=shared,
-        sliding_window=window,
-        sliding_layers=sliding_layers,
-        max_position_embeddings=int(cfg.get("max_position_embeddings") or 4096),
-        torch_dtype=dtype,
-        norms_per_layer=4 if gemma else 2,
-        qk_norm=gemma,
-        extra_params=extra,
-    )
-
-
-def load_model_config(name_or_path: str | Path) -> ModelConfig:
-    """A model's config from the catalogue name, a config.json, or a directory holding one.
-
-    Raises SpecError (exit 2) naming what was tried when nothing matches.
-    """
-    text = str(name_or_path)
-    entry = catalogue_entry(text)
-    if entry is not None:
-        return parse_config(entry, text)
-    path = Path(text).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        known = ", ".join(sorted(MODEL_CATALOGUE))
-        raise SpecError(
-            f"unknown model config '{text}': not a catalogue entry, a config.json or a "
-            "directory holding one",
-            hint=f"catalogue: {known}",
-        )
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(f"{path}: cannot read: {e}") from e
-    except json.JSONDecodeError as e:
-        raise SpecError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
-    return parse_config(raw, str(path))
-
-
 # --------------------------------------------------------------------------- bytes
 
 
@@ -299,18 +107,69 @@ def resolve_dtype(config: ModelConfig, dtype: Dtype = "auto") -> str:
     return "bfloat16" if _DTYPE_BYTES[found] == 4 else found
 
 
+#: MXFP4 (gpt-oss experts): 4-bit values plus one 8-bit scale per 32 values = 4.25 bits.
+MXFP4_BYTES_PER_PARAM = 17 / 32
+
+
 def weight_bytes(config: ModelConfig, dtype: Dtype = "auto", quant: Quantization = None) -> int:
-    """Bytes of the weights as vLLM loads them (whole model, before TP sharding)."""
+    """Bytes of the weights as vLLM loads them (whole model, before TP sharding).
+
+    ``quant`` is the model's ``quantization``; without it the checkpoint's own
+    (``config.checkpoint_quant``: DeepSeek-V3's fp8, gpt-oss's MXFP4 experts) applies.
+    """
     unit = _DTYPE_BYTES[resolve_dtype(config, dtype)]
     kept = (config.embedding_params() + config.small_params() + config.extra_params) * unit
     linear = config.linear_params()
-    if quant is None:
+    method = quant or config.checkpoint_quant
+    if method is None:
         return kept + linear * unit
-    if quant == "fp8":
-        return kept + linear  # 1 byte per weight; per-tensor scales are negligible
+    if method == "fp8":
+        return kept + linear  # 1 byte per weight; per-tensor/block scales are negligible
+    if method == "mxfp4":
+        experts = config.expert_params()
+        return kept + (linear - experts) * unit + math.ceil(experts * MXFP4_BYTES_PER_PARAM)
     # awq / gptq: 4-bit weights + an fp16 scale and a 4-bit zero point per group
     per_group = QUANT_GROUP // 2 + 2 + 1
     return kept + math.ceil(linear / QUANT_GROUP) * per_group
+
+
+def pp_stage_layers(num_layers: int, pipeline_parallel: int) -> list[int]:
+    """Decoder layers of each pipeline stage, as vLLM splits them
+    (``vllm/distributed/utils.py::get_pp_indices``: the remainder goes to the stages
+    before the last, from the second-to-last backwards)."""
+    pp = max(1, pipeline_parallel)
+    parts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    return parts
+
+
+def weight_bytes_per_card(
+    config: ModelConfig,
+    dtype: Dtype = "auto",
+    quant: Quantization = None,
+    *,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+) -> int:
+    """Weights on the fullest card: the heaviest pipeline stage, split by TP.
+
+    The first stage holds the embeddings (and a vision tower), the last the LM head - with
+    pipeline parallelism a tied head is a copy there too - and each stage its layers.
+    """
+    total = weight_bytes(config, dtype, quant)
+    tp, pp = max(1, tensor_parallel), max(1, pipeline_parallel)
+    if pp == 1:
+        return math.ceil(total / tp)
+    unit = _DTYPE_BYTES[resolve_dtype(config, dtype)]
+    table = config.vocab_size * config.hidden_size * unit
+    outside = config.embedding_params() * unit + config.extra_params * unit
+    per_layer = (total - outside) / config.num_layers
+    parts = pp_stage_layers(config.num_layers, pp)
+    stages = [p * per_layer for p in parts]
+    stages[0] += table + config.extra_params * unit
+    stages[-1] += table
+    return math.ceil(max(stages) / tp)
 
 
 def kv_dtype_bytes(
@@ -329,14 +188,16 @@ def kv_bytes_per_token(
     *,
     tensor_parallel: int = 1,
 ) -> int:
-    """2 x layers x kv_heads x head_dim x bytes: one token's K and V in every layer.
+    """One token's KV bytes in every layer, on one card (no windows applied).
 
-    Per card with tensor parallelism (KV heads are split across cards, and replicated
-    when there are fewer KV heads than cards). Sliding windows are not applied here:
-    see :func:`kv_bytes_per_sequence`.
+    Standard attention: 2 (K and V) x kv_heads x head_dim per layer, KV heads split
+    across tensor-parallel cards and replicated when there are fewer of them than cards.
+    MLA: one ``kv_lora_rank + qk_rope_head_dim`` latent per layer, whole on every card.
+    Sliding windows and chunks: see :func:`kv_bytes_per_sequence`.
     """
-    heads = max(1, config.num_kv_heads // tensor_parallel)
-    per_layer = 2 * heads * config.head_dim * kv_dtype_bytes(config, dtype, kv_cache_dtype)
+    per_layer = config.kv_elements_per_token_layer(tensor_parallel) * kv_dtype_bytes(
+        config, dtype, kv_cache_dtype
+    )
     return config.num_layers * per_layer
 
 
@@ -358,16 +219,20 @@ def kv_bytes_per_sequence(
     ``cdiv(min(window - 1 + in_flight_tokens, tokens), block) + 1`` - vLLM's
     ``SlidingWindowSpec.max_admission_blocks_per_request`` (vllm/v1/kv_cache_interface.py),
     where ``in_flight_tokens`` is ``max_num_batched_tokens`` times the concurrent batches
-    (2 with async scheduling).
+    (2 with async scheduling). Chunked local-attention layers (Llama 4) hold
+    ``cdiv(min(chunk + in_flight_tokens, tokens), block)`` (``ChunkedLocalAttentionSpec``).
     """
-    per_layer = kv_bytes_per_token(
-        config, dtype, kv_cache_dtype, tensor_parallel=tensor_parallel
-    ) // max(1, config.num_layers)
+    per_layer = config.kv_elements_per_token_layer(tensor_parallel) * kv_dtype_bytes(
+        config, dtype, kv_cache_dtype
+    )
     block = per_layer * block_size
     total = config.full_layers * math.ceil(tokens / block_size) * block
     if config.sliding_window is not None:
         held = min(config.sliding_window - 1 + in_flight_tokens, tokens)
         total += config.sliding_layers * (math.ceil(held / block_size) + 1) * block
+    if config.chunk_size is not None:
+        held = min(config.chunk_size + in_flight_tokens, tokens)
+        total += config.chunked_layers * math.ceil(held / block_size) * block
     return total
 
 
@@ -387,11 +252,16 @@ def activation_bytes(
     """
     unit = _DTYPE_BYTES[resolve_dtype(config, dtype)]
     tokens = max_num_batched_tokens
+    mlp = 3 * config.intermediate_size if config.dense_layers else 0
     if config.num_experts:
-        mlp = config.experts_per_token * 3 * config.moe_intermediate_size
+        moe = config.experts_per_token * 3 * config.moe_intermediate_size
+        mlp = max(mlp, moe + 3 * config.shared_expert_intermediate_size)
+    if config.use_mla:  # q, the up-projected K and V of every head, and the latent
+        attn = config.num_heads * (2 * config.head_dim + config.v_head_dim) + (
+            config.kv_lora_rank + config.qk_rope_head_dim
+        )
     else:
-        mlp = 3 * config.intermediate_size
-    attn = (2 * config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+        attn = (2 * config.num_heads + 2 * config.num_kv_heads) * config.head_dim
     widest = max(mlp, attn) // tensor_parallel
     hidden = tokens * (widest + 4 * config.hidden_size) * unit
     logits = max_num_seqs * config.vocab_size * 4 * 2
@@ -450,7 +320,10 @@ def estimate_replica(
     """Per-card memory of one replica holding ``concurrency`` x ``max_model_len`` tokens."""
     tp, pp = tensor_parallel, pipeline_parallel
     seqs = max_num_seqs or concurrency
-    weights = math.ceil(weight_bytes(config, dtype, quantization) / (tp * pp))
+    weights = weight_bytes_per_card(
+        config, dtype, quantization, tensor_parallel=tp, pipeline_parallel=pp
+    )
+    stage_layers = max(pp_stage_layers(config.num_layers, pp))
     kv = concurrency * kv_bytes_per_sequence(
         config,
         max_model_len,
@@ -460,14 +333,13 @@ def estimate_replica(
         in_flight_tokens=max_num_batched_tokens * (ASYNC_BATCHES if device == "cuda" else 1),
         block_size=BLOCK_SIZE if device == "cuda" else CPU_BLOCK_SIZE,
     )
-    kv = math.ceil(kv / pp)
+    kv = math.ceil(kv * stage_layers / config.num_layers)  # the fullest stage's layers
     act = activation_bytes(config, max_num_batched_tokens, seqs, dtype, tensor_parallel=tp)
     if device == "cpu":
         runtime, graphs = CPU_RUNTIME_BYTES, 0
     else:
         runtime = NON_TORCH_BYTES + (NCCL_BYTES if tp * pp > 1 else 0)
-        layers = math.ceil(config.num_layers / pp)
-        graphs = CUDA_GRAPH_BASE_BYTES + CUDA_GRAPH_PER_LAYER_BYTES * layers
+        graphs = CUDA_GRAPH_BASE_BYTES + CUDA_GRAPH_PER_LAYER_BYTES * stage_layers
     return ReplicaMemory(
         cards=tp * pp,
         weights=weights,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from fleetserve.errors import SpecError
 from fleetserve.plan.gpus import GPU_CATALOGUE, GpuType
@@ -24,6 +25,7 @@ from fleetserve.plan.memory import (
     max_model_len_within,
 )
 from fleetserve.plan.result import EngineSettings
+from fleetserve.plan.vllm_rules import engine_refusals, model_refusals, tp_splits
 from fleetserve.spec import ModelSpec
 
 #: Safety margin of a slice over what the engine is told to use: max(5 %, 256 MiB). It
@@ -46,17 +48,29 @@ CUDA_VISIBLE_FRACTION = 143155 / 143771
 SLICE_BATCHED_TOKENS = 2048
 
 
-def model_config_for(model: ModelSpec) -> ModelConfig:
-    """The architecture of ``model``: its ``config``, else derived from ``source``."""
+def model_config_for(model: ModelSpec, base_dir: Path | None = None) -> ModelConfig:
+    """The architecture of ``model``: its ``config``, else derived from ``source``.
+
+    Relative paths resolve against ``base_dir`` (the spec file's directory) when given. A
+    name that matches nothing says so; a config.json that exists but is broken or not
+    understood reports its own error (JSON line:column, the key at fault).
+    """
     ref = model.config or model.source
+    where = "config" if model.config else "source"
     try:
-        return load_model_config(ref)
+        return load_model_config(ref, base_dir)
     except SpecError as e:
-        where = "config" if model.config else "source"
-        raise SpecError(
-            f"model '{model.name}': {where} '{ref}' names no known model config",
-            hint=e.hint or "set 'config' to a catalogue entry, a config.json or its directory",
-        ) from e
+        if e.message.startswith("unknown model config"):
+            raise SpecError(
+                f"model '{model.name}': {where} '{ref}' names no known model config",
+                hint=e.hint or "set 'config' to a catalogue entry, a config.json or its directory",
+            ) from e
+        raise SpecError(f"model '{model.name}': {where} '{ref}': {e.message}", hint=e.hint) from e
+
+
+def default_max_model_len(model: ModelSpec, config: ModelConfig) -> int:
+    """The context a replica runs with: the spec's, else what vLLM derives from the config."""
+    return model.max_model_len or config.default_max_model_len
 
 
 def margin_mb(need_mb: int) -> int:
@@ -102,6 +116,10 @@ class Rejection:
     resource: str
     shortfall: float
     reason: str
+    fixes: tuple[str, ...] = ()
+    """Fixes known at rejection time (vLLM refusals); empty: the planner computes them."""
+    field: str | None = None
+    """The model spec field at fault (``tensor_parallel``, ...), for ``models[i].<field>``."""
 
 
 def size_replica(
@@ -113,15 +131,26 @@ def size_replica(
     split_count: int = 10,
     batched_tokens: int | None = None,
 ) -> Sizing | Rejection:
-    """Size one replica of ``model`` on cards of ``card_mb`` MiB (slice or whole cards)."""
-    if model.quantization == "fp8" and not gpu.bf16:
+    """Size one replica of ``model`` on cards of ``card_mb`` MiB (slice or whole cards).
+
+    A replica vLLM would refuse to start (:mod:`fleetserve.plan.vllm_rules`) is rejected
+    with the field at fault and the fixes that pass the same rules.
+    """
+    refusals = engine_refusals(model, config, gpu)
+    if refusals:
+        first = refusals[0]
+        anywhere = model_refusals(model, config)
         return Rejection(
-            "gpu_capability",
+            "engine" if anywhere else "gpu_capability",
             0,
-            f"quantization fp8 needs compute capability >= 8.0; {gpu.name} has none",
+            "; ".join(r.reason for r in refusals),
+            fixes=tuple(dict.fromkeys(f for r in refusals for f in r.fixes)),
+            field=first.field if first.field != "pools" else None,
         )
+    if card_mb <= 0:
+        return Rejection("gpu_memory", 0, f"{gpu.name} has no memory ({card_mb} MiB)")
     cards = model.tensor_parallel * model.pipeline_parallel
-    max_len = model.max_model_len or config.max_position_embeddings
+    max_len = default_max_model_len(model, config)
     seqs = model.max_num_seqs or model.concurrency
 
     def attempt(whole: bool) -> tuple[ReplicaMemory, int, EngineSettings]:
@@ -221,6 +250,8 @@ def suggest_fixes(
     for tp in (2, 4, 8):
         if tp <= model.tensor_parallel or tp > max(max_cards, 1) * 8:
             continue
+        if not tp_splits(config, tp):
+            continue  # vLLM would refuse it: never suggest it
         found = fits(model.model_copy(update={"tensor_parallel": tp}))
         if found is not None:
             note = "" if tp <= max_cards else f" (pools need {tp} cards per node)"
@@ -237,7 +268,7 @@ def suggest_fixes(
         found = fits(model.model_copy(update={"kv_cache_dtype": "fp8"}))
         if found is not None:
             fixes.append(f"kv_cache_dtype: fp8 ({found.need_mb:,} MiB per card)")
-    max_len = model.max_model_len or config.max_position_embeddings
+    max_len = default_max_model_len(model, config)
     budget = math.floor(whole_card_utilization(card_mb) * card_mb) * MiB
     longest = max_model_len_within(
         config,

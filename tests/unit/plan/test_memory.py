@@ -50,6 +50,26 @@ PUBLISHED_PARAMS_B = {
     "phi-3-medium-4k": 14.0,
     "phi-4": 14.7,
     "phi-4-mini": 3.84,
+    # model cards (hf.co/<org>/<model>): "Number of Parameters" / safetensors totals
+    "llama-3.1-405b": 405.85,  # meta-llama/Llama-3.1-405B: 405B
+    "llama-4-scout": 109.0,  # Llama-4-Scout-17B-16E: 17B active, 109B total
+    "llama-4-maverick": 400.0,  # Llama-4-Maverick-17B-128E: 17B active, 400B total
+    "gemma-2-2b": 2.61,  # google/gemma-2-2b: 2.61B params
+    "gemma-2-9b": 9.24,  # google/gemma-2-9b: 9.24B params
+    "gemma-2-27b": 27.2,  # google/gemma-2-27b: 27.2B params
+    "qwen3-0.6b": 0.6,  # Qwen/Qwen3-0.6B: 0.6B
+    "qwen3-1.7b": 1.7,  # Qwen/Qwen3-1.7B: 1.7B
+    "qwen3-4b": 4.0,  # Qwen/Qwen3-4B: 4.0B
+    "qwen3-8b": 8.2,  # Qwen/Qwen3-8B: 8.2B
+    "qwen3-14b": 14.8,  # Qwen/Qwen3-14B: 14.8B
+    "qwen3-32b": 32.8,  # Qwen/Qwen3-32B: 32.8B
+    "qwen3-30b-a3b": 30.5,  # Qwen/Qwen3-30B-A3B: 30.5B total, 3.3B activated
+    "qwen3-235b-a22b": 235.0,  # Qwen/Qwen3-235B-A22B: 235B total, 22B activated
+    "deepseek-v2-lite": 15.7,  # deepseek-ai/DeepSeek-V2-Lite: 15.7B total
+    "deepseek-v2": 236.0,  # deepseek-ai/DeepSeek-V2: 236B total, 21B activated
+    "deepseek-v3": 671.0,  # deepseek-ai/DeepSeek-V3: 671B total (+14B MTP module)
+    "gpt-oss-20b": 21.0,  # openai/gpt-oss-20b: 21B parameters, 3.6B active
+    "gpt-oss-120b": 117.0,  # openai/gpt-oss-120b: 117B parameters, 5.1B active
 }
 
 
@@ -189,7 +209,7 @@ def test_bad_json_names_file_and_line(tmp_path: Path) -> None:
 
 def test_missing_key_is_named(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="no 'hidden_size'"):
-        parse_config({"num_attention_heads": 8}, "x/config.json")
+        parse_config({"model_type": "llama", "num_attention_heads": 8}, "x/config.json")
 
 
 def test_catalogue_names_match_loosely() -> None:
