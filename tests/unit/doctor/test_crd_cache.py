@@ -351,3 +351,23 @@ def test_cluster_without_kubectl_is_a_clear_error(
 def test_crds_dir_still_works(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "empty"))
     assert _schema_paths(_write(tmp_path, BUGS), str(CRDS)) == EXPECTED
+
+
+def test_parsed_crds_are_kept_as_json_and_refreshed_when_the_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "cache" / "crds" / "kuberay" / "1.7.0"
+    folder.mkdir(parents=True)
+    crd = folder / "ray.io_rayservices.yaml"
+    crd.write_bytes((CRDS / "ray.io_rayservices.yaml").read_bytes())
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    path = _write(tmp_path, BUGS)
+    assert _schema_paths(path) == EXPECTED
+    side = folder / ".ray.io_rayservices.yaml.json"
+    assert json.loads(side.read_text(encoding="utf-8"))["docs"][0]["spec"]["names"]["kind"] == (
+        "RayService"
+    )
+    # The CRD changes (a newer download): the JSON is stale and must not be used.
+    text = crd.read_text(encoding="utf-8").replace("served: true", "served: false")
+    crd.write_text(text, encoding="utf-8")
+    assert _schema_paths(path) == {"apiVersion"}  # no version served any more
