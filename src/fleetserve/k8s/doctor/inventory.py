@@ -8,6 +8,7 @@ has no namespace); nothing here does I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -48,8 +49,24 @@ class Manifest:
 
     @property
     def ref(self) -> str:
-        """``Kind/namespace/name``."""
+        """``Kind/namespace/name``; ``Kind/namespace/<generateName>*`` for an object named by
+        the API server from ``metadata.generateName`` (``kubectl create`` of a RayJob)."""
+        if not self.name and self.generate_name:
+            return f"{self.kind}/{self.namespace}/{self.generate_name}*"
         return f"{self.kind}/{self.namespace}/{self.name}"
+
+    @property
+    def generate_name(self) -> str:
+        """``metadata.generateName`` ("" when absent)."""
+        meta = self.body.get("metadata")
+        value = meta.get("generateName") if isinstance(meta, dict) else None
+        return str(value) if isinstance(value, str) else ""
+
+    @property
+    def name_is_template(self) -> bool:
+        """The name is filled in later (``${JOB_ID}``, ``$NAMESPACE``, Helm ``{{ }}``), so it is
+        not the name the object will have: rules must not judge its length or spelling."""
+        return is_template(self.name)
 
     def line_of(self, path: str) -> int:
         """Best-effort line of ``path``: the nearest recorded ancestor, else the document start.
@@ -81,6 +98,15 @@ class Manifest:
         if not isinstance(raw, str):
             return frozenset()
         return frozenset(r.strip() for r in raw.split(",") if r.strip())
+
+
+_TEMPLATE = re.compile(r"\$\{|\$\(|\{\{|\$[A-Za-z_]|<[A-Za-z_-]+>")
+
+
+def is_template(text: str) -> bool:
+    """Whether ``text`` holds a placeholder another tool substitutes: ``${VAR}``, ``$(VAR)``,
+    ``$VAR`` (envsubst, kustomize), ``{{ .Values.x }}`` (Helm), ``<name>`` (docs)."""
+    return bool(_TEMPLATE.search(text))
 
 
 @dataclass(frozen=True, eq=False)

@@ -104,8 +104,8 @@ def head_service_name(inv: Inventory) -> Iterator[Finding]:
 def name_too_long(inv: Inventory) -> Iterator[Finding]:
     """RayCluster <= 53 chars, RayService/RayJob <= 47, and a DNS-1035 label."""
     for m in _ray_objects(inv):
-        if not m.name:
-            continue
+        if not m.name or m.name_is_template:
+            continue  # generateName, or a placeholder filled in later: not the real name
         limit = MAX_NAME_LENGTH[m.kind]
         if len(m.name) > limit:
             yield _finding(

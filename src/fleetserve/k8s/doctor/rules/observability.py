@@ -13,16 +13,25 @@ import base64
 import binascii
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from fleetserve.k8s.doctor.finding import Finding
+from fleetserve.k8s.doctor.finding import Finding, Severity
 from fleetserve.k8s.doctor.inventory import Inventory, Manifest
-from fleetserve.k8s.doctor.ray_objects import RAY_KINDS, cluster_spec, serve_config
+from fleetserve.k8s.doctor.ray_objects import (
+    RAY_KINDS,
+    as_dict,
+    as_list,
+    cluster_spec,
+    head_group,
+    serve_config,
+)
 from fleetserve.k8s.doctor.registry import rule
 from fleetserve.k8s.doctor.rules._devices import PodView, pods
 from fleetserve.k8s.doctor.rules._engines import container_engine, finding
+from fleetserve.k8s.doctor.rules._versions import TOKEN_AUTH_FROM, ray_version
 
 _MONITOR_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 _SELECTOR_FIELD = {
@@ -165,12 +174,15 @@ def _selects_pod(selector: Any, pod: PodView) -> bool:
 
 
 def _watches(monitor: Manifest, namespace: str) -> bool:
+    """Whether a ServiceMonitor/PodMonitor selects targets in ``namespace``: its
+    ``namespaceSelector`` (``any: true``, or ``matchNames``), else its own namespace only -
+    what the Prometheus operator does."""
     ns = monitor.get("spec.namespaceSelector")
     if isinstance(ns, dict):
         if ns.get("any") is True:
             return True
         names = ns.get("matchNames")
-        if isinstance(names, list):
+        if isinstance(names, list) and names:
             return namespace in [str(n) for n in names]
     return monitor.namespace == namespace
 
@@ -197,7 +209,11 @@ def worker_metrics_podmonitor(inv: Inventory) -> Iterator[Finding]:
     podmons = inv.of_kind("PodMonitor")
     for m in inv.of_kind(*RAY_KINDS):
         workers = [p for p in pods(inv) if p.manifest is m and p.group and not p.group.is_head]
-        if not workers:
+        # Monitoring is "set up" for this object only when a monitor watches its namespace
+        # (namespaceSelector as the Prometheus operator reads it): monitors of other
+        # namespaces or repositories in the same input say nothing about it.
+        watching = [mon for mon in monitors if _watches(mon, m.namespace)]
+        if not workers or not watching:
             continue
         covered = [
             w
@@ -219,8 +235,10 @@ def worker_metrics_podmonitor(inv: Inventory) -> Iterator[Finding]:
             m,
             path,
             f"No PodMonitor in the input selects the worker pods of {m.ref} (group(s): "
-            f"{names}), though the input sets up monitoring ({len(monitors)} "
-            "ServiceMonitor/PodMonitor): KubeRay creates no Service for workers, so a "
+            f"{names}), though monitoring is set up for namespace {m.namespace!r} ("
+            + ", ".join(mon.ref for mon in watching[:3])
+            + (f" and {len(watching) - 3} more" if len(watching) > 3 else "")
+            + "): KubeRay creates no Service for workers, so a "
             "ServiceMonitor cannot reach them and the engines' metrics are missing.",
             "Add a PodMonitor with selector.matchLabels ray.io/node-type: worker, "
             "podMetricsEndpoints port 'metrics', in (or watching) namespace "
@@ -244,17 +262,100 @@ def _private_port(port: Any, name: Any = None) -> int | None:
     return None
 
 
-def _danger(port: int) -> str:
-    return (
-        f"port {port} ({_RAY_PRIVATE_PORTS[port]}) is reachable from outside the cluster: "
-        "anyone who reaches it can submit jobs and run arbitrary code on the cluster "
-        "(CVE-2023-48022 class; Ray has no authentication)"
+@dataclass(frozen=True)
+class _Auth:
+    """Ray's token authentication as configured for one cluster."""
+
+    #: True when requests need the token (configured, and the Ray version has it or is unknown).
+    on: bool
+    #: What was found, for messages (``authOptions.mode: token on Ray 2.52.0 (rayVersion)``).
+    text: str
+
+
+def _auth(m: Manifest | None) -> _Auth | None:
+    """Token auth of a Ray object: KubeRay's ``authOptions.mode: token`` (the operator then
+    sets RAY_AUTH_MODE=token in every pod) or RAY_AUTH_MODE=token in the head's env; None
+    when neither is set. Ray has token authentication from 2.52."""
+    if m is None:
+        return None
+    found = cluster_spec(m)
+    opts = found[0].get("authOptions") if found else None
+    src = None
+    if isinstance(opts, dict) and opts.get("mode") == "token":
+        src = "authOptions.mode: token"
+    else:
+        head = head_group(m)
+        env = head.container.get("env") if head else None
+        for e in env if isinstance(env, list) else []:
+            named = isinstance(e, dict) and e.get("name") == "RAY_AUTH_MODE"
+            if named and str(e.get("value", "")).lower() == "token":
+                src = "RAY_AUTH_MODE=token in the head's env"
+    if src is None:
+        return None
+    v = ray_version(m)
+    if v is not None and not v.at_least(TOKEN_AUTH_FROM):
+        return _Auth(
+            False,
+            f"{src} is set, but {v.describe()} predates Ray's token "
+            "authentication (added in 2.52), so it does nothing",
+        )
+    if v is None:
+        return _Auth(
+            True,
+            f"{src}; Ray has token authentication from 2.52 and the manifest names no Ray version",
+        )
+    return _Auth(True, f"{src} on {v.describe()}")
+
+
+#: Annotations that make a LoadBalancer Service internal (reachable inside the VPC/VNet only):
+#: AWS (in-tree and the AWS Load Balancer Controller), GKE, Azure.
+_INTERNAL_LB: dict[str, tuple[str, ...]] = {
+    "service.beta.kubernetes.io/aws-load-balancer-internal": ("true", "0.0.0.0/0"),
+    "service.beta.kubernetes.io/aws-load-balancer-scheme": ("internal",),
+    "networking.gke.io/load-balancer-type": ("internal",),
+    "cloud.google.com/load-balancer-type": ("internal",),
+    "service.beta.kubernetes.io/azure-load-balancer-internal": ("true",),
+}
+
+
+def _reach(svc_type: Any, annotations: Any) -> tuple[str, bool]:
+    """(from where a Service of ``svc_type`` is reachable, whether that is only a private net)."""
+    ann = annotations if isinstance(annotations, dict) else {}
+    if svc_type == "LoadBalancer":
+        for key, values in _INTERNAL_LB.items():
+            if str(ann.get(key, "")).strip().lower() in values:
+                return (
+                    f"from inside the VPC/VNet (an internal load balancer: {key}: "
+                    f"{ann[key]}), not from the internet",
+                    True,
+                )
+        return "from outside the cluster (an internet-facing load balancer)", False
+    if svc_type == "NodePort":
+        return "from anything that reaches a node's address (NodePort)", False
+    return "from outside the cluster", False
+
+
+def _exposure(port: int, reach: tuple[str, bool], auth: _Auth | None) -> tuple[Severity, str]:
+    """Severity and text for one exposed Ray port: reachable from where, and who can use it."""
+    where, private = reach
+    head = f"port {port} ({_RAY_PRIVATE_PORTS[port]}) is reachable {where}"
+    if auth is not None and auth.on:
+        return "warning", (
+            f"{head}; token authentication is on ({auth.text}), so callers need the cluster's "
+            "token, but whoever holds it can submit jobs and run code on the cluster"
+        )
+    why = auth.text if auth is not None else "Ray has no authentication unless RAY_AUTH_MODE=token"
+    return ("warning" if private else "error"), (
+        f"{head}: anyone who reaches it"
+        + (" (any workload or person on that network)" if private else "")
+        + f" can submit jobs and run arbitrary code on the cluster (CVE-2023-48022 class; {why})"
     )
 
 
 _FIX = (
     "Keep the head Service ClusterIP and expose only the Serve port (8000); reach the "
-    "dashboard with kubectl port-forward, or behind an authenticating proxy."
+    "dashboard with kubectl port-forward, or behind an authenticating proxy; enable Ray's "
+    "token authentication (KubeRay authOptions.mode: token, Ray 2.52+)."
 )
 
 
@@ -281,17 +382,32 @@ def _walk(node: Any, path: str) -> Iterator[tuple[str, Any]]:
             yield from _walk(v, f"{path}[{i}]")
 
 
+def _cluster_of_service(inv: Inventory, svc: Manifest) -> Manifest | None:
+    """The Ray object a Service selects (``ray.io/cluster`` in its selector), when in the input."""
+    sel = svc.get("spec.selector")
+    want = sel.get("ray.io/cluster") if isinstance(sel, dict) else None
+    if not isinstance(want, str):
+        return None
+    for m in inv.of_kind(*RAY_KINDS):
+        if m.namespace == svc.namespace and m.name and want.startswith(m.name):
+            return m
+    return None
+
+
 @rule("dashboard-exposed", versions={"ray": "all", "kuberay": "all"})
 def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
     """The Ray dashboard/Jobs API (8265) and client port (10001) must not leave the cluster."""
     for m in inv.of_kind("Service"):
+        reach = _reach(m.get("spec.type"), m.get("metadata.annotations"))
+        auth = _auth(_cluster_of_service(inv, m))
         for path, port in _exposed_service_ports(m):
+            severity, text = _exposure(port, reach, auth)
             yield finding(
                 "dashboard-exposed",
-                "error",
+                severity,
                 m,
                 path,
-                f"Service of type {m.get('spec.type')}: {_danger(port)}.",
+                f"Service of type {m.get('spec.type')}: {text}.",
                 _FIX,
             )
     for m in inv.of_kind(*RAY_KINDS):
@@ -302,25 +418,38 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
         head = spec.get("headGroupSpec")
         if not isinstance(head, dict):
             continue
+        auth = _auth(m)
         hpath = f"{base}.headGroupSpec"
         stype = head.get("serviceType")
         hs_type = m.get(f"{hpath}.headService.spec.type")
+        head_ann = (
+            dict(spec.get("headServiceAnnotations") or {})
+            if isinstance(spec.get("headServiceAnnotations"), dict)
+            else {}
+        )
+        hs_ann = m.get(f"{hpath}.headService.metadata.annotations")
+        if isinstance(hs_ann, dict):
+            head_ann.update(hs_ann)
         for where, value in (
             (f"{hpath}.serviceType", stype),
             (f"{hpath}.headService.spec.type", hs_type),
         ):
             if value in _EXPOSING_TYPES:
+                severity, text = _exposure(8265, _reach(value, head_ann), auth)
                 yield finding(
                     "dashboard-exposed",
-                    "error",
+                    severity,
                     m,
                     where,
                     f"The head Service KubeRay creates is of type {value}, and it carries "
-                    f"every head port: {_danger(8265)}; the client port 10001 is exposed too.",
+                    f"every head port: {text}; the client port 10001 is exposed too.",
                     _FIX + " Use serveService (RayService) or a separate Service for 8000.",
                 )
         serve_svc = m.get("spec.serveService") if m.kind == "RayService" else None
         if isinstance(serve_svc, dict) and serve_svc.get("spec", {}).get("type") in _EXPOSING_TYPES:
+            reach = _reach(
+                serve_svc["spec"]["type"], as_dict(serve_svc.get("metadata")).get("annotations")
+            )
             ports = serve_svc["spec"].get("ports")
             for i, p in enumerate(ports if isinstance(ports, list) else []):
                 if not isinstance(p, dict):
@@ -329,37 +458,41 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
                     p.get("targetPort")
                 )
                 if svc_port:
+                    severity, text = _exposure(svc_port, reach, auth)
                     yield finding(
                         "dashboard-exposed",
-                        "error",
+                        severity,
                         m,
                         f"spec.serveService.spec.ports[{i}]",
                         f"The serveService is of type {serve_svc['spec']['type']} and lists "
-                        f"{_danger(svc_port)}.",
+                        f"{text}.",
                         "List only the Serve port (8000) in serveService.",
                     )
         head_pod = (
             head.get("template", {}).get("spec") if isinstance(head.get("template"), dict) else None
         )
+        node_reach = ("from anything that reaches the node's address", False)
         if isinstance(head_pod, dict) and head_pod.get("hostNetwork") is True:
+            severity, text = _exposure(8265, node_reach, auth)
             yield finding(
                 "dashboard-exposed",
-                "error",
+                severity,
                 m,
                 f"{hpath}.template.spec.hostNetwork",
                 "The head pod runs with hostNetwork: true, so the dashboard (8265) and the Ray "
-                "client (10001) listen on the node's own address, reachable by anything that "
-                f"reaches the node: {_danger(8265)}.",
+                f"client (10001) listen on the node's own address: {text}.",
                 "Remove hostNetwork from the head pod.",
             )
         if head.get("enableIngress") is True:
+            severity, text = _exposure(
+                8265, ("through the cluster's Ingress controller", False), auth
+            )
             yield finding(
                 "dashboard-exposed",
-                "error",
+                severity,
                 m,
                 f"{hpath}.enableIngress",
-                f"enableIngress: true makes KubeRay create an Ingress for the dashboard: "
-                f"{_danger(8265)}.",
+                f"enableIngress: true makes KubeRay create an Ingress for the dashboard: {text}.",
                 _FIX,
             )
         for pod in pods(inv):
@@ -374,13 +507,14 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
                         and _private_port(p.get("containerPort"))
                     ):
                         port = int(p["containerPort"])
+                        severity, text = _exposure(port, node_reach, auth)
                         yield finding(
                             "dashboard-exposed",
-                            "error",
+                            severity,
                             m,
                             f"{cpath}.ports[{i}].hostPort",
                             f"hostPort {p['hostPort']} maps the node's port to the {pod.label}'s "
-                            f"{port}: {_danger(port)}.",
+                            f"{port}: {text}.",
                             "Remove the hostPort.",
                         )
     for m in inv.of_kind("Ingress", "VirtualService", "HTTPRoute", "TCPRoute", "GRPCRoute"):
@@ -399,12 +533,13 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
             elif m.kind.endswith("Route") and path.split(".")[-1].startswith("backendRefs"):
                 hit = _private_port(node.get("port"))
             if hit:
+                severity, text = _exposure(hit, ("from outside the cluster", False), None)
                 yield finding(
                     "dashboard-exposed",
-                    "error",
+                    severity,
                     m,
                     path,
-                    f"This {m.kind} routes outside traffic to the Ray head: {_danger(hit)}.",
+                    f"This {m.kind} routes outside traffic to the Ray head: {text}.",
                     _FIX,
                 )
 
@@ -638,46 +773,116 @@ def _restricts_ingress(policy: Manifest, pod: PodView) -> bool:
 
 
 def _serving_workloads(inv: Inventory) -> list[tuple[Manifest, list[PodView]]]:
-    """Ray objects, and workloads running a vLLM server, with their pod templates."""
+    """Workloads that serve requests: RayServices, RayClusters whose head exposes Serve's
+    port, and workloads running a vLLM server, with their pod templates. Training clusters
+    and RayJobs are batch work and out of scope."""
     all_pods = pods(inv)
     out: list[tuple[Manifest, list[PodView]]] = []
     for m in inv.manifests:
         mine = [p for p in all_pods if p.manifest is m]
         if not mine:
             continue
-        if m.kind in RAY_KINDS or any(
-            container_engine(c, path)[0] for p in mine for c, path in p.containers()
-        ):
+        serving = m.kind == "RayService"
+        if m.kind == "RayCluster":
+            serving = any(_serves_http(p) for p in mine if p.group and p.group.is_head)
+        elif m.kind not in RAY_KINDS:
+            serving = any(container_engine(c, path)[0] for p in mine for c, path in p.containers())
+        if serving:
             out.append((m, mine))
     return out
 
 
+def _serves_http(pod: PodView) -> bool:
+    """A Ray head that declares Serve's port (``serve`` / 8000)."""
+    for c, _ in pod.containers():
+        for port in as_list(c.get("ports")):
+            if isinstance(port, dict) and (
+                port.get("name") == "serve" or port.get("containerPort") == 8000
+            ):
+                return True
+    return False
+
+
+#: KubeRay 1.7 ``spec.networkPolicy.mode`` values that deny ingress (the default is DenyAll).
+_DENYING_INGRESS = ("DenyAll", "DenyAllIngress")
+
+
+def _kuberay_policy(m: Manifest, inv: Inventory) -> tuple[bool, str]:
+    """(KubeRay creates ingress-restricting policies for ``m``, why not when it does not)."""
+    found = cluster_spec(m) if m.kind in RAY_KINDS else None
+    cfg = found[0].get("networkPolicy") if found else None
+    if not isinstance(cfg, dict):
+        return False, ""
+    mode = cfg.get("mode", "DenyAll")
+    if mode not in _DENYING_INGRESS:
+        return False, f" (spec.networkPolicy mode {mode} restricts egress only)"
+    gate = _network_policy_gate(inv)
+    if gate is False:
+        return False, (
+            " (spec.networkPolicy is set, but the kuberay-operator values in the input leave "
+            "the RayClusterNetworkPolicy feature gate off: KubeRay 1.7 then refuses the cluster)"
+        )
+    return True, ""
+
+
+def _network_policy_gate(inv: Inventory) -> bool | None:
+    """The RayClusterNetworkPolicy feature gate from kuberay-operator values (None: unknown)."""
+    for values in inv.charts("kuberay-operator"):
+        gates = values.get("featureGates")
+        if not isinstance(gates, list):
+            return False
+        for g in gates:
+            if isinstance(g, dict) and g.get("name") == "RayClusterNetworkPolicy":
+                return g.get("enabled") is True
+        return False
+    return None
+
+
 @rule("no-network-policy", versions={"kuberay": "all"})
 def no_network_policy(inv: Inventory) -> Iterator[Finding]:
-    """Serving pods need a NetworkPolicy that restricts who can reach them."""
+    """Serving pods need a NetworkPolicy that restricts who can reach them: said once per
+    namespace, on the first open workload, naming all of them."""
     policies = inv.of_kind("NetworkPolicy")
-    for m, ray_pods in _serving_workloads(inv):
-        local = [p for p in policies if p.namespace == m.namespace]
-        open_pods = [p for p in ray_pods if not any(_restricts_ingress(np, p) for np in local)]
-        if not open_pods:
+    open_by_ns: dict[str, list[tuple[Manifest, list[PodView], str]]] = {}
+    for m, serving_pods in _serving_workloads(inv):
+        covered, why = _kuberay_policy(m, inv)
+        if covered:
             continue
-        which = ", ".join(p.label for p in open_pods)
+        local = [p for p in policies if p.namespace == m.namespace]
+        open_pods = [p for p in serving_pods if not any(_restricts_ingress(np, p) for np in local)]
+        if open_pods:
+            which = ", ".join(p.label for p in open_pods)
+            open_by_ns.setdefault(m.namespace, []).append((m, open_pods, f"{m.ref} ({which}){why}"))
+    for namespace, items in open_by_ns.items():
+        first = items[0][0]
+        local = [p for p in policies if p.namespace == namespace]
+        ray = any(m.kind in RAY_KINDS for m, _, _ in items)
+        plain = any(m.kind not in RAY_KINDS for m, _, _ in items)
+        exposure = []
+        if ray:
+            exposure.append(
+                "the dashboard (8265), GCS (6379) and client (10001) ports of the Ray pods as "
+                "well as Serve"
+            )
+        if plain:
+            exposure.append(
+                "the model servers directly, bypassing your gateway's authentication and rate "
+                "limits"
+            )
         yield finding(
             "no-network-policy",
             "warning",
-            m,
+            first,
             "metadata",
-            f"No NetworkPolicy in the input restricts ingress to the pods of {m.ref} ({which}) "
-            f"in namespace {m.namespace!r}"
+            f"No NetworkPolicy in the input restricts ingress to the serving pods in namespace "
+            f"{namespace!r}"
             + (f" ({len(local)} there, none restricting their ingress)" if local else "")
-            + (
-                ": any pod in the cluster can reach the dashboard (8265), GCS (6379) and client "
-                "(10001) ports as well as Serve."
-                if m.kind in RAY_KINDS
-                else ": any pod in the cluster can call the model server directly, "
-                "bypassing your gateway's authentication and rate limits."
-            ),
+            + f": {'; '.join(text for _, _, text in items)}. Any pod in the cluster can reach "
+            + " and ".join(exposure)
+            + ".",
             "Add a NetworkPolicy for the namespace: deny ingress by default and allow only the "
             "Serve port (8000) from your gateway, plus Ray's own pod-to-pod traffic "
-            "(podSelector ray.io/is-ray-node: 'yes').",
+            "(podSelector ray.io/is-ray-node: 'yes'); or, with KubeRay 1.7 and its "
+            "RayClusterNetworkPolicy feature gate, set the cluster's spec.networkPolicy "
+            "(mode DenyAllIngress) and let the operator create them.",
         )

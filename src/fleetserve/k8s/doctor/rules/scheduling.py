@@ -845,9 +845,42 @@ def serve_replicas_exceed_workers(inv: Inventory) -> Iterator[Finding]:
                 f"The worker groups keep {fmt_num(supply_min)} GPUs at minimum ({min_text}) "
                 f"but Serve needs only {fmt_num(need_min)} at min_replicas: "
                 f"{fmt_num(supply_min - need_min)} GPU(s) stay allocated and idle.",
-                "Lower the GPU group's minReplicas to what min_replicas needs, or raise "
-                "min_replicas.",
+                _idle_fix(gpu_types, demands, need_min, supply_min),
             )
+
+
+def _idle_fix(
+    gpu_types: list[NodeType], demands: list[ServeDemand], need_min: float, supply_min: float
+) -> str:
+    """Advice that really frees the idle GPUs. Pods are the unit: a group's minimum can only
+    drop to the pods that still hold what Serve needs; when it already is that, lowering it
+    frees nothing, so the advice is to use the GPUs or cut the pods smaller."""
+    if len(gpu_types) != 1:
+        return (
+            "Lower the GPU groups' minReplicas to what min_replicas needs, or raise min_replicas."
+        )
+    t = gpu_types[0]
+    raw_hosts = t.group.spec.get("numOfHosts", 1)
+    hosts = raw_hosts if isinstance(raw_hosts, int) and raw_hosts > 0 else 1
+    per_pod = t.capacity["GPU"]
+    pods = math.ceil(need_min / (per_pod * hosts) - _EPS) if need_min > 0 else 0
+    current = t.min_count // hosts
+    if pods < current:
+        return (
+            f"Set minReplicas of the {t.label} to {pods}: {pods} pod(s) × "
+            f"{fmt_num(per_pod * hosts)} GPU hold the {fmt_num(need_min)} GPU(s) Serve needs "
+            "at min_replicas."
+        )
+    per_replica = max(d.per_replica.get("GPU", 0.0) for d in demands)
+    more = math.floor(supply_min / per_replica + _EPS) if per_replica > 0 else 0
+    smaller = math.ceil(need_min / max(pods * hosts, 1) - _EPS)
+    return (
+        f"The pod is the unit: {current} pod(s) of the {t.label} is the least that holds "
+        f"{fmt_num(need_min)} GPU(s), so lowering minReplicas frees nothing. Use the GPUs "
+        f"(raise min_replicas so the minimum fills them: up to {more} replica(s) of "
+        f"{fmt_num(per_replica)} GPU), or cut the pods smaller (a group with {smaller} GPU(s) "
+        "per pod for the minimum)."
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -1237,14 +1270,24 @@ def node_selector_no_pool(inv: Inventory) -> Iterator[Finding]:
             continue
         wanted = ", ".join(f"{k}: {v}" for k, v in p.node_selector.items()) or "node affinity"
         why = "; ".join(sorted({_mismatch(p, pool) for pool in pools}))
+        # Propose labels of pools of the pod's kind: a GPU group's fix names a GPU pool's
+        # labels, never the CPU pool's (and the other way round), when there is one.
+        kind = [pool for pool in pools if pool.gpu == p.wants_gpu] or pools
         hints = sorted(
-            {f"karpenter.sh/nodepool: {pool.name}" for pool in pools if pool.karpenter}
+            {f"karpenter.sh/nodepool: {pool.name}" for pool in kind if pool.karpenter}
             | {
                 f"{k}: {v}"
-                for pool in pools
+                for pool in kind
                 for k, v in pool.labels.items()
                 if k != "karpenter.sh/nodepool"
             }
+        )
+        which = (
+            "a GPU pool"
+            if p.wants_gpu and kind is not pools
+            else "a CPU pool"
+            if kind is not pools
+            else "a pool"
         )
         yield _finding(
             "node-selector-no-pool",
@@ -1255,7 +1298,7 @@ def node_selector_no_pool(inv: Inventory) -> Iterator[Finding]:
             f"({why}): the "
             "pod stays Pending with FailedScheduling \"didn't match Pod's node "
             'affinity/selector" (Karpenter: "label ... does not have known values").',
-            "Select labels the pools really carry, e.g. " + "; ".join(hints[:4]) + ".",
+            f"Select labels {which} really carries, e.g. " + "; ".join(hints[:4]) + ".",
         )
 
 
