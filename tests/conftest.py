@@ -1,6 +1,7 @@
 """Fixtures shared by every test directory.
 
-* Tests never reach a model hub: ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE`` are set for
+* Tests never reach a model hub (nor GitHub for CRDs: ``FLEETSERVE_OFFLINE``):
+  ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE`` are set for
   the whole session (before transformers/huggingface_hub are imported by any test), so a
   test that would download something fails instead of silently using the network.
 * ``default_model_dir``: the built-in default model (Gemma 3 270M), prepared once per
@@ -23,6 +24,9 @@ from fleetserve.spec import DEFAULT_MODEL_SOURCE
 # in place before anything reads them.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Nor the CRDs of a KubeRay release (doctor validates with schemas by default; the doctor tests
+# serve them from ../shared/k8s/crds, the download is tested against 127.0.0.1).
+os.environ.setdefault("FLEETSERVE_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session")
