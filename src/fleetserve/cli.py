@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("fleetserve.k8s.doctor.command", "find known traps in manifests before deploy"),
     "bench": ("fleetserve.bench.command", "measure an OpenAI-compatible endpoint"),
     "observe": ("fleetserve.observe.command", "print alert rules or the Grafana dashboard"),
+    "top": ("fleetserve.top.command", "live terminal view of a running fleet"),
 }
 
 Handler = Callable[[argparse.Namespace], int]

@@ -64,3 +64,7 @@ class BenchError(FleetServeError):
 
 class RenderError(FleetServeError):
     """Manifests could not be rendered from the spec and plan."""
+
+
+class MetricsSourceError(FleetServeError):
+    """A metrics endpoint or Prometheus server could not be read (``fleetserve top``)."""

@@ -19,7 +19,8 @@ from fleetserve.observe.alerts import rule_groups
 from fleetserve.observe.dashboard import grafana_dashboard
 
 
-def _selector(pairs: list[str]) -> dict[str, str]:
+def parse_selector(pairs: list[str]) -> dict[str, str]:
+    """``LABEL=VALUE`` pairs (``--selector``) as a mapping; UsageError names a bad one."""
     out: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -30,7 +31,7 @@ def _selector(pairs: list[str]) -> dict[str, str]:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    selector = _selector(args.selector)
+    selector = parse_selector(args.selector)
     doc: Any
     if args.what == "dashboard":
         doc = grafana_dashboard(selector or None)

@@ -1,0 +1,1 @@
+"""``fleetserve top``: a live terminal view of a running fleet."""
