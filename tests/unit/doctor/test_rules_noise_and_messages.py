@@ -117,6 +117,14 @@ def test_kuberay_network_policy_counts() -> None:
         "operatorCommand: /manager\n"
     )
     assert _run(gate_on, "no-network-policy") == []
+    operator = (
+        "---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: kuberay-operator, "
+        "namespace: kuberay}}\nspec:\n  template:\n    spec:\n      containers:\n"
+        "        - {{name: op, image: 'quay.io/kuberay/operator:v{v}'}}\n"
+    )
+    (f,) = _run(deny + operator.format(v="1.6.0"), "no-network-policy")
+    assert "older than 1.7 where the field appeared" in f.message
+    assert _run(deny + operator.format(v="1.7.0"), "no-network-policy") == []
 
 
 # ------------------------------------------------------------------ worker-metrics-podmonitor

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from packaging.version import Version
 
+from fleetserve.k8s.doctor.crds import KUBERAY, named_versions
 from fleetserve.k8s.doctor.finding import Finding, Severity
 from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import (
@@ -31,7 +33,7 @@ from fleetserve.k8s.doctor.ray_objects import (
 from fleetserve.k8s.doctor.registry import rule
 from fleetserve.k8s.doctor.rules._devices import PodView, pods
 from fleetserve.k8s.doctor.rules._engines import container_engine, finding
-from fleetserve.k8s.doctor.rules._versions import TOKEN_AUTH_FROM, ray_version
+from fleetserve.k8s.doctor.rules._versions import TOKEN_AUTH_FROM, normalise, ray_version
 
 _MONITOR_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 _SELECTOR_FIELD = {
@@ -803,6 +805,8 @@ def _serves_http(pod: PodView) -> bool:
     return False
 
 
+#: KubeRay adds ``spec.networkPolicy`` (and creates the policies) from 1.7.0.
+KUBERAY_NETWORK_POLICY_FROM = Version("1.7")
 #: KubeRay 1.7 ``spec.networkPolicy.mode`` values that deny ingress (the default is DenyAll).
 _DENYING_INGRESS = ("DenyAll", "DenyAllIngress")
 
@@ -816,6 +820,14 @@ def _kuberay_policy(m: Manifest, inv: Inventory) -> tuple[bool, str]:
     mode = cfg.get("mode", "DenyAll")
     if mode not in _DENYING_INGRESS:
         return False, f" (spec.networkPolicy mode {mode} restricts egress only)"
+    operators = sorted(named_versions(inv, KUBERAY), key=lambda v: normalise(v) or Version("0"))
+    known = [normalise(v) for v in operators]
+    if known and all(v is not None and v < KUBERAY_NETWORK_POLICY_FROM for v in known):
+        return False, (
+            f" (spec.networkPolicy is set, but the KubeRay operator in the input is "
+            f"{', '.join(operators)}, older than 1.7 where the field appeared: its CRD prunes "
+            "the field and no policy is created)"
+        )
     gate = _network_policy_gate(inv)
     if gate is False:
         return False, (
