@@ -9,11 +9,13 @@ the app's code may set it, and a guess would be a false positive.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterator
 from typing import Any
 
+import yaml
 from packaging.version import Version
 
 from fleetserve.k8s.doctor.finding import Finding, Severity
@@ -241,6 +243,67 @@ def _float_or(x: Any, default: float) -> float:
     if isinstance(x, int | float) and not isinstance(x, bool):
         return float(x)
     return default
+
+
+# --------------------------------------------------------------------------- unreadable config
+
+
+def _serve_config_problem(raw: str) -> tuple[str, int | None] | None:
+    """Why Serve cannot read ``serveConfigV2`` (and the 0-based line inside it), or None."""
+    try:
+        parsed = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} of the block" if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        return f"is not valid YAML ({what}{where})", (mark.line if mark is not None else None)
+    if parsed is None:
+        return "is empty", None
+    if not isinstance(parsed, dict):
+        return f"is a YAML {type(parsed).__name__}, not a mapping", None
+    apps = parsed.get("applications")
+    if apps is None:
+        return (
+            "has no `applications` list (KubeRay deploys the multi-application format: "
+            "applications: [{name, import_path, ...}])",
+            None,
+        )
+    if not isinstance(apps, list) or not apps:
+        return "has `applications` that is not a non-empty list", None
+    for i, app in enumerate(apps):
+        if not isinstance(app, dict):
+            return f"has applications[{i}] that is not a mapping", None
+        if not app.get("import_path"):
+            return f"has applications[{i}] without an import_path", None
+    return None
+
+
+@rule("serve-config-invalid", versions={"ray": "all", "kuberay": "all"})
+def serve_config_invalid(inv: Inventory) -> Iterator[Finding]:
+    """A RayService whose serveConfigV2 Serve cannot read: the app is never deployed."""
+    for m in inv.of_kind("RayService"):
+        raw = m.get("spec.serveConfigV2")
+        if not isinstance(raw, str):
+            continue  # absent, or not a string: the CRD schema reports the type
+        found = _serve_config_problem(raw)
+        if found is None:
+            continue
+        problem, inner = found
+        f = finding(
+            "serve-config-invalid",
+            "error",
+            m,
+            "spec.serveConfigV2",
+            f"spec.serveConfigV2 of {m.ref} {problem}: KubeRay cannot hand it to Ray Serve, "
+            "so the cluster starts but the Serve application is never deployed and the "
+            "RayService never becomes ready. No other Serve check could run on it.",
+            "Fix the embedded YAML (`python -c 'import yaml,sys; yaml.safe_load(sys.stdin)'` "
+            "on the block shows the error), in the multi-application format: applications: "
+            "[{name, import_path, deployments: [...]}].",
+        )
+        if inner is not None:
+            f = dataclasses.replace(f, line=m.line_of("spec.serveConfigV2") + 1 + inner)
+        yield f
 
 
 # --------------------------------------------------------------------------- TP vs GPUs
