@@ -92,13 +92,18 @@ def test_network_policy_once_per_namespace_naming_every_open_workload() -> None:
 
 
 def test_network_policy_ignores_batch_work() -> None:
-    text = _ray(kind="RayJob", name="train") + _ray(kind="RayCluster", name="dev")
-    assert _run(text, "no-network-policy") == []
-    serving_cluster = _ray(kind="RayCluster", name="dev").replace(
+    serve_port = _ray(kind="RayCluster", name="dev").replace(
         "{name: head, image: 'rayproject/ray:2.52.0'}",
         "{name: head, image: 'rayproject/ray:2.52.0', ports: [{name: serve, containerPort: 8000}]}",
     )
-    assert len(_run(serving_cluster, "no-network-policy")) == 1
+    text = _ray(kind="RayJob", name="train") + serve_port
+    assert _run(text, "no-network-policy") == []
+
+
+def test_network_policy_lists_at_most_five_workloads() -> None:
+    text = "".join(_ray(name=f"s{i}") for i in range(7))
+    (f,) = _run(text, "no-network-policy")
+    assert "; and 2 more" in f.message
 
 
 def test_kuberay_network_policy_counts() -> None:

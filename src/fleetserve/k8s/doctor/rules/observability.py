@@ -25,7 +25,6 @@ from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import (
     RAY_KINDS,
     as_dict,
-    as_list,
     cluster_spec,
     head_group,
     serve_config,
@@ -775,34 +774,21 @@ def _restricts_ingress(policy: Manifest, pod: PodView) -> bool:
 
 
 def _serving_workloads(inv: Inventory) -> list[tuple[Manifest, list[PodView]]]:
-    """Workloads that serve requests: RayServices, RayClusters whose head exposes Serve's
-    port, and workloads running a vLLM server, with their pod templates. Training clusters
-    and RayJobs are batch work and out of scope."""
+    """Workloads that serve requests: RayServices and workloads running a vLLM server, with
+    their pod templates. RayClusters and RayJobs are out of scope: nothing in them says they
+    serve (KubeRay's samples list Serve's port on training clusters too), and a warning on
+    every batch cluster is the noise that hid the real findings."""
     all_pods = pods(inv)
     out: list[tuple[Manifest, list[PodView]]] = []
     for m in inv.manifests:
         mine = [p for p in all_pods if p.manifest is m]
-        if not mine:
+        if not mine or m.kind in ("RayCluster", "RayJob"):
             continue
-        serving = m.kind == "RayService"
-        if m.kind == "RayCluster":
-            serving = any(_serves_http(p) for p in mine if p.group and p.group.is_head)
-        elif m.kind not in RAY_KINDS:
-            serving = any(container_engine(c, path)[0] for p in mine for c, path in p.containers())
-        if serving:
+        if m.kind == "RayService" or any(
+            container_engine(c, path)[0] for p in mine for c, path in p.containers()
+        ):
             out.append((m, mine))
     return out
-
-
-def _serves_http(pod: PodView) -> bool:
-    """A Ray head that declares Serve's port (``serve`` / 8000)."""
-    for c, _ in pod.containers():
-        for port in as_list(c.get("ports")):
-            if isinstance(port, dict) and (
-                port.get("name") == "serve" or port.get("containerPort") == 8000
-            ):
-                return True
-    return False
 
 
 #: KubeRay adds ``spec.networkPolicy`` (and creates the policies) from 1.7.0.
@@ -850,6 +836,12 @@ def _network_policy_gate(inv: Inventory) -> bool | None:
     return None
 
 
+def _listed(items: list[str], most: int = 5) -> str:
+    """``a; b; c`` with at most ``most`` items, then ``and N more``."""
+    shown = "; ".join(items[:most])
+    return shown + (f"; and {len(items) - most} more" if len(items) > most else "")
+
+
 @rule("no-network-policy", versions={"kuberay": "all"})
 def no_network_policy(inv: Inventory) -> Iterator[Finding]:
     """Serving pods need a NetworkPolicy that restricts who can reach them: said once per
@@ -889,7 +881,7 @@ def no_network_policy(inv: Inventory) -> Iterator[Finding]:
             f"No NetworkPolicy in the input restricts ingress to the serving pods in namespace "
             f"{namespace!r}"
             + (f" ({len(local)} there, none restricting their ingress)" if local else "")
-            + f": {'; '.join(text for _, _, text in items)}. Any pod in the cluster can reach "
+            + f": {_listed([text for _, _, text in items])}. Any pod in the cluster can reach "
             + " and ".join(exposure)
             + ".",
             "Add a NetworkPolicy for the namespace: deny ingress by default and allow only the "
