@@ -12,17 +12,18 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from fleetserve.errors import SpecError
+from fleetserve.yamlsafe import load_yaml
 
 #: Model id of the built-in default model (served by ``make serve``).
 DEFAULT_MODEL_NAME = "gemma-3-270m"
@@ -96,7 +97,12 @@ class ReplicaSpec(StrictModel):
     """How many replicas of a model run, and Ray Serve's autoscaling target."""
 
     min: int = Field(default=1, ge=0, le=1000, description="Replicas always running.")
-    max: int = Field(default=1, ge=1, le=1000, description="Most replicas autoscaling may add.")
+    max: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="Most replicas autoscaling may add (default: min, at least 1).",
+    )
     target_ongoing_requests: float = Field(
         default=16,
         gt=0,
@@ -160,6 +166,15 @@ class ReplicaSpec(StrictModel):
         "before it gets 503 with Retry-After.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _max_defaults_to_min(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "max" not in value:
+            low = value.get("min")
+            if isinstance(low, int) and not isinstance(low, bool) and low > 1:
+                return {**value, "max": low}
+        return value
+
     @model_validator(mode="after")
     def _ordered(self) -> ReplicaSpec:
         if self.min > self.max:
@@ -219,7 +234,10 @@ class ResourceSpec(StrictModel):
         default=1, gt=0, le=1024, description="Logical CPUs the replica actor reserves."
     )
     memory_gb: float | None = Field(
-        default=None, gt=0, le=16_384, description="Host memory the replica reserves (GB)."
+        default=None,
+        gt=0,
+        le=16_384,
+        description="Host memory the replica reserves (GiB, 2^30 bytes, like every memory_gb).",
     )
 
 
@@ -255,7 +273,8 @@ class ModelSpec(StrictModel):
         min_length=1,
         description=(
             "For planning: a catalogue entry (e.g. 'llama-3-8b'), a config.json, or a "
-            "directory holding one. Default: derived from source."
+            "directory holding one (a relative path is read from the spec file's "
+            "directory). Default: derived from source."
         ),
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
@@ -303,6 +322,17 @@ class ModelSpec(StrictModel):
         default=None, description="Token to download gated weights (a secret reference)."
     )
 
+    @field_validator("config")
+    @classmethod
+    def _config_beside_the_spec(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # a relative path that exists next to the spec file means that file, wherever
+        # fleetserve runs from; anything else (a catalogue name) is kept as written
+        spec_dir = (info.context or {}).get("spec_dir")
+        if value is None or spec_dir is None or Path(value).expanduser().is_absolute():
+            return value
+        beside = Path(spec_dir) / value
+        return str(beside.resolve()) if beside.exists() else value
+
     @field_validator("engine_args")
     @classmethod
     def _no_shadowing(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -348,7 +378,11 @@ class GpuSpec(StrictModel):
     )
     count: int = Field(default=1, ge=0, le=64, description="GPUs per node.")
     memory_gb: float | None = Field(
-        default=None, gt=0, le=4096, description="Memory per GPU (GB); overrides the catalogue."
+        default=None,
+        ge=0.25,
+        le=4096,
+        description="Memory per GPU (GiB, 2^30 bytes: nvidia-smi's MiB / 1024); overrides "
+        "the catalogue.",
     )
 
     @model_validator(mode="after")
@@ -663,12 +697,18 @@ def format_validation_error(error: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def parse_spec(data: Any, source: str = "<spec>") -> FleetSpec:
-    """Validate a dict (as read from YAML) into a :class:`FleetSpec` or raise SpecError."""
+def parse_spec(data: Any, source: str = "<spec>", base_dir: Path | None = None) -> FleetSpec:
+    """Validate a dict (as read from YAML) into a :class:`FleetSpec` or raise SpecError.
+
+    ``base_dir`` (the spec file's directory) is what relative ``models[].config`` paths
+    are read against.
+    """
     if not isinstance(data, dict):
         raise SpecError(f"{source}: the spec must be a mapping, got {type(data).__name__}")
     try:
-        return FleetSpec.model_validate(data)
+        return FleetSpec.model_validate(data, context={"spec_dir": base_dir})
+    except RecursionError as e:
+        raise SpecError(f"{source}: nested too deeply") from e
     except ValidationError as e:
         raise SpecError(format_validation_error(e, source)) from e
 
@@ -682,13 +722,7 @@ def load_spec(path: str | Path) -> FleetSpec:
         raise SpecError(f"{p}: no such file") from e
     except (OSError, UnicodeDecodeError) as e:
         raise SpecError(f"{p}: cannot read: {e}") from e
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise SpecError(f"{p}{where}: invalid YAML: {problem}") from e
+    data = load_yaml(text, str(p))  # repeated keys and runaway nesting are errors
     if data is None:
         raise SpecError(f"{p}: the file is empty")
-    return parse_spec(data, str(p))
+    return parse_spec(data, str(p), base_dir=p.parent)

@@ -22,6 +22,7 @@ from typing import Any
 from fleetserve.errors import CapacityError
 from fleetserve.plan.result import EngineSettings
 from fleetserve.spec import FleetSpec, ModelSpec
+from fleetserve.units import bytes_to_gib, gib_to_bytes
 
 #: Logical CPUs reserved by the (single) ingress replica: enough to be counted, small
 #: enough never to be the reason a fleet does not fit.
@@ -54,7 +55,7 @@ class ClusterCapacity:
         return cls(
             cpus=float(total.get("CPU", 0)),
             gpus=float(total.get("GPU", 0)),
-            memory_gb=float(mem) / 1e9 if mem else None,
+            memory_gb=bytes_to_gib(float(mem)) if mem else None,
             node_cpus=node_cpus,
             node_gpus=node_gpus,
             description=f"the Ray cluster ({len(alive)} node{'s' if len(alive) != 1 else ''})",
@@ -100,7 +101,7 @@ def replica_resources(
             gpus = round(settings.gpu_memory_utilization, 4)
     memory = None
     if model.resources.memory_gb is not None:
-        memory = int(model.resources.memory_gb * 1e9)
+        memory = gib_to_bytes(model.resources.memory_gb)
     return ReplicaResources(num_cpus=model.resources.cpu, num_gpus=gpus, memory_bytes=memory)
 
 
@@ -172,8 +173,8 @@ def fit_resources(
         mneed = sum((m.resources.memory_gb or 0) * m.replicas.min for m in spec.models)
         if mneed > capacity.memory_gb + _EPS:
             problems.append(
-                f"the fleet reserves {_fmt(mneed)} GB of memory at min replicas but "
-                f"{capacity.description} has {_fmt(capacity.memory_gb)} GB for Ray"
+                f"the fleet reserves {_fmt(mneed)} GiB of memory at min replicas but "
+                f"{capacity.description} has {_fmt(capacity.memory_gb)} GiB for Ray"
             )
 
     # One replica must fit one node.

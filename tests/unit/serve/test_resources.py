@@ -84,13 +84,13 @@ def test_gpus_at_min_replicas_must_fit() -> None:
 def test_memory_reservations_must_fit() -> None:
     spec = fleet({"name": "a", "resources": {"memory_gb": 30}})
     cluster = ClusterCapacity(cpus=8, memory_gb=16, node_cpus=8)
-    with pytest.raises(CapacityError, match="reserves 30 GB of memory"):
+    with pytest.raises(CapacityError, match="reserves 30 GiB of memory"):
         fit_resources(spec, settings(spec), cluster)
 
 
 def test_capacity_from_ray_uses_alive_nodes() -> None:
     cap = ClusterCapacity.from_ray(
-        {"CPU": 6.0, "GPU": 1.0, "memory": 8e9},
+        {"CPU": 6.0, "GPU": 1.0, "memory": 8 * 2**30},  # Ray counts bytes; memory_gb is GiB
         [
             {"Alive": True, "Resources": {"CPU": 4.0, "GPU": 1.0}},
             {"Alive": True, "Resources": {"CPU": 2.0}},

@@ -41,6 +41,7 @@ from fleetserve.errors import RenderError
 from fleetserve.k8s.render.naming import group_name, model_resource
 from fleetserve.plan.result import EngineSettings, PlanResult, ReplicaPlacement
 from fleetserve.spec import FleetSpec, ModelSpec, PoolSpec
+from fleetserve.units import gib_ceil, gib_to_mib_floor
 
 #: Default host memory per card of a replica when the spec does not say (GiB).
 DEFAULT_MEMORY_GIB_PER_CARD = 8
@@ -101,7 +102,7 @@ def _card_memory_mb(placement: ReplicaPlacement, pool: PoolSpec) -> int:
     if placement.card_memory_mb > 0:
         return placement.card_memory_mb
     if pool.gpu is not None and pool.gpu.memory_gb is not None:
-        return int(pool.gpu.memory_gb * 1024)
+        return gib_to_mib_floor(pool.gpu.memory_gb)
     return 0
 
 
@@ -230,7 +231,7 @@ def _pod_size(model: ModelSpec, shape: PodShape, pool: PoolSpec, pods: int) -> t
     base_cpu = max(1, math.ceil(model.resources.cpu))
     cpu = base_cpu + 1 if (base_cpu + 1) * pods <= pool.cpu else base_cpu
     if model.resources.memory_gb is not None:
-        memory = math.ceil(model.resources.memory_gb)
+        memory = gib_ceil(model.resources.memory_gb)
     else:
         share = math.floor(pool.memory_gb * NODE_MEMORY_SHARE / pods)
         memory = max(MIN_MEMORY_GIB, min(DEFAULT_MEMORY_GIB_PER_CARD * max(1, shape.gpus), share))

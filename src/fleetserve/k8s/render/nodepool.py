@@ -18,6 +18,7 @@ from typing import Any
 from fleetserve.k8s.render.naming import common_labels
 from fleetserve.k8s.render.pods import GPU_RESOURCE, GPU_TAINT_KEY
 from fleetserve.spec import FleetSpec, PoolSpec
+from fleetserve.units import gib_ceil, gib_to_mib_ceil
 
 #: Karpenter's AWS ``instance-gpu-name`` values for GPU family names.
 _GPU_NAMES = ("a100", "a10g", "h100", "h200", "l40s", "l4", "t4", "v100", "b200")
@@ -42,7 +43,7 @@ def node_pool(spec: FleetSpec, pool: PoolSpec, node_class: str) -> dict[str, Any
         _requirement("kubernetes.io/arch", "In", ["amd64"]),
         _requirement("karpenter.k8s.aws/instance-cpu", "Gt", [str(math.ceil(pool.cpu) - 1)]),
         _requirement(
-            "karpenter.k8s.aws/instance-memory", "Gt", [str(math.ceil(pool.memory_gb * 1024) - 1)]
+            "karpenter.k8s.aws/instance-memory", "Gt", [str(gib_to_mib_ceil(pool.memory_gb) - 1)]
         ),
     ]
     taints = [
@@ -54,7 +55,7 @@ def node_pool(spec: FleetSpec, pool: PoolSpec, node_class: str) -> dict[str, Any
             _requirement("karpenter.k8s.aws/instance-gpu-count", "In", [str(gpu.count)])
         )
         if gpu.memory_gb is not None:
-            mib = math.ceil(gpu.memory_gb * 1024)
+            mib = gib_to_mib_ceil(gpu.memory_gb)
             requirements.append(
                 _requirement("karpenter.k8s.aws/instance-gpu-memory", "Gt", [str(mib - 1)])
             )
@@ -83,7 +84,7 @@ def node_pool(spec: FleetSpec, pool: PoolSpec, node_class: str) -> dict[str, Any
     if pool.max_nodes is not None:
         limits: dict[str, str] = {
             "cpu": f"{math.ceil(pool.cpu * pool.max_nodes)}",
-            "memory": f"{math.ceil(pool.memory_gb * pool.max_nodes)}Gi",
+            "memory": f"{gib_ceil(pool.memory_gb * pool.max_nodes)}Gi",
         }
         if gpu is not None:
             limits[GPU_RESOURCE] = str(gpu.count * pool.max_nodes)
