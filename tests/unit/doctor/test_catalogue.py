@@ -10,9 +10,11 @@ a directory of them (for rules that join several objects). Nothing reads the tea
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fleetserve.k8s.doctor import catalogue
 from fleetserve.k8s.doctor.registry import SCHEMA_RULE, load_rules, rule_info
@@ -63,6 +65,16 @@ def test_every_rule_states_its_versions_and_has_an_explain_page(rule_id: str) ->
         assert f"**{section}**" in text, f"{rule_id}: page lacks {section}"
     assert f"Versions: {info.versions_text()}." in text
     assert info.help_uri in text
+
+
+@pytest.mark.parametrize("rule_id", sorted(PAGES))
+def test_every_example_parses(rule_id: str) -> None:
+    p = PAGES[rule_id]
+    if p.example_lang == "python":
+        ast.parse(p.example)
+    else:
+        assert p.example_lang == "yaml"
+        yaml.safe_load(p.example)
 
 
 def test_docs_rules_md_is_current() -> None:

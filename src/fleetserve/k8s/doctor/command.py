@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markdown import Markdown
 
 from fleetserve import __version__
 from fleetserve.errors import UsageError
@@ -185,7 +186,11 @@ def _list_rules(fmt: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Handler: print the report; exit 1 when there are error findings."""
     if args.explain is not None:
-        sys.stdout.write(catalogue.explain(args.explain))
+        text = catalogue.explain(args.explain)
+        if sys.stdout.isatty():  # rendered for a person; plain Markdown for pipes and files
+            Console().print(Markdown(text))
+        else:
+            sys.stdout.write(text)
         return 0
     if args.list_rules:
         _list_rules(args.format)
