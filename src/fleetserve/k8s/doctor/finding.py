@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import builtins
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 Severity = Literal["error", "warning", "info"]
 
@@ -53,6 +53,20 @@ class Finding:
             out["line"] = self.line
         return out
 
+    @classmethod
+    def at(  # noqa: PLR0917 - one positional per field reads best at the many call sites
+        cls,
+        rule: str,
+        severity: Severity,
+        where: Located,
+        path: str,
+        message: str,
+        fix: str,
+    ) -> Finding:
+        """The one way rules build a finding: about ``where`` (a manifest, Helm values, or a
+        Python call site) at ``path``, with its ``Kind/ns/name`` ref, file and line."""
+        return cls(rule, severity, where.ref, path, message, fix, where.file, where.line_of(path))
+
     def sort_key(self) -> tuple[str, int, int, str, str, str]:
         """Deterministic order: by file, line, severity, object, path, rule."""
         return (
@@ -63,3 +77,21 @@ class Finding:
             self.path,
             self.rule + "\0" + self.message,
         )
+
+
+class Located(Protocol):
+    """What a finding can be about: something with a report name, a file, and lines."""
+
+    @property
+    def ref(self) -> str:
+        """``Kind/namespace/name`` (or ``ScalingConfig/<file>:<line>``)."""
+        ...
+
+    @property
+    def file(self) -> str:
+        """Source file."""
+        ...
+
+    def line_of(self, path: str) -> int:
+        """1-based line of ``path`` (the object's own line when unknown)."""
+        ...

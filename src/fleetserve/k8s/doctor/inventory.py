@@ -176,6 +176,10 @@ class ScalingConfigCall:
         """``ScalingConfig/<file>:<line>``."""
         return f"ScalingConfig/{self.file}:{self.line}"
 
+    def line_of(self, path: str) -> int:
+        """The call's line, whatever argument ``path`` names."""
+        return self.line
+
 
 @dataclass(frozen=True)
 class RayResourceRequest:
@@ -203,6 +207,10 @@ class RayResourceRequest:
         """``RayRemote/<file>:<line>`` or ``PlacementGroup/<file>:<line>``."""
         prefix = "PlacementGroup" if self.kind == "placement_group" else "RayRemote"
         return f"{prefix}/{self.file}:{self.line}"
+
+    def line_of(self, path: str) -> int:
+        """The call's line, whatever ``path`` names."""
+        return self.line
 
 
 @dataclass(frozen=True, eq=False)

@@ -20,19 +20,16 @@ finding points at the line that sets it.
 
 from __future__ import annotations
 
-import functools
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from fleetserve.engine.config import EngineConfig
 from fleetserve.errors import FleetServeError
-from fleetserve.k8s.doctor.finding import Finding
-from fleetserve.k8s.doctor.inventory import HelmValues, Manifest
+from fleetserve.k8s.doctor.inventory import Manifest
 from fleetserve.k8s.doctor.ray_objects import GroupView, serve_config
 from fleetserve.plan.catalogue import catalogue_entry
 from fleetserve.plan.result import EngineSettings
@@ -541,76 +538,6 @@ def http_port(m: Manifest) -> int:
             if port is not None:
                 return int(port)
     return 8000
-
-
-# --------------------------------------------------------------------------- locations
-
-
-@functools.lru_cache(maxsize=64)
-def _embedded_lines(text: str) -> dict[str, int]:
-    """Field path -> 0-based line inside an embedded YAML document (serveConfigV2)."""
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError:
-        return {}
-    out: dict[str, int] = {}
-
-    def walk(node: yaml.Node, path: str) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                sub = f"{path}.{key.value}" if path else str(key.value)
-                out[sub] = key.start_mark.line
-                walk(value, sub)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                sub = f"{path}[{i}]"
-                out[sub] = item.start_mark.line
-                walk(item, sub)
-
-    if root is not None:
-        walk(root, "")
-    return out
-
-
-def line_of(m: Manifest | HelmValues, path: str) -> int:
-    """1-based source line of ``path``, looking inside serveConfigV2 (``spec.serveConfigV2:x``)."""
-    outer, sep, inner = path.partition(":")
-    base = m.line_of(outer)
-    if not sep:
-        return base
-    raw = m.get(outer)
-    if not isinstance(raw, str):
-        return base
-    lines = _embedded_lines(raw)
-    probe = inner
-    while probe:
-        if probe in lines:
-            # A block scalar starts on the line after its key.
-            return base + 1 + lines[probe]
-        cut = max(probe.rfind("."), probe.rfind("["))
-        if cut <= 0:
-            break
-        probe = probe[:cut]
-    return base
-
-
-Severity = Literal["error", "warning", "info"]
-
-
-def finding(  # noqa: PLR0917 - one positional call shape shared by every rule
-    rule_id: str, severity: Severity, m: Manifest | HelmValues, path: str, message: str, fix: str
-) -> Finding:
-    """A finding about ``m`` at ``path``, with its file and line."""
-    return Finding(
-        rule=rule_id,
-        severity=severity,
-        object=m.ref,
-        path=path,
-        message=message,
-        fix=fix,
-        file=m.file,
-        line=line_of(m, path),
-    )
 
 
 # --------------------------------------------------------------------------- vLLM CLI pods

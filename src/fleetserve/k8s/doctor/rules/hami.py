@@ -44,7 +44,6 @@ from fleetserve.k8s.doctor.rules._engines import (
     can_host,
     container_engine,
     engine_replicas,
-    finding,
 )
 from fleetserve.k8s.doctor.rules._models import gib, replica_need
 
@@ -106,7 +105,7 @@ def hami_scheduler_disabled(inv: Inventory) -> Iterator[Finding]:
                 f" {len(sliced)} container(s) in the input ask for HAMi slices (e.g. {mem} in "
                 f"{_describe(pod)}), and their memory is not counted when they are placed."
             )
-        yield finding(
+        yield Finding.at(
             "hami-scheduler-disabled",
             "error",
             values,
@@ -128,7 +127,7 @@ def hami_scheduler_disabled(inv: Inventory) -> Iterator[Finding]:
             if not cfg.webhook_enabled
             else f"it names schedulerName {who!r}, which HAMi's webhook leaves alone"
         )
-        yield finding(
+        yield Finding.at(
             "hami-scheduler-disabled",
             "error",
             pod.manifest,
@@ -185,7 +184,7 @@ def hami_gpumem_overflow(inv: Inventory) -> Iterator[Finding]:
         for c, path, s in slices:
             res = f"{path}.resources.limits"
             if s.cores is not None and s.cores > 100:
-                yield finding(
+                yield Finding.at(
                     "hami-gpumem-overflow",
                     "info",
                     pod.manifest,
@@ -196,7 +195,7 @@ def hami_gpumem_overflow(inv: Inventory) -> Iterator[Finding]:
                     "Write gpucores <= 100 (100 only when the card must be exclusive).",
                 )
             if s.mem_percent is not None and s.mem_percent > 100:
-                yield finding(
+                yield Finding.at(
                     "hami-gpumem-overflow",
                     "error",
                     pod.manifest,
@@ -212,7 +211,7 @@ def hami_gpumem_overflow(inv: Inventory) -> Iterator[Finding]:
             capacity = card.largest * scaling
             if s.mem_mib > capacity:
                 scaled = f" x deviceMemoryScaling {scaling:g}" if scaling != 1 else ""
-                yield finding(
+                yield Finding.at(
                     "hami-gpumem-overflow",
                     "error",
                     pod.manifest,
@@ -236,7 +235,7 @@ def hami_gpumem_overflow(inv: Inventory) -> Iterator[Finding]:
         if total > capacity and all(
             s.mem_mib is None or s.mem_mib <= card.largest * scaling for _, _, s in slices
         ):
-            yield finding(
+            yield Finding.at(
                 "hami-gpumem-overflow",
                 "error",
                 pod.manifest,
@@ -274,7 +273,7 @@ def hami_privileged_gpu(inv: Inventory) -> Iterator[Finding]:
         for c, path in pod.containers():
             if not _privileged(c):
                 continue
-            yield finding(
+            yield Finding.at(
                 "hami-privileged-gpu",
                 "error",
                 pod.manifest,
@@ -329,7 +328,7 @@ def hami_gpu_count(inv: Inventory) -> Iterator[Finding]:
                 continue
             pod, s = max(hosts_sliced, key=lambda ps: ps[1].count)
             assert pod.group is not None
-            yield finding(
+            yield Finding.at(
                 "hami-gpu-count",
                 "warning",
                 m,
@@ -352,7 +351,7 @@ def hami_gpu_count(inv: Inventory) -> Iterator[Finding]:
                 engine.get("pipeline_parallel_size") or 1
             )
             if tp > s.count and (s.is_hami or hami_in_use(inv, cfg)):
-                yield finding(
+                yield Finding.at(
                     "hami-gpu-count",
                     "warning",
                     pod.manifest,
@@ -429,7 +428,7 @@ def hami_engine_memory(inv: Inventory) -> Iterator[Finding]:
                 claim = util * card.largest
                 smallest = min(card.candidates)
                 if util * smallest > slice_mib:
-                    yield finding(
+                    yield Finding.at(
                         "hami-engine-memory",
                         "error",
                         pod.manifest,
@@ -450,7 +449,7 @@ def hami_engine_memory(inv: Inventory) -> Iterator[Finding]:
             per_card = need.per_card
             if per_card.total <= slice_mib * 2**20:
                 continue
-            yield finding(
+            yield Finding.at(
                 "hami-engine-memory",
                 "error",
                 pod.manifest,
@@ -506,7 +505,7 @@ def tenant_shares_gpu(inv: Inventory) -> Iterator[Finding]:
             if key in reported:
                 continue
             reported.add(key)
-            yield finding(
+            yield Finding.at(
                 "tenant-shares-gpu",
                 "warning",
                 b.manifest,

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from fleetserve.k8s.doctor.finding import Finding, Severity
+from fleetserve.k8s.doctor.finding import Finding
 from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import (
     RAY_KINDS,
@@ -35,21 +35,6 @@ _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 UPGRADE_TYPES = ("NewCluster", "NewClusterWithIncrementalUpgrade", "None")
 FT_ANNOTATION = "ray.io/ft-enabled"
 EXTERNAL_STORAGE_ANNOTATION = "ray.io/external-storage-namespace"
-
-
-def _finding(  # noqa: PLR0917 - one positional per Finding field reads best at call sites
-    rule_id: str, severity: Severity, m: Manifest, path: str, message: str, fix: str
-) -> Finding:
-    return Finding(
-        rule=rule_id,
-        severity=severity,
-        object=m.ref,
-        path=path,
-        message=message,
-        fix=fix,
-        file=m.file,
-        line=m.line_of(path),
-    )
 
 
 def _ray_objects(inv: Inventory) -> list[Manifest]:
@@ -86,7 +71,7 @@ def head_service_name(inv: Inventory) -> Iterator[Finding]:
         name = meta.get("name") if isinstance(meta, dict) else None
         if name:
             path = f"{head.path}.headService.metadata.name"
-            yield _finding(
+            yield Finding.at(
                 "rayservice-head-service-name",
                 "error",
                 m,
@@ -108,7 +93,7 @@ def name_too_long(inv: Inventory) -> Iterator[Finding]:
             continue  # generateName, or a placeholder filled in later: not the real name
         limit = MAX_NAME_LENGTH[m.kind]
         if len(m.name) > limit:
-            yield _finding(
+            yield Finding.at(
                 "name-too-long",
                 "error",
                 m,
@@ -124,7 +109,7 @@ def name_too_long(inv: Inventory) -> Iterator[Finding]:
                 f"Shorten metadata.name to at most {limit} characters.",
             )
         if not _DNS1035.match(m.name) or len(m.name) > 63:
-            yield _finding(
+            yield Finding.at(
                 "name-too-long",
                 "error",
                 m,
@@ -154,7 +139,7 @@ def upgrade_strategy(inv: Inventory) -> Iterator[Finding]:
         kind = strategy.get("type")
         base = "spec.upgradeStrategy"
         if kind is not None and kind not in UPGRADE_TYPES:
-            yield _finding(
+            yield Finding.at(
                 "upgrade-strategy",
                 "error",
                 m,
@@ -168,7 +153,7 @@ def upgrade_strategy(inv: Inventory) -> Iterator[Finding]:
         if kind != "NewClusterWithIncrementalUpgrade":
             continue
         if not autoscaling_enabled(m):
-            yield _finding(
+            yield Finding.at(
                 "upgrade-strategy",
                 "error",
                 m,
@@ -180,7 +165,7 @@ def upgrade_strategy(inv: Inventory) -> Iterator[Finding]:
         opts = strategy.get("clusterUpgradeOptions")
         opath = f"{base}.clusterUpgradeOptions"
         if not isinstance(opts, dict):
-            yield _finding(
+            yield Finding.at(
                 "upgrade-strategy",
                 "error",
                 m,
@@ -196,7 +181,7 @@ def upgrade_strategy(inv: Inventory) -> Iterator[Finding]:
         interval = _int_field(opts, "intervalSeconds")
         surge_eff = 100 if surge is None else surge  # KubeRay defaults it to 100
         if not 0 <= surge_eff <= 100:
-            yield _finding(
+            yield Finding.at(
                 "upgrade-strategy",
                 "error",
                 m,
@@ -205,7 +190,7 @@ def upgrade_strategy(inv: Inventory) -> Iterator[Finding]:
                 "Set maxSurgePercent between 0 and 100 (it defaults to 100).",
             )
         if step is None or not 0 <= step <= 100:
-            yield _finding(
+            yield Finding.at(
                 "upgrade-strategy",
                 "error",
                 m,
@@ -215,7 +200,7 @@ def upgrade_strategy(inv: Inventory) -> Iterator[Finding]:
                 "Set stepSizePercent, e.g. 10 (traffic moved per step).",
             )
         elif step > surge_eff:
-            yield _finding(
+            yield Finding.at(
                 "upgrade-strategy",
                 "error",
                 m,
@@ -225,7 +210,7 @@ def upgrade_strategy(inv: Inventory) -> Iterator[Finding]:
                 f"Lower stepSizePercent to at most {surge_eff}, or raise maxSurgePercent.",
             )
         if interval is None or interval <= 0:
-            yield _finding(
+            yield Finding.at(
                 "upgrade-strategy",
                 "error",
                 m,
@@ -235,7 +220,7 @@ def upgrade_strategy(inv: Inventory) -> Iterator[Finding]:
                 "Set intervalSeconds, e.g. 30.",
             )
         if not opts.get("gatewayClassName"):
-            yield _finding(
+            yield Finding.at(
                 "upgrade-strategy",
                 "error",
                 m,
@@ -276,7 +261,7 @@ def autoscaler_v2_restart_policy(inv: Inventory) -> Iterator[Finding]:
         enabled = autoscaling_enabled(m)
         env_value = _env(head.container).get("RAY_enable_autoscaler_v2")
         if not enabled and env_value in ("1", "true"):
-            yield _finding(
+            yield Finding.at(
                 "autoscaler-v2-restart-policy",
                 "error",
                 m,
@@ -290,7 +275,7 @@ def autoscaler_v2_restart_policy(inv: Inventory) -> Iterator[Finding]:
             continue
         opts = spec.get("autoscalerOptions")
         if isinstance(opts, dict) and opts.get("version") is not None and env_value is not None:
-            yield _finding(
+            yield Finding.at(
                 "autoscaler-v2-restart-policy",
                 "error",
                 m,
@@ -306,7 +291,7 @@ def autoscaler_v2_restart_policy(inv: Inventory) -> Iterator[Finding]:
             policy = g.pod_spec.get("restartPolicy")
             if policy not in (None, "", "Never"):
                 who = "head Pod" if g.is_head else f"worker group {g.name}"
-                yield _finding(
+                yield Finding.at(
                     "autoscaler-v2-restart-policy",
                     "error",
                     m,
@@ -333,7 +318,7 @@ def gcs_ft_conflict(inv: Inventory) -> Iterator[Finding]:
         env = _env(head.container)
         env_path = f"{head.container_path}.env"
         if ann.get(FT_ANNOTATION) and has_options:
-            yield _finding(
+            yield Finding.at(
                 "gcs-ft-conflict",
                 "error",
                 m,
@@ -345,7 +330,7 @@ def gcs_ft_conflict(inv: Inventory) -> Iterator[Finding]:
             )
         ft_enabled = has_options or ann.get(FT_ANNOTATION) == "true"
         if not ft_enabled and "RAY_REDIS_ADDRESS" in env:
-            yield _finding(
+            yield Finding.at(
                 "gcs-ft-conflict",
                 "error",
                 m,
@@ -384,7 +369,7 @@ def gcs_ft_conflict(inv: Inventory) -> Iterator[Finding]:
             ]
             for present, where, what, instead in conflicts:
                 if present:
-                    yield _finding(
+                    yield Finding.at(
                         "gcs-ft-conflict",
                         "error",
                         m,
@@ -404,7 +389,7 @@ def deprecated_threshold(inv: Inventory) -> Iterator[Finding]:
             continue
         for key in ("serviceUnhealthySecondThreshold", "deploymentUnhealthySecondThreshold"):
             if key in spec:
-                yield _finding(
+                yield Finding.at(
                     "deprecated-threshold",
                     "info",
                     m,
@@ -429,7 +414,7 @@ def replicas_min_gt_max(inv: Inventory) -> Iterator[Finding]:
             lo, hi = g.min_replicas, g.max_replicas
             for key, val in (("minReplicas", lo), ("maxReplicas", hi), ("replicas", g.replicas)):
                 if val is not None and val < 0:
-                    yield _finding(
+                    yield Finding.at(
                         "replicas-min-gt-max",
                         "error",
                         m,
@@ -439,7 +424,7 @@ def replicas_min_gt_max(inv: Inventory) -> Iterator[Finding]:
                         f"Set {key} to 0 or more.",
                     )
             if lo is not None and hi is not None and lo > hi >= 0:
-                yield _finding(
+                yield Finding.at(
                     "replicas-min-gt-max",
                     "error",
                     m,
@@ -461,7 +446,7 @@ def resources_set_twice(inv: Inventory) -> Iterator[Finding]:
             in_params = [k for k in keys if g.ray_start_params.get(k)]
             if in_params and g.group_resources:
                 group = "Head" if g.is_head else g.name
-                yield _finding(
+                yield Finding.at(
                     "resources-set-twice",
                     "error",
                     m,

@@ -31,7 +31,7 @@ from fleetserve.k8s.doctor.ray_objects import (
 )
 from fleetserve.k8s.doctor.registry import rule
 from fleetserve.k8s.doctor.rules._devices import PodView, pods
-from fleetserve.k8s.doctor.rules._engines import container_engine, finding
+from fleetserve.k8s.doctor.rules._engines import container_engine
 from fleetserve.k8s.doctor.rules._versions import TOKEN_AUTH_FROM, normalise, ray_version
 
 _MONITOR_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
@@ -104,7 +104,7 @@ def servicemonitor_release_label(inv: Inventory) -> Iterator[Finding]:
                 )
             if picked:
                 continue
-            yield finding(
+            yield Finding.at(
                 "servicemonitor-release-label",
                 "warning",
                 m,
@@ -118,7 +118,7 @@ def servicemonitor_release_label(inv: Inventory) -> Iterator[Finding]:
             continue
         if _DEFAULT_LABEL[0] in labels:
             continue
-        yield finding(
+        yield Finding.at(
             "servicemonitor-release-label",
             "warning",
             m,
@@ -197,7 +197,7 @@ def worker_metrics_podmonitor(inv: Inventory) -> Iterator[Finding]:
     for sm in inv.of_kind("ServiceMonitor"):
         ml = sm.get("spec.selector.matchLabels")
         if isinstance(ml, dict) and str(ml.get("ray.io/node-type")) == "worker":
-            yield finding(
+            yield Finding.at(
                 "worker-metrics-podmonitor",
                 "warning",
                 sm,
@@ -230,7 +230,7 @@ def worker_metrics_podmonitor(inv: Inventory) -> Iterator[Finding]:
         found = cluster_spec(m)
         path = f"{found[1]}.workerGroupSpecs" if found else "spec"
         names = ", ".join(w.group.name for w in missing if w.group)
-        yield finding(
+        yield Finding.at(
             "worker-metrics-podmonitor",
             "warning",
             m,
@@ -403,7 +403,7 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
         auth = _auth(_cluster_of_service(inv, m))
         for path, port in _exposed_service_ports(m):
             severity, text = _exposure(port, reach, auth)
-            yield finding(
+            yield Finding.at(
                 "dashboard-exposed",
                 severity,
                 m,
@@ -437,7 +437,7 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
         ):
             if value in _EXPOSING_TYPES:
                 severity, text = _exposure(8265, _reach(value, head_ann), auth)
-                yield finding(
+                yield Finding.at(
                     "dashboard-exposed",
                     severity,
                     m,
@@ -460,7 +460,7 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
                 )
                 if svc_port:
                     severity, text = _exposure(svc_port, reach, auth)
-                    yield finding(
+                    yield Finding.at(
                         "dashboard-exposed",
                         severity,
                         m,
@@ -475,7 +475,7 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
         node_reach = ("from anything that reaches the node's address", False)
         if isinstance(head_pod, dict) and head_pod.get("hostNetwork") is True:
             severity, text = _exposure(8265, node_reach, auth)
-            yield finding(
+            yield Finding.at(
                 "dashboard-exposed",
                 severity,
                 m,
@@ -488,7 +488,7 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
             severity, text = _exposure(
                 8265, ("through the cluster's Ingress controller", False), auth
             )
-            yield finding(
+            yield Finding.at(
                 "dashboard-exposed",
                 severity,
                 m,
@@ -509,7 +509,7 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
                     ):
                         port = int(p["containerPort"])
                         severity, text = _exposure(port, node_reach, auth)
-                        yield finding(
+                        yield Finding.at(
                             "dashboard-exposed",
                             severity,
                             m,
@@ -535,7 +535,7 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
                 hit = _private_port(node.get("port"))
             if hit:
                 severity, text = _exposure(hit, ("from outside the cluster", False), None)
-                yield finding(
+                yield Finding.at(
                     "dashboard-exposed",
                     severity,
                     m,
@@ -626,7 +626,7 @@ def plaintext_secret(inv: Inventory) -> Iterator[Finding]:
                     continue
                 why = _secret_literal(str(e.get("name", "")), e.get("value"))
                 if why:
-                    yield finding(
+                    yield Finding.at(
                         "plaintext-secret",
                         "error",
                         pod.manifest,
@@ -645,7 +645,7 @@ def plaintext_secret(inv: Inventory) -> Iterator[Finding]:
                 for i in range(len(items)):
                     why = _cli_secret(items, i)
                     if why:
-                        yield finding(
+                        yield Finding.at(
                             "plaintext-secret",
                             "error",
                             pod.manifest,
@@ -664,7 +664,7 @@ def plaintext_secret(inv: Inventory) -> Iterator[Finding]:
         for path, name, value in _env_vars_in(cfg, f"{root}:"):
             why = _secret_literal(name, value)
             if why:
-                yield finding(
+                yield Finding.at(
                     "plaintext-secret",
                     "error",
                     m,
@@ -684,7 +684,7 @@ def plaintext_secret(inv: Inventory) -> Iterator[Finding]:
         for path, name, value in _env_vars_in(parsed, "spec.runtimeEnvYAML:"):
             why = _secret_literal(name, value)
             if why:
-                yield finding(
+                yield Finding.at(
                     "plaintext-secret",
                     "error",
                     m,
@@ -694,7 +694,7 @@ def plaintext_secret(inv: Inventory) -> Iterator[Finding]:
                 )
         entry = m.get("spec.entrypoint")
         if isinstance(entry, str) and (why := _token_shape(entry)):
-            yield finding(
+            yield Finding.at(
                 "plaintext-secret",
                 "error",
                 m,
@@ -711,7 +711,7 @@ def plaintext_secret(inv: Inventory) -> Iterator[Finding]:
                     text = _b64(text)
                 why = _token_shape(text)
                 if why:
-                    yield finding(
+                    yield Finding.at(
                         "plaintext-secret",
                         "error",
                         m,
@@ -873,7 +873,7 @@ def no_network_policy(inv: Inventory) -> Iterator[Finding]:
                 "the model servers directly, bypassing your gateway's authentication and rate "
                 "limits"
             )
-        yield finding(
+        yield Finding.at(
             "no-network-policy",
             "warning",
             first,

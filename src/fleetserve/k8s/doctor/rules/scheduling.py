@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
-from fleetserve.k8s.doctor.finding import Finding, Severity
+from fleetserve.k8s.doctor.finding import Finding
 from fleetserve.k8s.doctor.inventory import Inventory, Manifest, ScalingConfigCall
 from fleetserve.k8s.doctor.ray_objects import (
     RAY_KINDS,
@@ -50,12 +50,6 @@ from fleetserve.k8s.doctor.rules._versions import TRAIN_V2_DEFAULT_FROM, ray_ver
 #: KubeRay's CRD default for an unset maxReplicas (int32 max): "unbounded".
 UNBOUNDED = 2_147_483_647
 _EPS = 1e-9
-
-
-def _finding(  # noqa: PLR0917 - one positional per Finding field reads best at call sites
-    rule_id: str, severity: Severity, m: Manifest, path: str, message: str, fix: str
-) -> Finding:
-    return Finding(rule_id, severity, m.ref, path, message, fix, m.file, m.line_of(path))
 
 
 def _fmt_res(res: dict[str, float]) -> str:
@@ -469,17 +463,6 @@ def _train_version(call: ScalingConfigCall, m: Manifest) -> tuple[bool | None, s
     return v2, f"{v.describe()}: Train {'v2' if v2 else 'v1'} is its default"
 
 
-def _call_finding(  # noqa: PLR0917 - one positional per Finding field reads best at call sites
-    rule_id: str,
-    call: ScalingConfigCall,
-    path: str,
-    message: str,
-    fix: str,
-    severity: Severity = "error",
-) -> Finding:
-    return Finding(rule_id, severity, call.ref, path, message, fix, call.file, call.line)
-
-
 @rule("train-coordinator-cpu", versions={"ray": "all"})
 def train_coordinator_cpu(inv: Inventory) -> Iterator[Finding]:
     """Ray Train v1 adds the trainer's CPU to bundle 0; no node type can hold it."""
@@ -503,8 +486,9 @@ def train_coordinator_cpu(inv: Inventory) -> Iterator[Finding]:
             who = (
                 f"If this runs Ray Train v1 ({why}), it" if v2 is None else f"Ray Train v1 ({why})"
             )
-            yield _call_finding(
+            yield Finding.at(
                 "train-coordinator-cpu",
+                "error" if v2 is False else "warning",
                 call,
                 "resources_per_worker",
                 f"{who} puts the trainer's {fmt_num(trainer_cpu)} CPU into the rank-0 "
@@ -525,7 +509,6 @@ def train_coordinator_cpu(inv: Inventory) -> Iterator[Finding]:
                     "whose rank-0 bundle carries no trainer resources"
                 )
                 + ".",
-                "error" if v2 is False else "warning",
             )
 
 
@@ -579,7 +562,7 @@ def infeasible_request(inv: Inventory) -> Iterator[Finding]:
         for d in serve_demands(m):
             problems = _placeable(d, types)
             if problems:
-                yield _finding(
+                yield Finding.at(
                     "infeasible-request",
                     "error",
                     m,
@@ -599,7 +582,7 @@ def infeasible_request(inv: Inventory) -> Iterator[Finding]:
                     (k for k in ("entrypointNumCpus", "entrypointNumGpus") if k in spec),
                     "entrypointResources",
                 )
-                yield _finding(
+                yield Finding.at(
                     "infeasible-request",
                     "error",
                     m,
@@ -617,8 +600,9 @@ def infeasible_request(inv: Inventory) -> Iterator[Finding]:
                 continue
             worker = built[0]
             if not any(t.fits(worker) for t in types):
-                yield _call_finding(
+                yield Finding.at(
                     "infeasible-request",
+                    "error",
                     call,
                     "resources_per_worker",
                     f"Each Train worker needs {_fmt_res(worker)} but no node type of {m.ref} can "
@@ -658,17 +642,15 @@ def infeasible_request(inv: Inventory) -> Iterator[Finding]:
                 + f" needs {_fmt_res(b)}"
                 for i, b in bad
             )
-            yield Finding(
+            yield Finding.at(
                 "infeasible-request",
                 "error",
-                req.ref,
+                req,
                 "placement_group" if req.kind == "placement_group" else "resources",
                 f"{what}: {needs}, but no node type of {m.ref} can hold it even empty "
                 f'({_types_text(types)}): Ray logs "No available node types can fulfill '
                 'resource request" and it stays pending; the autoscaler never adds a node for it.',
                 "Lower the request to fit a worker group, or add a group whose pods advertise it.",
-                req.file,
-                req.line,
             )
 
 
@@ -732,7 +714,7 @@ def ingress_starved(inv: Inventory) -> Iterator[Finding]:
             if d.min_replicas > 0
         )
         path = next(d.path for d in demands if d.name == cpu_only[0])
-        yield _finding(
+        yield Finding.at(
             "ingress-starved",
             "error",
             m,
@@ -803,7 +785,7 @@ def serve_replicas_exceed_workers(inv: Inventory) -> Iterator[Finding]:
                     f"{'unbounded' if t.max_count >= UNBOUNDED else t.max_count} pods"
                     for t in gpu_types
                 )
-                yield _finding(
+                yield Finding.at(
                     "serve-replicas-exceed-workers",
                     "error",
                     m,
@@ -819,7 +801,7 @@ def serve_replicas_exceed_workers(inv: Inventory) -> Iterator[Finding]:
             group = gpu_types[0].group
             per_pod = gpu_types[0].capacity["GPU"]
             pods = math.ceil((need_max - (supply_max - per_pod * gpu_types[0].max_count)) / per_pod)
-            yield _finding(
+            yield Finding.at(
                 "serve-replicas-exceed-workers",
                 "error",
                 m,
@@ -837,7 +819,7 @@ def serve_replicas_exceed_workers(inv: Inventory) -> Iterator[Finding]:
                 for t in gpu_types
                 if t.min_count
             )
-            yield _finding(
+            yield Finding.at(
                 "serve-replicas-exceed-workers",
                 "warning",
                 m,
@@ -901,7 +883,7 @@ def head_schedulable(inv: Inventory) -> Iterator[Finding]:
             continue
         shown = "auto-detected (all of the node's CPUs)" if cpu is None else fmt_num(cpu)
         src = head.advertised_from.get("CPU", "nothing set")
-        yield _finding(
+        yield Finding.at(
             "head-schedulable",
             "warning",
             m,
@@ -941,7 +923,7 @@ def advertised_vs_limit(inv: Inventory) -> Iterator[Finding]:
                 if limit is None:
                     if ray_key == "GPU" and advertised > 0:
                         device = _gpu_device_hint(g)
-                        yield _finding(
+                        yield Finding.at(
                             "advertised-vs-limit",
                             "warning",
                             m,
@@ -955,7 +937,7 @@ def advertised_vs_limit(inv: Inventory) -> Iterator[Finding]:
                 if abs(limit - advertised) < _EPS:
                     continue
                 more = "fewer" if advertised < limit else "more"
-                yield _finding(
+                yield Finding.at(
                     "advertised-vs-limit",
                     "warning",
                     m,
@@ -994,7 +976,7 @@ def cpu_rounding(inv: Inventory) -> Iterator[Finding]:
             if value is None or float(value).is_integer():
                 continue
             advertised = g.advertised["CPU"]
-            yield _finding(
+            yield Finding.at(
                 "cpu-rounding",
                 "warning",
                 m,
@@ -1289,7 +1271,7 @@ def node_selector_no_pool(inv: Inventory) -> Iterator[Finding]:
             if kind is not pools
             else "a pool"
         )
-        yield _finding(
+        yield Finding.at(
             "node-selector-no-pool",
             "error",
             p.manifest,
@@ -1321,7 +1303,7 @@ def missing_gpu_toleration(inv: Inventory) -> Iterator[Finding]:
             continue
         blocked = {_taint_text(t): t for pool in candidates for t in _blocking(p, pool)}
         first = blocked[min(blocked)]
-        yield _finding(
+        yield Finding.at(
             "missing-gpu-toleration",
             "error",
             p.manifest,

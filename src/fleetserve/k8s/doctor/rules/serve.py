@@ -43,7 +43,6 @@ from fleetserve.k8s.doctor.rules._engines import (
     can_host,
     container_engine,
     engine_replicas,
-    finding,
     http_port,
 )
 from fleetserve.k8s.doctor.rules._models import gib, replica_need
@@ -101,7 +100,7 @@ def deprecated_serve_field(inv: Inventory) -> Iterator[Finding]:
             yield from _old_names(m, name, path, opts, auto=auto, v=v)
         num = opts.get("num_replicas")
         if isinstance(num, int) and not isinstance(num, bool) and auto is not None:
-            yield finding(
+            yield Finding.at(
                 "deprecated-serve-field",
                 "error",
                 m,
@@ -131,7 +130,7 @@ def _old_names(
         has_new = "max_ongoing_requests" in opts
         real = opts.get("max_ongoing_requests", SERVE_DEFAULT_MAX_ONGOING)
         then = f"max_ongoing_requests = {real}" + ("" if has_new else " (Ray's default)")
-        yield finding(
+        yield Finding.at(
             "deprecated-serve-field",
             severity,
             m,
@@ -158,7 +157,7 @@ def _old_names(
             + ("earlier" if real_f < meant_f else "later")
             + " than intended"
         )
-        yield finding(
+        yield Finding.at(
             "deprecated-serve-field",
             severity,
             m,
@@ -203,7 +202,7 @@ def _new_names_too_early(
     if "max_ongoing_requests" in opts:
         value = opts["max_ongoing_requests"]
         real = opts.get("max_concurrent_queries", SERVE_PRE_2_10_MAX_CONCURRENT)
-        yield finding(
+        yield Finding.at(
             "deprecated-serve-field",
             "error",
             m,
@@ -220,7 +219,7 @@ def _new_names_too_early(
         if "target_ongoing_requests" not in table:
             continue
         value = table["target_ongoing_requests"]
-        yield finding(
+        yield Finding.at(
             "deprecated-serve-field",
             "error",
             m,
@@ -289,7 +288,7 @@ def serve_config_invalid(inv: Inventory) -> Iterator[Finding]:
         if found is None:
             continue
         problem, inner = found
-        f = finding(
+        f = Finding.at(
             "serve-config-invalid",
             "error",
             m,
@@ -334,7 +333,7 @@ def tp_gpus_mismatch(inv: Inventory) -> Iterator[Finding]:
                 else f"{count} GPU bundle{'s' if count != 1 else ''} (placement_group_bundles)"
             )
             if per_unit < 1 and ranks > 1:
-                yield finding(
+                yield Finding.at(
                     "tp-gpus-mismatch",
                     "error",
                     r.manifest,
@@ -351,7 +350,7 @@ def tp_gpus_mismatch(inv: Inventory) -> Iterator[Finding]:
                     if count < ranks
                     else f"{count - ranks} of the {count} GPUs sit idle"
                 )
-                yield finding(
+                yield Finding.at(
                     "tp-gpus-mismatch",
                     "error",
                     r.manifest,
@@ -372,7 +371,7 @@ def tp_gpus_mismatch(inv: Inventory) -> Iterator[Finding]:
         most = max(g.gpus_per_pod for g in gpu_groups)
         if ranks > most:
             widest = max(gpu_groups, key=lambda g: g.gpus_per_pod)
-            yield finding(
+            yield Finding.at(
                 "tp-gpus-mismatch",
                 "error",
                 r.manifest,
@@ -405,7 +404,7 @@ def _server_tp(inv: Inventory) -> Iterator[Finding]:
             if gpus.count < tp * pp
             else f"{gpus.count - tp * pp} of the {gpus.count} GPUs sit idle"
         )
-        yield finding(
+        yield Finding.at(
             "tp-gpus-mismatch",
             "error",
             pod.manifest,
@@ -473,7 +472,7 @@ def vllm_port_conflict(inv: Inventory) -> Iterator[Finding]:
                     if isinstance(p, dict) and isinstance(p.get("containerPort"), int):
                         taken.setdefault(p["containerPort"], f"container port {p.get('name', '')}")
                 if port in taken:
-                    yield finding(
+                    yield Finding.at(
                         "vllm-port-conflict",
                         "error",
                         m,
@@ -486,7 +485,7 @@ def vllm_port_conflict(inv: Inventory) -> Iterator[Finding]:
                     continue
                 per_pod = _replicas_per_pod(g, replicas)
                 if per_pod >= 2:
-                    yield finding(
+                    yield Finding.at(
                         "vllm-port-conflict",
                         "error",
                         m,
@@ -505,7 +504,7 @@ def vllm_port_conflict(inv: Inventory) -> Iterator[Finding]:
                 idle_head = g.is_head and g.advertised.get("CPU") == 0 and not g.gpus_per_pod
                 if g.pod_spec.get("enableServiceLinks") is False or idle_head:
                     continue
-                yield finding(
+                yield Finding.at(
                     "vllm-port-conflict",
                     "error",
                     m,
@@ -524,7 +523,7 @@ def vllm_port_conflict(inv: Inventory) -> Iterator[Finding]:
                 continue
             if port == serve_port or port in _RAY_PORTS:
                 owner = "Ray Serve's HTTP proxy" if port == serve_port else _RAY_PORTS[port]
-                yield finding(
+                yield Finding.at(
                     "vllm-port-conflict",
                     "error",
                     m,
@@ -538,7 +537,7 @@ def vllm_port_conflict(inv: Inventory) -> Iterator[Finding]:
             for g in _gpu_groups(m):
                 per_pod = _replicas_per_pod(g, [r])
                 if per_pod >= 2:
-                    yield finding(
+                    yield Finding.at(
                         "vllm-port-conflict",
                         "error",
                         m,
@@ -593,7 +592,7 @@ def rayversion_image_mismatch(inv: Inventory) -> Iterator[Finding]:
                 have = ray_version_of_image(c["image"])
                 if have is None or have == want:
                     continue
-                yield finding(
+                yield Finding.at(
                     "rayversion-image-mismatch",
                     "error",
                     m,
@@ -677,7 +676,7 @@ def _kv_finding(
             )
     elif slice_mib is not None:
         hint = " (HAMi-core shows the engine the slice as its card)"
-    return finding(
+    return Finding.at(
         "kv-cache-too-small",
         "error",
         m,
@@ -763,7 +762,7 @@ def gpu_memory_utilization_exceeds_slice(inv: Inventory) -> Iterator[Finding]:
         if util <= frac + 1e-3:  # rounding of planned fractions (4 decimals) is no overlap
             continue
         sharers = math.floor(1 / frac + 1e-9)
-        yield finding(
+        yield Finding.at(
             "gpu-memory-utilization-exceeds-slice",
             "error",
             r.manifest,
@@ -816,7 +815,7 @@ def _batch_findings(
             else f"and chunked prefill unset, which {vllm.describe() if vllm else ''} (V0 engine) "
             f"leaves off below a {VLLM_V0_AUTO_CHUNKED_ABOVE}-token context"
         )
-        yield finding(
+        yield Finding.at(
             "max-num-batched-tokens",
             "warning",
             m,
@@ -827,7 +826,7 @@ def _batch_findings(
             f"Raise max_num_batched_tokens to >= {mml}, or enable chunked prefill.",
         )
     if mnbt is not None and seqs is not None and mnbt < seqs:
-        yield finding(
+        yield Finding.at(
             "max-num-batched-tokens",
             "warning",
             m,
@@ -889,7 +888,7 @@ def max_num_batched_tokens(inv: Inventory) -> Iterator[Finding]:
         key, target, assumed = found
         if seqs >= target:
             continue
-        yield finding(
+        yield Finding.at(
             "max-num-batched-tokens",
             "warning",
             r.manifest,
