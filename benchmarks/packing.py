@@ -10,20 +10,27 @@ RTX-A6000, A100-80GB, H100, H200). Compared, on the same replicas and pools:
 (b) fixed hand slices as in seed 004 - every replica asks ``gpumem: 18000`` and
     ``gpucores: 70`` (whole cards when it needs more), packed by HAMi's rules;
 (b') the same 18000 MiB slices without a cores limit (memory-only slicing);
-(c) fleetserve - ``plan_fleet`` (heuristic + MILP within its default 10 s);
+(c) fleetserve - ``plan_fleet`` (heuristic + MILP within its default node limit);
 (c0) fleetserve's heuristic alone (no MILP);
 (d) the exact optimum - the MILP given a long time limit, reported as solved to
     optimality or with its proven lower bound.
 
-Reported per strategy: GPUs used, replicas per GPU, GPU memory use (slices / memory of
-the cards used; engine need / memory of the cards used). Then the scale test: plan 1,000
-replicas on 200 GPUs, timed (median of 3). Not a test: the numbers go to docs/benchmarks.md.
+Reported per strategy: GPUs used, nodes, replicas per GPU, GPU memory use (slices /
+memory of the cards used; engine need / memory of the cards used). Then small seeded
+fleets against the exact optimum, where the objective is (replicas placed, GPUs, nodes):
+``exact_small`` (cards bind) and ``exact_binding`` (dedicated tenants and host RAM bind:
+16-card nodes with little RAM, two dedicated tenants, node limits), each with run-to-run
+identity of the full plan JSON (a second run with every core busy). Then the scale test:
+plan 1,000 replicas on 200 GPUs, timed (median of 3), and 1,000 copies of an unplaceable
+model. Not a test: the numbers go to docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import platform
 import random
 import statistics
@@ -34,8 +41,8 @@ from typing import Any
 from fleetserve.plan import plan_fleet
 from fleetserve.plan.milp import solve_milp
 from fleetserve.plan.packer import pack_heuristic
-from fleetserve.plan.planner import build_problem, resolve_pool, volume_bound
-from fleetserve.plan.problem import Demand, Packing, Problem, check_packing, gpus_used
+from fleetserve.plan.planner import build_problem, node_bound, resolve_pool, volume_bound
+from fleetserve.plan.problem import Demand, Packing, Problem, check_packing, gpus_used, score
 from fleetserve.spec import FleetSpec, parse_spec
 
 HAND_SLICE_MB = 18000
@@ -259,6 +266,9 @@ def reference(exact_time_limit: float) -> dict[str, Any]:
         "solver": result.solver,
         "gap": result.optimality_gap,
         "lower_bound": result.lower_bound,
+        "nodes": sum(result.nodes.values()),
+        "optimal": result.optimal,
+        "search_limit": result.search_limit,
         "seconds": round(seconds, 2),
         "slice_memory_use": round(
             sum(r.memory_mb * len(r.gpus) for r in result.replicas)
@@ -277,7 +287,8 @@ def reference(exact_time_limit: float) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     bound = volume_bound(problem.items, problem.pools)
     if exact is not None:
-        proven = exact.lower_bound is not None and exact.lower_bound == gpus_used(exact)
+        # proven by HiGHS, or by the volume bound (computed without the MILP)
+        proven = "gpus" in exact.proven or gpus_used(exact) <= bound
         out["d_exact"] = {
             **metrics(problem, exact, need),
             "proven_optimal": proven,
@@ -431,48 +442,195 @@ def random_instances(count: int, seed: int = 3) -> list[FleetSpec]:
     return out
 
 
-def exact_comparison(count: int, time_limit: float) -> dict[str, Any]:
-    """fleetserve (heuristic alone, and plan_fleet) against the proven optimum."""
-    rows = []
-    for spec in random_instances(count):
+def binding_instances(count: int, seed: int = 5) -> list[FleetSpec]:
+    """Seeded fleets where isolation and host RAM bind: 8- or 16-card nodes with 24-96 GiB
+    of RAM (4 GiB per replica by default), two dedicated tenants and a shared one."""
+    rng = random.Random(seed)
+    configs = ["qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b", "gemma-3-1b", "llama-3.2-3b"]
+    out = []
+    for _ in range(count):
+        gpu, cards = rng.choice([("L4", 16), ("A100-80GB", 8), ("L40S", 8), ("H100", 8)])
+        pools = [
+            {
+                "name": "p0",
+                "gpu": {"type": gpu, "count": cards},
+                "cpu": 64,
+                "memory_gb": rng.choice([16, 24, 32, 48]),
+                "max_nodes": rng.randint(2, 5),
+            }
+        ]
+        models = []
+        for i in range(rng.randint(4, 8)):
+            config = rng.choice(configs)
+            model: dict[str, Any] = {
+                "name": f"m{i}",
+                "source": config,
+                "config": config,
+                "max_model_len": rng.choice([2048, 4096, 8192]),
+                "concurrency": rng.choice([4, 8, 16, 32, 64]),
+                "replicas": {"min": rng.randint(1, 10), "max": 10},
+                "tenant": rng.choice(["d1", "d2", "s", "s"]),
+            }
+            models.append(model)
+        out.append(
+            parse_spec(
+                {
+                    "models": models,
+                    "pools": pools,
+                    "tenants": [
+                        {"name": "d1", "isolation": "dedicated"},
+                        {"name": "d2", "isolation": "dedicated"},
+                        {"name": "s"},
+                    ],
+                }
+            )
+        )
+    return out
+
+
+def _busy() -> None:
+    while True:
+        pass
+
+
+def _plan_json(spec: FleetSpec) -> str:
+    return json.dumps(plan_fleet(spec).model_dump(mode="json"), sort_keys=True)
+
+
+def exact_comparison(specs: list[FleetSpec], time_limit: float) -> dict[str, Any]:
+    """fleetserve (heuristic alone, and plan_fleet) against the proven lexicographic
+    optimum (replicas placed, then GPUs, then nodes), and run-to-run identity."""
+    rows: list[dict[str, Any]] = []
+    first_runs: list[str] = []
+    for spec in specs:
         pools = [resolve_pool(p) for p in spec.pools]
         problem, _ = build_problem(spec, pools, "min")
         heuristic = pack_heuristic(problem)
-        if heuristic.unplaced:
-            continue
-        planned = plan_fleet(spec, time_limit_s=10)
-        exact = solve_milp(problem, heuristic, time_limit_s=time_limit)
-        if exact is None or exact.unplaced or exact.lower_bound != gpus_used(exact):
-            optimum = min(gpus_used(heuristic), planned.gpus_used)
-            bound = planned.lower_bound
-            if bound is None or bound < optimum:
-                continue  # optimum not proven: not comparable
-        else:
-            optimum = gpus_used(exact)
+        t0 = time.perf_counter()
+        planned_json = _plan_json(spec)
+        seconds = time.perf_counter() - t0
+        first_runs.append(planned_json)
+        planned = json.loads(planned_json)
+        exact = solve_milp(problem, heuristic, time_limit_s=time_limit, node_limit=10**9)
+        candidates = [score(problem, heuristic)]
+        if exact is not None:
+            candidates.append(score(problem, exact))
+        best = min(candidates)
+        # the optimum is proven by HiGHS (every level), or by the bounds: everything
+        # placed on as many GPUs and nodes as volume_bound / node_bound (no MILP in them)
+        gpu_floor = volume_bound(problem.items, problem.pools)
+        by_bounds = best[0] == sum(1 for it in problem.items if not it.demands) and (
+            best[2],
+            best[3],
+        ) == (gpu_floor, node_bound(problem.items, problem.pools, gpu_floor))
+        proven = (exact is not None and exact.proven[-1:] == ("nodes",)) or by_bounds
+        mine = (
+            len(planned["unplaced"]),
+            0.0,
+            planned["gpus_used"],
+            len({(r["pool"], r["node"]) for r in planned["replicas"]}),
+        )
+        h = score(problem, heuristic)
         rows.append(
             {
                 "replicas": len(problem.items),
-                "optimum": optimum,
-                "heuristic": gpus_used(heuristic),
-                "fleetserve": planned.gpus_used,
+                "optimum": {
+                    "placed": len(problem.items) - best[0],
+                    "gpus": best[2],
+                    "nodes": best[3],
+                },
+                "optimum_proven": proven,
+                "heuristic": {"placed": len(problem.items) - h[0], "gpus": h[2], "nodes": h[3]},
+                "fleetserve": {
+                    "placed": len(problem.items) - mine[0],
+                    "gpus": mine[2],
+                    "nodes": mine[3],
+                    "optimal": planned["optimal"],
+                    "search_limit": planned["search_limit"],
+                    "seconds": round(seconds, 2),
+                },
+                "fleetserve_is_optimum": mine == best,
+                "heuristic_is_optimum": h == best,
             }
         )
+    # run-to-run identity: every plan again, with every core busy
+    hogs = [multiprocessing.Process(target=_busy, daemon=True) for _ in range(os.cpu_count() or 2)]
+    for hog in hogs:
+        hog.start()
+    try:
+        second_runs = [_plan_json(spec) for spec in specs]
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.join()
+    proven_rows = [r for r in rows if r["optimum_proven"]]
+
+    def density(key: str, field: str) -> float:
+        ratios = [
+            float(r["optimum"][field]) / float(r[key][field]) for r in proven_rows if r[key][field]
+        ]
+        return round(statistics.mean(ratios), 4) if ratios else 1.0
+
     return {
         "instances": len(rows),
-        "heuristic_density_vs_optimum_mean": round(
-            statistics.mean(r["optimum"] / r["heuristic"] for r in rows), 4
-        ),
-        "heuristic_density_vs_optimum_min": round(
-            min(r["optimum"] / r["heuristic"] for r in rows), 4
-        ),
-        "fleetserve_density_vs_optimum_mean": round(
-            statistics.mean(r["optimum"] / r["fleetserve"] for r in rows), 4
-        ),
-        "fleetserve_density_vs_optimum_min": round(
-            min(r["optimum"] / r["fleetserve"] for r in rows), 4
-        ),
+        "optimum_proven": len(proven_rows),
+        "fleetserve_optimal_on_proven": sum(r["fleetserve_is_optimum"] for r in proven_rows),
+        "heuristic_optimal_on_proven": sum(r["heuristic_is_optimum"] for r in proven_rows),
+        "fleetserve_gpu_density_vs_optimum_mean": density("fleetserve", "gpus"),
+        "fleetserve_node_density_vs_optimum_mean": density("fleetserve", "nodes"),
+        "heuristic_gpu_density_vs_optimum_mean": density("heuristic", "gpus"),
+        "heuristic_node_density_vs_optimum_mean": density("heuristic", "nodes"),
+        "identical_under_load": sum(a == b for a, b in zip(first_runs, second_runs, strict=True)),
+        "fleetserve_seconds_max": max(r["fleetserve"]["seconds"] for r in rows),
         "rows": rows,
     }
+
+
+#: Hourly on-demand prices of one node (USD, us-east-1 list prices of the nearest AWS
+#: instance: g4dn.12xlarge, g6.12xlarge, an RTX-A6000 x4 cloud node, p4de.24xlarge,
+#: p5.48xlarge, p5e.48xlarge); only their ratios matter to the plan.
+PRICES = {"t4": 3.91, "l4": 4.60, "a6000": 3.20, "a100": 40.97, "h100": 98.32, "h200": 110.0}
+
+
+def priced_reference() -> dict[str, Any]:
+    """The reference fleet with pool prices: cost first, then GPUs, then nodes."""
+    data = reference_fleet().model_dump(mode="json", exclude_none=True)
+    unpriced = plan_fleet(reference_fleet())
+    for pool in data["pools"]:
+        pool["cost_per_hour"] = PRICES[pool["name"]]
+    t0 = time.perf_counter()
+    priced = plan_fleet(parse_spec(data))
+    seconds = time.perf_counter() - t0
+    return {
+        "unpriced_plan": {
+            "gpus": unpriced.gpus_used,
+            "nodes": {k: v for k, v in unpriced.nodes.items() if v},
+            "cost_per_hour": round(sum(PRICES[k] * v for k, v in unpriced.nodes.items()), 2),
+        },
+        "priced_plan": {
+            "gpus": priced.gpus_used,
+            "nodes": {k: v for k, v in priced.nodes.items() if v},
+            "cost_per_hour": priced.cost_per_hour,
+            "optimal": priced.optimal,
+            "search_limit": priced.search_limit,
+            "seconds": round(seconds, 1),
+        },
+    }
+
+
+def unplaceable_copies() -> dict[str, Any]:
+    """1,000 copies of a model that fits no card: the explanation is computed once."""
+    model = {
+        "name": "big",
+        "source": "llama-3-70b",
+        "config": "llama-3-70b",
+        "max_model_len": 8192,
+        "replicas": {"min": 1000, "max": 1000},
+    }
+    spec = parse_spec({"models": [model], "pools": [{"name": "t4", "gpu": {"type": "T4"}}]})
+    t0 = time.perf_counter()
+    result = plan_fleet(spec)
+    return {"unplaced": len(result.unplaced), "seconds": round(time.perf_counter() - t0, 3)}
 
 
 def main() -> None:
@@ -484,8 +642,11 @@ def main() -> None:
     results = {
         "machine": f"{platform.machine()} {platform.python_version()}",
         "reference": reference(args.exact_time_limit),
-        "exact_small": exact_comparison(args.instances, args.exact_time_limit),
+        "exact_small": exact_comparison(random_instances(args.instances), args.exact_time_limit),
+        "exact_binding": exact_comparison(binding_instances(args.instances), args.exact_time_limit),
         "scale": scale(),
+        "priced": priced_reference(),
+        "unplaceable_copies": unplaceable_copies(),
     }
     print(json.dumps(results, indent=2))
     if args.json:

@@ -407,12 +407,47 @@ class PoolSpec(StrictModel):
 
     name: DnsLabel = Field(description="Pool name (a DNS label).")
     gpu: GpuSpec | None = Field(default=None, description="GPUs per node (none: CPU-only).")
-    cpu: float = Field(default=8, gt=0, le=4096, description="Allocatable CPUs per node.")
-    memory_gb: float = Field(default=32, gt=0, le=65_536, description="Allocatable RAM (GB).")
+    cpu: float = Field(
+        default=8,
+        gt=0,
+        le=4096,
+        description="Allocatable CPUs per node (default 8; on GPU nodes 8 per GPU).",
+    )
+    memory_gb: float = Field(
+        default=32,
+        gt=0,
+        le=65_536,
+        description="Allocatable RAM per node (GiB, 2^30 bytes, as Kubernetes 'Gi'; default "
+        "32; on GPU nodes 32 per GPU).",
+    )
     min_nodes: int = Field(default=0, ge=0, le=10_000, description="Nodes always present.")
     max_nodes: int | None = Field(default=None, ge=1, le=10_000, description="Node limit.")
+    cost_per_hour: float | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="Price of one node per hour (any currency, the same for every pool). "
+        "Set on every GPU pool or none; with prices the plan minimises cost, then GPUs, "
+        "then nodes.",
+    )
     labels: dict[str, str] = Field(default_factory=dict, description="Node labels.")
     taints: list[Taint] = Field(default_factory=list, description="Node taints.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _node_size_follows_gpus(cls, data: Any) -> Any:
+        # A GPU node without stated CPUs/RAM gets 8 CPUs and 32 GiB per GPU: the CPU-node
+        # default (8 / 32) would leave an 8-GPU node too small for one TP 8 replica's
+        # engine processes (4 GiB of host RAM per card).
+        if not isinstance(data, dict):
+            return data
+        gpu = data.get("gpu")
+        count = gpu.get("count", 1) if isinstance(gpu, dict) else getattr(gpu, "count", 0)
+        if isinstance(count, int) and not isinstance(count, bool) and count > 1:
+            data = dict(data)
+            data.setdefault("cpu", 8 * count)
+            data.setdefault("memory_gb", 32 * count)
+        return data
 
     @model_validator(mode="after")
     def _ordered(self) -> PoolSpec:

@@ -1,4 +1,5 @@
-"""``fleetserve plan fleet.yaml [--format table|json] [--scenario min|max] [--time-limit S]``.
+"""``fleetserve plan fleet.yaml [--format table|json] [--scenario min|max] [--node-limit N]
+[--time-limit S]``.
 
 Prints a rich table by default and exactly ``PlanResult.model_dump(mode="json")`` with
 ``--format json``. Exit codes: 0 every replica placed, 1 some replica could not be placed
@@ -16,7 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetserve.errors import UsageError
-from fleetserve.plan.planner import plan_fleet
+from fleetserve.plan.milp import NODE_LIMIT
+from fleetserve.plan.planner import DEFAULT_TIME_LIMIT_S, plan_fleet
 from fleetserve.plan.result import PlanResult
 from fleetserve.spec import load_spec
 
@@ -31,14 +33,26 @@ def _time_limit(text: str) -> float:
     return value
 
 
+def _node_limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: '{text}'") from None
+    if not 1 <= value <= 10_000_000:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 10000000, got {value}")
+    return value
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "plan",
         help="place every model replica on GPU pools (HAMi slices + vLLM settings)",
         description=(
             "Compute each replica's memory from its model config, pack the replicas onto the "
-            "fleet's GPU pools (exact MILP when it finishes in time, else a heuristic with its "
-            "gap to the lower bound), and derive HAMi limits and vLLM settings."
+            "fleet's GPU pools - most replicas placed, then lowest cost (pools[].cost_per_hour), "
+            "then fewest GPUs, then fewest nodes; exact MILP within a deterministic node limit, "
+            "else a heuristic with its gap to the lower bound - and derive HAMi limits and vLLM "
+            "settings."
         ),
     )
     parser.add_argument("spec", help="fleet spec (YAML)")
@@ -52,18 +66,29 @@ def register(subparsers: Any) -> None:
         help="plan the min replicas (default) or the max replicas of every model",
     )
     parser.add_argument(
+        "--node-limit",
+        type=_node_limit,
+        default=NODE_LIMIT,
+        metavar="N",
+        help="branch-and-bound nodes per objective level: decides the answer, the same on "
+        f"every machine (default {NODE_LIMIT})",
+    )
+    parser.add_argument(
         "--time-limit",
         type=_time_limit,
-        default=10.0,
+        default=DEFAULT_TIME_LIMIT_S,
         metavar="S",
-        help="seconds the exact solver may take (0: heuristic only; default 10)",
+        help="safety net on the exact solver's seconds; the output says when it was hit "
+        f"(0: heuristic only; default {DEFAULT_TIME_LIMIT_S:g})",
     )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
-    result = plan_fleet(spec, scenario=args.scenario, time_limit_s=args.time_limit)
+    result = plan_fleet(
+        spec, scenario=args.scenario, time_limit_s=args.time_limit, node_limit=args.node_limit
+    )
     if args.format == "json":
         json.dump(result.model_dump(mode="json"), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -77,11 +102,16 @@ def render_table(result: PlanResult, console: Console) -> None:
     """The human-readable plan: summary, replicas, pools, and what did not fit."""
     gap = "n/a" if result.optimality_gap is None else f"{result.optimality_gap:.1%}"
     state = "[green]feasible[/]" if result.feasible else "[red]NOT feasible[/]"
+    cost = "" if result.cost_per_hour is None else f", {result.cost_per_hour:,.2f}/h"
     console.print(
         f"plan ({result.scenario} replicas): {state}; {result.gpus_used} GPUs, "
-        f"{sum(result.nodes.values())} nodes; solver {result.solver}, gap {gap}"
+        f"{sum(result.nodes.values())} nodes{cost}; solver {result.solver}, gap {gap}"
         + (f" (lower bound {result.lower_bound:g} GPUs)" if result.lower_bound is not None else "")
     )
+    proven = ", ".join(result.optimal) or "nothing"
+    console.print(f"proven optimal: {proven}")
+    if result.search_limit:
+        console.print(f"[yellow]search cut short:[/] {result.search_limit}")
     table = Table(title="replicas", show_lines=False)
     for col in ("replica", "tenant", "pool/node:cards", "gpumem MiB", "cores %", "num_gpus"):
         table.add_column(col, justify="left" if col in ("replica", "tenant") else "right")
@@ -103,10 +133,14 @@ def render_table(result: PlanResult, console: Console) -> None:
     console.print(table)
     if result.pools:
         pools = Table(title="pools")
-        for col in ("pool", "gpu", "card MiB", "nodes", "GPUs used", "slices MiB", "replicas"):
+        columns = ["pool", "gpu", "card MiB", "nodes", "GPUs used", "slices MiB", "replicas"]
+        priced = result.cost_per_hour is not None
+        if priced:
+            columns.append("cost/h")
+        for col in columns:
             pools.add_column(col, justify="left" if col in ("pool", "gpu") else "right")
         for p in result.pools:
-            pools.add_row(
+            row = [
                 p.name,
                 p.gpu_type or "-",
                 f"{p.card_memory_mb:,}",
@@ -114,7 +148,10 @@ def render_table(result: PlanResult, console: Console) -> None:
                 f"{p.gpus_used} of {p.nodes * p.gpus_per_node}",
                 f"{p.memory_used_mb:,}",
                 str(p.replicas),
-            )
+            ]
+            if priced:
+                row.append(f"{p.cost_per_hour or 0:,.2f}")
+            pools.add_row(*row)
         console.print(pools)
     for u in result.unplaced:
         console.print(f"[red]unplaced[/] {u.model}#{u.index}: {u.reason}")

@@ -4,7 +4,6 @@ Design note. Variables (all binary): ``x[i,c]`` slice replica i on card c; ``z[i
 ``y[i,c]`` whole-card replica i on node n using card c; ``u[c]`` card used; ``v[n]`` node
 used; ``w[t,c]`` card c belongs to dedicated tenant t; ``s[i]`` replica i left unplaced.
 
-    minimise   sum u[c]  +  P * sum cards_i * s[i]         (P large: placing always wins)
     subject to sum_c x[i,c] + sum_n z[i,n] + s[i] = 1      every replica once (or reported)
                sum_c y[i,c on n] = cards_i * z[i,n]        TP: whole cards of one node
                mem:   sum m_i x[i,c] + M_c sum y[i,c] <= M_c u[c]
@@ -15,28 +14,47 @@ used; ``w[t,c]`` card c belongs to dedicated tenant t; ``s[i]`` replica i left u
                tenants: x[i,c] <= w[t,c] for i of t; others' x on c <= S (1 - w[t,c])
                symmetry: u[c+1] <= u[c] on a node, v[n+1] <= v[n] in a pool
 
+The objective is lexicographic (:data:`fleetserve.plan.problem.OBJECTIVES`), solved as a
+sequence of MILPs over the same rows, each level fixed (``<=`` its value) before the next:
+(1) fewest replicas left out ``sum s``; (2) with prices, the cost of the nodes above
+``min_nodes``, in integer thousandths; (3) ``(V + 1) * sum u + sum v`` (V = node
+variables), which is GPUs first and nodes second exactly. Weights in one objective would
+need factors of 10^10 once prices are in cents, which HiGHS's tolerances do not survive.
+Each level starts with the heuristic's value as a cutoff row when the heuristic is a
+feasible point of it (HiGHS takes no warm start through SciPy).
+
+Determinism: HiGHS's branch and bound is deterministic for a given model (serial search,
+fixed random seed), so the answer is decided by the node limit (``mip_max_nodes``), never by
+the clock. The time limit is only a safety net; when it cuts a level the packing says so
+(``limit``), since only then can the answer depend on machine load.
+
 Cards of a node and nodes of a pool are interchangeable, so the symmetry rows cut the
 search by orders of magnitude without excluding any optimum. Nodes per pool are bounded by
-``max_nodes`` and by the heuristic's card count (an optimum never uses more nodes than the
-heuristic uses cards). The objective is an integer, so ``ceil(dual bound)`` is a proven
-lower bound on the cards needed; the gap reported is against it. HiGHS has no warm start
-through SciPy, so the heuristic's packing stays the answer whenever the solver does not
-return a better one within the time limit.
+``max_nodes``, the replicas that may go there, and - when the heuristic placed everything
+and no prices are given - by the heuristic's card count (an optimum never uses more nodes
+than the heuristic uses cards).
 """
 
 from __future__ import annotations
 
 import math
+import time
+from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_matrix
+from scipy.optimize import Bounds, LinearConstraint, OptimizeResult, milp
+from scipy.sparse import coo_matrix, csr_matrix
 
-from fleetserve.plan.problem import Assignment, Packing, Problem
+from fleetserve.plan.problem import Assignment, Item, Packing, Problem, nodes_billed, score
 
 #: Above this many assignment variables the MILP is not attempted (it would not even
 #: finish its LP relaxation within a typical time limit on one core).
 MAX_VARIABLES = 60_000
+#: Branch-and-bound nodes each objective level may explore: the deterministic limit that
+#: decides the answer (the benchmark's instances all prove optimality well within it).
+NODE_LIMIT = 5_000
+#: Prices are compared in integer thousandths of a currency unit per node-hour.
+COST_SCALE = 1000
 
 
 class _Rows:
@@ -60,84 +78,124 @@ class _Rows:
 
 
 def node_bounds(problem: Problem, heuristic: Packing) -> dict[str, int]:
-    """Nodes per pool the model may use: never more than max_nodes, the heuristic's card
-    count, or the replicas that may go there."""
-    cap = max(1, len(heuristic.cards_used()))
+    """Nodes per pool the model may use: never more than max_nodes, the replicas that may
+    go there, or (when the heuristic placed all and cards are the first cost) the
+    heuristic's card count."""
+    placeable = [it for it in problem.items if it.demands]
+    all_placed = not any(it.key in heuristic.unplaced for it in placeable)
+    cap = max(1, len(heuristic.cards_used())) if all_placed and not problem.priced else None
     out: dict[str, int] = {}
     for pool in problem.pools:
         eligible = sum(1 for it in problem.items if pool.name in it.demands)
-        n = min(cap, eligible)
+        n = eligible if cap is None else min(cap, eligible)
         if pool.max_nodes is not None:
             n = min(n, pool.max_nodes)
         out[pool.name] = n
     return out
 
 
+def groups(problem: Problem) -> list[list[int]]:
+    """Indices of interchangeable replicas (same model, tenant and demands), in order.
+
+    The MILP counts replicas of a group per card instead of naming each one: copies of a
+    model are interchangeable, and binary variables per copy would make the search
+    explore every permutation of them."""
+    out: dict[tuple[object, ...], list[int]] = {}
+    for i, it in enumerate(problem.items):
+        key = (it.model, it.tenant, it.dedicated, tuple(sorted(it.demands.items())))
+        out.setdefault(key, []).append(i)
+    return list(out.values())
+
+
 def variable_count(problem: Problem, nodes: dict[str, int]) -> int:
     total = 0
-    for it in problem.items:
+    for members in groups(problem):
+        it = problem.items[members[0]]
         for name, d in it.demands.items():
             pool = problem.pool(name)
             total += nodes[name] * (pool.cards_per_node + (1 if d.whole else 0))
     return total
 
 
-def solve_milp(problem: Problem, heuristic: Packing, *, time_limit_s: float) -> Packing | None:
-    """An optimal (or better-than-heuristic) packing, or None when the MILP is not tried or
-    finds nothing; the returned packing carries ``gap`` and ``lower_bound``."""
+@dataclass
+class _Level:
+    name: str
+    c: np.ndarray
+    heuristic: float | None
+    """The heuristic's value at this level when it is a feasible point of the model."""
+
+
+def solve_milp(
+    problem: Problem,
+    heuristic: Packing,
+    *,
+    time_limit_s: float,
+    node_limit: int = NODE_LIMIT,
+    proven: tuple[str, ...] = (),
+) -> Packing | None:
+    """The lexicographic optimum (or the best packing found within the node limit), or
+    None when the MILP is not tried or finds nothing. ``proven`` names levels the caller
+    already proved for the heuristic (they are fixed at its value, not solved). The
+    packing carries ``proven``, ``limit`` and ``lower_bound`` (on GPUs, valid when the
+    levels above GPUs are proven)."""
     nodes = node_bounds(problem, heuristic)
     if variable_count(problem, nodes) > MAX_VARIABLES or time_limit_s <= 0:
         return None
 
-    cost: list[float] = []
     integrality: list[int] = []
+    upper: list[float] = []
 
-    def var(c: float = 0.0) -> int:
-        cost.append(c)
+    def var(ub: float = 1.0) -> int:
         integrality.append(1)
-        return len(cost) - 1
+        upper.append(ub)
+        return len(integrality) - 1
 
     # cards and nodes
     u: dict[tuple[str, int, int], int] = {}
     v: dict[tuple[str, int], int] = {}
     for pool in problem.pools:
         for n in range(nodes[pool.name]):
-            v[(pool.name, n)] = var(0.0)
+            v[(pool.name, n)] = var()
             for c in range(pool.cards_per_node):
-                u[(pool.name, n, c)] = var(1.0)
+                u[(pool.name, n, c)] = var()
 
+    # per group g of interchangeable replicas: x = how many on a card (slices), z = how
+    # many on a node (whole cards, y = the cards they take), s = how many left out
+    members = groups(problem)
     x: dict[tuple[int, str, int, int], int] = {}
     z: dict[tuple[int, str, int], int] = {}
     y: dict[tuple[int, str, int, int], int] = {}
     s: dict[int, int] = {}
-    big = 2.0 * (len(u) + 1)
-    for i, it in enumerate(problem.items):
-        cards = max((d.cards for d in it.demands.values()), default=1)
-        s[i] = var(big * cards)
+    for g, idx in enumerate(members):
+        it = problem.items[idx[0]]
+        s[g] = var(len(idx))
         for name, d in it.demands.items():
             pool = problem.pool(name)
             for n in range(nodes[name]):
                 if d.whole:
-                    z[(i, name, n)] = var()
+                    z[(g, name, n)] = var(min(len(idx), pool.cards_per_node // d.cards))
                     for c in range(pool.cards_per_node):
-                        y[(i, name, n, c)] = var()
+                        y[(g, name, n, c)] = var()
                 else:
                     for c in range(pool.cards_per_node):
-                        x[(i, name, n, c)] = var()
+                        x[(g, name, n, c)] = var(min(len(idx), pool.split_count))
+
+    def first(g: int) -> Item:
+        return problem.items[members[g][0]]
 
     rows = _Rows()
     # each replica once
-    per_item: dict[int, list[tuple[int, float]]] = {i: [(s[i], 1.0)] for i in s}
-    for (i, _p, _n, _c), col in x.items():
-        per_item[i].append((col, 1.0))
-    for (i, _p, _n), col in z.items():
-        per_item[i].append((col, 1.0))
-    for terms in per_item.values():
-        rows.add(terms, 1.0, 1.0)
+    per_group: dict[int, list[tuple[int, float]]] = {g: [(s[g], 1.0)] for g in s}
+    for (g, _p, _n, _c), col in x.items():
+        per_group[g].append((col, 1.0))
+    for (g, _p, _n), col in z.items():
+        per_group[g].append((col, 1.0))
+    for g, terms in per_group.items():
+        rows.add(terms, float(len(members[g])), float(len(members[g])))
     # whole cards on one node
-    for (i, p, n), col in z.items():
-        k = problem.items[i].demands[p].cards
-        terms = [(y[(i, p, n, c)], 1.0) for c in range(problem.pool(p).cards_per_node)]
+    for (g, p, n), col in z.items():
+        k = first(g).demands[p].cards
+        terms = [(y[(g, p, n, c)], 1.0) for c in range(problem.pool(p).cards_per_node)]
         rows.add([*terms, (col, -float(k))], 0.0, 0.0)
 
     # card capacities
@@ -146,21 +204,21 @@ def solve_milp(problem: Problem, heuristic: Packing, *, time_limit_s: float) -> 
     slots: dict[tuple[str, int, int], list[tuple[int, float]]] = {k: [] for k in u}
     cpu: dict[tuple[str, int], list[tuple[int, float]]] = {k: [] for k in v}
     ram: dict[tuple[str, int], list[tuple[int, float]]] = {k: [] for k in v}
-    for (i, p, n, c), col in x.items():
-        d = problem.items[i].demands[p]
+    for (g, p, n, c), col in x.items():
+        d = first(g).demands[p]
         mem[(p, n, c)].append((col, float(d.mem_mb)))
         cores[(p, n, c)].append((col, float(d.cores)))
         slots[(p, n, c)].append((col, 1.0))
         cpu[(p, n)].append((col, d.cpu))
         ram[(p, n)].append((col, float(d.ram_mb)))
-        rows.add([(col, 1.0), (u[(p, n, c)], -1.0)], -np.inf, 0.0)
-    for (_i, p, n, c), col in y.items():
+        rows.add([(col, 1.0), (u[(p, n, c)], -upper[col])], -np.inf, 0.0)
+    for (_g, p, n, c), col in y.items():
         pool = problem.pool(p)
         mem[(p, n, c)].append((col, float(pool.card_mb)))
         cores[(p, n, c)].append((col, 100.0))
         slots[(p, n, c)].append((col, float(pool.split_count)))
-    for (i, p, n), col in z.items():
-        d = problem.items[i].demands[p]
+    for (g, p, n), col in z.items():
+        d = first(g).demands[p]
         cpu[(p, n)].append((col, d.cpu))
         ram[(p, n)].append((col, float(d.ram_mb)))
     for key, col in u.items():
@@ -180,51 +238,186 @@ def solve_milp(problem: Problem, heuristic: Packing, *, time_limit_s: float) -> 
 
     # dedicated tenants: a card holding one of their slices holds nothing else
     on_card: dict[tuple[str, int, int], list[tuple[int, int]]] = {k: [] for k in u}
-    for (i, p, n, c), col in x.items():
-        on_card[(p, n, c)].append((i, col))
+    for (g, p, n, c), col in x.items():
+        on_card[(p, n, c)].append((g, col))
     dedicated = sorted({it.tenant or "" for it in problem.items if it.dedicated})
     for tenant in dedicated:
         for key, entries in on_card.items():
-            mine = [col for i, col in entries if (problem.items[i].tenant or "") == tenant]
-            others = [col for i, col in entries if (problem.items[i].tenant or "") != tenant]
+            mine = [col for g, col in entries if (first(g).tenant or "") == tenant]
+            others = [col for g, col in entries if (first(g).tenant or "") != tenant]
             if not mine or not others:
                 continue
             w = var()
             for col in mine:
-                rows.add([(col, 1.0), (w, -1.0)], -np.inf, 0.0)
+                rows.add([(col, 1.0), (w, -upper[col])], -np.inf, 0.0)
             split = float(problem.pool(key[0]).split_count)
             rows.add([*[(col, 1.0) for col in others], (w, split)], -np.inf, split)
 
-    n_vars = len(cost)
+    n_vars = len(integrality)
     matrix = coo_matrix((rows.v, (rows.r, rows.c)), shape=(len(rows.lb), n_vars)).tocsr()
-    result = milp(
-        c=np.array(cost),
-        integrality=np.array(integrality),
-        bounds=Bounds(np.zeros(n_vars), np.ones(n_vars)),
-        constraints=LinearConstraint(matrix, np.array(rows.lb), np.array(rows.ub)),
-        options={"time_limit": float(time_limit_s), "disp": False, "mip_rel_gap": 0.0},
-    )
-    if result.x is None:
+    levels = _levels(problem, heuristic, n_vars, u=u, v=v, s=s)
+    deadline = time.monotonic() + time_limit_s
+    extra: list[tuple[np.ndarray, float]] = []
+    best: np.ndarray | None = None
+    done: list[str] = []
+    limit: str | None = None
+    gpu_bound: float | None = None
+    # the heuristic's value is a valid cutoff only while it is a point of the model: it
+    # meets every level fixed so far
+    heuristic_feasible = True
+    for level in levels:
+        if level.name in proven and level.heuristic is not None and len(done) == len(extra):
+            extra.append((level.c, level.heuristic))  # proved by the caller: fix it
+            done.append(level.name)
+            continue
+        usable = heuristic_feasible and level.heuristic is not None
+        cutoff = [(level.c, level.heuristic)] if usable and level.heuristic is not None else []
+        left = deadline - time.monotonic()
+        if left <= 0:
+            limit = f"the time limit ({time_limit_s:g} s) ran out before the {level.name} level"
+            break
+        result = _solve(
+            matrix,
+            rows=rows,
+            integrality=integrality,
+            upper=upper,
+            c=level.c,
+            extra=extra + cutoff,
+            node_limit=node_limit,
+            time_left=left,
+        )
+        if result.x is None:
+            if result.status == 1 or "limit" in result.message.lower():
+                limit = _limit_sentence(result.message, level.name, node_limit, time_limit_s)
+            else:
+                limit = f"the exact solver stopped at the {level.name} level: {result.message}"
+            break
+        sol = np.round(result.x)
+        value = float(level.c @ sol)
+        if level.heuristic is None or level.heuristic > value + 0.5:
+            heuristic_feasible = False
+        extra.append((level.c, value))
+        best = sol
+        optimal = result.status == 0
+        if optimal and len(done) == len(extra) - 1:
+            done.append(level.name)
+            if level.name == "gpus+nodes":
+                done.append("nodes")
+        elif not optimal:
+            limit = limit or _limit_sentence(result.message, level.name, node_limit, time_limit_s)
+        if level.name == "gpus+nodes" and len(done) >= len(levels) - 1:
+            weight = float(len(v) + 1)
+            dual = getattr(result, "mip_dual_bound", None)
+            if optimal:
+                gpu_bound = math.floor(value / weight)
+            elif dual is not None and math.isfinite(dual):
+                gpu_bound = float(max(0, math.ceil((dual - len(v)) / weight - 1e-6)))
+    if best is None:
         return None
-    sol = np.round(result.x).astype(int)
-    packing = Packing(solver="milp")
-    for i, it in enumerate(problem.items):
-        if sol[s[i]]:
-            packing.unplaced.append(it.key)
-    for (i, p, n, c), col in x.items():
-        if sol[col]:
-            packing.assigned[problem.items[i].key] = Assignment(p, n, (c,))
-    for (i, p, n), col in z.items():
-        if sol[col]:
-            chosen = tuple(c for c in range(problem.pool(p).cards_per_node) if sol[y[(i, p, n, c)]])
-            packing.assigned[problem.items[i].key] = Assignment(p, n, chosen)
-    bound = getattr(result, "mip_dual_bound", None)
-    if not packing.unplaced and bound is not None and math.isfinite(bound):
-        packing.lower_bound = float(math.ceil(bound - 1e-6))
-    if result.status == 0:
-        packing.lower_bound = float(len(packing.cards_used()))
+    sol_int = best.astype(int)
+    packing = Packing(solver="milp", limit=limit)
+    queue = {g: [problem.items[i].key for i in idx] for g, idx in enumerate(members)}
+    for (g, p, n, c), col in sorted(x.items()):
+        for _ in range(sol_int[col]):
+            packing.assigned[queue[g].pop(0)] = Assignment(p, n, (c,))
+    for (g, p, n), col in sorted(z.items()):
+        k = first(g).demands[p].cards
+        taken = [c for c in range(problem.pool(p).cards_per_node) if sol_int[y[(g, p, n, c)]]]
+        for j in range(sol_int[col]):
+            packing.assigned[queue[g].pop(0)] = Assignment(p, n, tuple(taken[j * k : (j + 1) * k]))
+    for keys in queue.values():
+        packing.unplaced.extend(keys)
+    # "gpus+nodes" is one solve; report its two levels under their own names
+    packing.proven = tuple(
+        name
+        for name in ("replicas", "cost", "gpus", "nodes")
+        if name in done or (name == "gpus" and "gpus+nodes" in done)
+    )
+    packing.lower_bound = gpu_bound
     _renumber(packing)
     return packing
+
+
+def _levels(
+    problem: Problem,
+    heuristic: Packing,
+    n_vars: int,
+    *,
+    u: dict[tuple[str, int, int], int],
+    v: dict[tuple[str, int], int],
+    s: dict[int, int],
+) -> list[_Level]:
+    """The objective levels in order, each with the heuristic's value when it is
+    feasible for the model (its nodes fit the node bounds)."""
+    unplaced, _cost, gpus, node_count = score(problem, heuristic)
+    c_rep = np.zeros(n_vars)
+    for col in s.values():
+        c_rep[col] = 1.0
+    levels = [_Level("replicas", c_rep, float(unplaced))]
+    if problem.priced:
+        c_cost = np.zeros(n_vars)
+        for (pool_name, n), col in v.items():
+            pool = problem.pool(pool_name)
+            if n >= pool.min_nodes:
+                c_cost[col] = float(round(pool.cost_per_hour * COST_SCALE))
+        billed = nodes_billed(problem, heuristic)
+        value = sum(
+            round(p.cost_per_hour * COST_SCALE) * (billed[p.name] - p.min_nodes)
+            for p in problem.pools
+        )
+        levels.append(_Level("cost", c_cost, float(value)))
+    weight = float(len(v) + 1)
+    c_gn = np.zeros(n_vars)
+    for col in u.values():
+        c_gn[col] = weight
+    for col in v.values():
+        c_gn[col] = 1.0
+    levels.append(_Level("gpus+nodes", c_gn, float(gpus * weight + node_count)))
+    per_pool: dict[str, int] = {}
+    for pool_name, _n in v:
+        per_pool[pool_name] = per_pool.get(pool_name, 0) + 1
+    if any(a.node >= per_pool.get(a.pool, 0) for a in heuristic.assigned.values()):
+        for level in levels:
+            level.heuristic = None
+    return levels
+
+
+def _solve(
+    matrix: csr_matrix,
+    *,
+    rows: _Rows,
+    integrality: list[int],
+    upper: list[float],
+    c: np.ndarray,
+    extra: list[tuple[np.ndarray, float]],
+    node_limit: int,
+    time_left: float,
+) -> OptimizeResult:
+    constraints = [LinearConstraint(matrix, np.array(rows.lb), np.array(rows.ub))]
+    for vec, value in extra:
+        constraints.append(LinearConstraint(vec.reshape(1, -1), -np.inf, value + 0.5))
+    n_vars = len(integrality)
+    return milp(
+        c=c,
+        integrality=np.array(integrality),
+        bounds=Bounds(np.zeros(n_vars), np.array(upper)),
+        constraints=constraints,
+        options={
+            "time_limit": float(time_left),
+            "node_limit": int(node_limit),
+            "disp": False,
+            "mip_rel_gap": 0.0,
+        },
+    )
+
+
+def _limit_sentence(message: str, level: str, node_limit: int, time_limit_s: float) -> str:
+    if "time limit" in message.lower():
+        return (
+            f"the time limit ({time_limit_s:g} s) cut the search at the {level} level: this "
+            "answer may differ on a faster or less loaded machine"
+        )
+    return f"the node limit ({node_limit:,}) cut the search at the {level} level"
 
 
 def _renumber(packing: Packing) -> None:

@@ -357,4 +357,5 @@ def respread(problem: Problem, packing: Packing) -> Packing:
     state.spread_within_nodes()
     out = state.to_packing(packing.unplaced)
     out.solver, out.gap, out.lower_bound = packing.solver, packing.gap, packing.lower_bound
+    out.proven, out.limit = packing.proven, packing.limit
     return out

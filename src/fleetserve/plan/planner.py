@@ -4,11 +4,16 @@ model configs the spec names).
 Design note. Three steps. (1) Size every model on every pool it may use
 (:mod:`fleetserve.plan.sizing`): the slice, cores and engine settings, or why it cannot go
 there. (2) Pack the replicas (:mod:`fleetserve.plan.packer` first, then the exact
-:mod:`fleetserve.plan.milp` within the time limit when the instance is small enough);
-keep whichever places more replicas on fewer cards, and report the gap to the best proven
-lower bound (the MILP's dual bound, or the volume bound of :func:`volume_bound`).
-(3) Explain each replica left out: which resource, by how much, and the fixes the memory
-model says would work.
+:mod:`fleetserve.plan.milp` when the instance is small enough and the heuristic is not
+already proven optimal by the bounds). The objective is lexicographic
+(:data:`~fleetserve.plan.problem.OBJECTIVES`): most replicas placed, then cost (when pools
+have prices), then GPUs, then nodes; the better packing under it wins, and the result
+names the levels proven optimal and what (node or time limit, instance size) cut the
+search. The answer never depends on the clock unless the safety-net time limit was hit,
+and then the result says so. (3) Explain each replica left out, once per model (copies
+share the answer): the binding constraint (GPU memory, cores, slices per card,
+isolation, host RAM, CPUs, a vLLM refusal), by how much, and fixes computed with the same
+memory model.
 """
 
 from __future__ import annotations
@@ -18,18 +23,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from fleetserve.plan.gpus import GpuType, custom_gpu, gpu_type
+from fleetserve.errors import SpecError
+from fleetserve.plan.gpus import GPU_CATALOGUE, GpuType, custom_gpu, gpu_type, with_memory
 from fleetserve.plan.memory import ModelConfig
-from fleetserve.plan.milp import solve_milp
+from fleetserve.plan.milp import MAX_VARIABLES, NODE_LIMIT, node_bounds, solve_milp, variable_count
 from fleetserve.plan.packer import pack_heuristic, respread
 from fleetserve.plan.problem import (
     DEVICE_SPLIT_COUNT,
+    OBJECTIVES,
     Demand,
     Item,
     Packing,
     PoolShape,
     Problem,
     gpus_used,
+    packing_cost,
+    score,
 )
 from fleetserve.plan.result import PlanResult, PoolUsage, ReplicaPlacement, Unplaced
 from fleetserve.plan.sizing import (
@@ -41,6 +50,7 @@ from fleetserve.plan.sizing import (
     suggest_fixes,
 )
 from fleetserve.spec import FleetSpec, ModelSpec, PoolSpec
+from fleetserve.units import gib_to_mib_ceil, gib_to_mib_floor
 
 Scenario = Literal["min", "max"]
 
@@ -61,8 +71,7 @@ def resolve_pool(pool: PoolSpec, split_count: int = DEVICE_SPLIT_COUNT) -> PoolC
     if pool.gpu.type is not None:
         gpu = gpu_type(pool.gpu.type)
         if pool.gpu.memory_gb is not None:
-            override = custom_gpu(pool.gpu.memory_gb, gpu.name)
-            gpu = GpuType(gpu.name, override.memory_mib, gpu.sm_count, gpu.bf16, gpu.fp8)
+            gpu = with_memory(gpu, pool.gpu.memory_gb)
     else:
         assert pool.gpu.memory_gb is not None  # GpuSpec's validator guarantees one of them
         gpu = custom_gpu(pool.gpu.memory_gb)
@@ -72,17 +81,18 @@ def resolve_pool(pool: PoolSpec, split_count: int = DEVICE_SPLIT_COUNT) -> PoolC
         card_mb=gpu.memory_mib,
         cards_per_node=pool.gpu.count,
         cpu=pool.cpu,
-        ram_mb=int(pool.memory_gb * 1e9 / 2**20),
+        ram_mb=gib_to_mib_floor(pool.memory_gb),
         max_nodes=pool.max_nodes,
         min_nodes=pool.min_nodes,
         split_count=split_count,
+        cost_per_hour=pool.cost_per_hour or 0.0,
     )
     return PoolCard(pool, gpu, shape)
 
 
 def host_ram_mb(model: ModelSpec, cards: int) -> int:
     if model.resources.memory_gb is not None:
-        return int(model.resources.memory_gb * 1e9 / 2**20)
+        return gib_to_mib_ceil(model.resources.memory_gb)
     return DEFAULT_HOST_RAM_MB * cards
 
 
@@ -207,111 +217,457 @@ def volume_bound(items: Iterable[Item], pools: tuple[PoolShape, ...]) -> int:
     return total
 
 
-def _better(a: Packing, b: Packing) -> bool:
-    """a strictly better than b: more replicas placed, then fewer cards."""
-    if len(a.unplaced) != len(b.unplaced):
-        return len(a.unplaced) < len(b.unplaced)
-    return gpus_used(a) < gpus_used(b)
+def node_bound(items: Iterable[Item], pools: tuple[PoolShape, ...], gpu_bound: float) -> int:
+    """A proven lower bound on nodes: host RAM, CPUs and the GPU bound over the roomiest
+    node of any pool the replicas may use."""
+    shapes = {p.name: p for p in pools}
+    ram = cpu = 0.0
+    for it in items:
+        if not it.demands:
+            continue
+        ram += min(d.ram_mb / shapes[p].ram_mb for p, d in it.demands.items())
+        cpu += min(d.cpu / shapes[p].cpu for p, d in it.demands.items())
+    most_cards = max((p.cards_per_node for p in pools), default=1)
+    return math.ceil(max(ram, cpu, gpu_bound / max(1, most_cards)) - 1e-9)
 
 
-def solve(problem: Problem, *, time_limit_s: float) -> Packing:
-    """Heuristic, then the MILP if it is small enough; the better packing with its gap."""
-    best = pack_heuristic(problem)
-    bound = float(
-        volume_bound((it for it in problem.items if it.key not in best.unplaced), problem.pools)
-    )
-    if problem.items and time_limit_s > 0 and gpus_used(best) > bound:
-        exact = solve_milp(problem, best, time_limit_s=time_limit_s)
-        if exact is not None:
-            if _better(exact, best):
-                if problem.policy_gpu == "spread":
-                    exact = respread(problem, exact)
-                best, exact_bound = exact, exact.lower_bound
+def _proven_prefix(problem: Problem, packing: Packing, reference: Packing) -> tuple[str, ...]:
+    """The levels ``reference`` proved optimal on which ``packing`` scores the same."""
+    mine, theirs = score(problem, packing), score(problem, reference)
+    index = {name: i for i, name in enumerate(OBJECTIVES)}
+    out: list[str] = []
+    for name in reference.proven:
+        if mine[index[name]] != theirs[index[name]]:
+            break
+        out.append(name)
+    return tuple(out)
+
+
+def solve(problem: Problem, *, time_limit_s: float, node_limit: int = NODE_LIMIT) -> Packing:
+    """Heuristic, then the lexicographic MILP unless the bounds already prove the
+    heuristic optimal; the better packing, with its proven levels, gap and limit."""
+    heuristic = pack_heuristic(problem)
+    placeable = {it.key for it in problem.items if it.demands}
+    left_out = [k for k in heuristic.unplaced if k in placeable]
+    proven: list[str] = []
+    gpu_bound: float | None = None
+    if not left_out:
+        proven.append("replicas")
+        placed = [it for it in problem.items if it.key in heuristic.assigned]
+        gpu_bound = float(volume_bound(placed, problem.pools))
+        _, _, gpus, nodes = score(problem, heuristic)
+        if not problem.priced and gpus == gpu_bound:
+            proven.append("gpus")
+            if nodes == node_bound(placed, problem.pools, gpu_bound):
+                proven.append("nodes")
+    heuristic.proven = tuple(proven)
+    levels = tuple(n for n in OBJECTIVES if n != "cost" or problem.priced)
+    best = heuristic
+    if problem.items and heuristic.proven != levels:
+        if time_limit_s <= 0:
+            best.limit = "the exact solver was off (time limit 0): heuristic packing"
+        elif variable_count(problem, node_bounds(problem, heuristic)) > MAX_VARIABLES:
+            best.limit = (
+                f"the instance is too large for the exact solver (over {MAX_VARIABLES:,} "
+                "assignment variables): heuristic packing"
+            )
+        else:
+            exact = solve_milp(
+                problem,
+                heuristic,
+                time_limit_s=time_limit_s,
+                node_limit=node_limit,
+                proven=tuple(n for n in heuristic.proven if n == "replicas"),
+            )
+            if exact is None:
+                best.limit = "the exact solver found no packing within its limits"
             else:
-                exact_bound = (
-                    exact.lower_bound if len(exact.unplaced) == len(best.unplaced) else None
-                )
-            if exact_bound is not None:
-                bound = max(bound, exact_bound)
+                if score(problem, exact) < score(problem, heuristic):
+                    if problem.policy_gpu == "spread":
+                        exact = respread(problem, exact)
+                    best = exact
+                else:
+                    best.proven = max(
+                        heuristic.proven, _proven_prefix(problem, heuristic, exact), key=len
+                    )
+                    best.limit = exact.limit
+                if exact.lower_bound is not None and "replicas" in exact.proven:
+                    gpu_bound = max(gpu_bound or 0.0, exact.lower_bound)
     used = gpus_used(best)
-    if best.unplaced and any(problem_item_placeable(problem, k) for k in best.unplaced):
-        best.gap, best.lower_bound = None, bound
+    if "replicas" in best.proven and gpu_bound is not None:
+        best.lower_bound = gpu_bound
+        best.gap = 0.0 if used == 0 else max(0.0, (used - gpu_bound) / used)
+        above = ("replicas", "cost") if problem.priced else ("replicas",)
+        if best.gap == 0.0 and best.proven == above:  # the bound proves the GPU level
+            best.proven = (*above, "gpus")
+            placed = [it for it in problem.items if it.key in best.assigned]
+            if score(problem, best)[3] == node_bound(placed, problem.pools, gpu_bound):
+                best.proven = (*best.proven, "nodes")
     else:
-        best.lower_bound = bound
-        best.gap = 0.0 if used == 0 else max(0.0, (used - bound) / used)
+        best.lower_bound, best.gap = gpu_bound, None
     return best
 
 
-def problem_item_placeable(problem: Problem, key: tuple[str, int]) -> bool:
-    return any(it.key == key and it.demands for it in problem.items)
-
-
 def _unplaced_reason(
-    key: tuple[str, int], plan: _ModelPlan, pools: list[PoolCard], packing: Packing
+    key: tuple[str, int],
+    *,
+    plan: _ModelPlan,
+    pools: list[PoolCard],
+    packing: Packing,
+    problem: Problem,
+    spec: FleetSpec,
 ) -> Unplaced:
     model, config = plan.model, plan.config
-    if not plan.sizing:
-        if not plan.rejections:
-            names = ", ".join(model.pools or []) or "none"
-            return Unplaced(
-                model=key[0],
-                index=key[1],
-                reason=f"no pool to run on (pools defined: {len(pools)}; allowed: {names})",
-                resource="pool",
-                fixes=["add a pool with GPUs to the spec"],
-            )
-        # the rejection that came closest: the largest card it was refused on
-        gpu_pools = [pc for pc in pools if pc.gpu is not None and pc.spec.name in plan.rejections]
-        worst = next(iter(plan.rejections.values()))
-        fixes: list[str] = []
-        if gpu_pools:
-            biggest = max(gpu_pools, key=lambda pc: pc.gpu.memory_mib if pc.gpu else 0)
-            worst = plan.rejections[biggest.spec.name]
-            assert biggest.gpu is not None
-            assert biggest.shape is not None
-            max_cards = max(pc.shape.cards_per_node for pc in gpu_pools if pc.shape)
-            if worst.resource == "gpu_memory":
-                fixes = suggest_fixes(model, config, biggest.shape.card_mb, biggest.gpu, max_cards)
-            elif worst.resource == "gpu_count":
-                fixes = [
-                    f"a pool with {worst.shortfall + biggest.shape.cards_per_node:g} "
-                    "cards per node, or a lower tensor_parallel with quantization"
-                ]
-            reason = f"fits no allowed pool; on '{biggest.spec.name}': {worst.reason}"
-        else:
-            reason = "; ".join(r.reason for r in plan.rejections.values())
+    if plan.sizing:
+        item = next(it for it in problem.items if it.key == key)
+        return _diagnose(
+            key, item=item, plan=plan, pools=pools, packing=packing, problem=problem, spec=spec
+        )
+    if not plan.rejections:
+        names = ", ".join(model.pools or []) or "none"
         return Unplaced(
             model=key[0],
             index=key[1],
-            reason=reason,
-            resource=worst.resource,
-            shortfall=worst.shortfall,
-            fixes=fixes,
+            reason=f"no pool to run on (pools defined: {len(pools)}; allowed: {names})",
+            resource="pool",
+            fixes=["add a pool with GPUs to the spec"],
         )
-    # it fits a card but the pools ran out of room
-    full = [pc for pc in pools if pc.spec.name in plan.sizing and pc.shape is not None]
-    details = ", ".join(
-        f"'{pc.spec.name}' ({pc.spec.max_nodes} nodes x {pc.spec.gpu.count if pc.spec.gpu else 0} "
-        f"{pc.shape.gpu_type if pc.shape else ''})"
-        for pc in full
+    # the rejection that came closest: the largest card it was refused on
+    gpu_pools = [pc for pc in pools if pc.gpu is not None and pc.spec.name in plan.rejections]
+    worst = next(iter(plan.rejections.values()))
+    fixes: list[str] = []
+    if gpu_pools:
+        biggest = max(gpu_pools, key=lambda pc: pc.gpu.memory_mib if pc.gpu else 0)
+        worst = plan.rejections[biggest.spec.name]
+        assert biggest.gpu is not None
+        assert biggest.shape is not None
+        max_cards = max(pc.shape.cards_per_node for pc in gpu_pools if pc.shape)
+        if worst.resource == "gpu_memory":
+            fixes = suggest_fixes(model, config, biggest.shape.card_mb, biggest.gpu, max_cards)
+        elif worst.resource == "gpu_count":
+            within = _fallback_fixes(model, config, biggest, within_node=True)
+            fixes = [
+                *within,
+                f"a pool with {worst.shortfall + biggest.shape.cards_per_node:g} cards per node",
+            ]
+        reason = f"fits no allowed pool; on '{biggest.spec.name}': {worst.reason}"
+        given: tuple[str, ...] = tuple(getattr(worst, "fixes", ()) or ())
+        if given:
+            fixes = list(given)
+        if not fixes:  # never leave a model with no way forward
+            fixes = _fallback_fixes(model, config, biggest)
+    else:
+        reason = "; ".join(r.reason for r in plan.rejections.values())
+    field = getattr(worst, "field", None)
+    if field:
+        m_index = next(i for i, m in enumerate(spec.models) if m.name == model.name)
+        reason = f"models[{m_index}].{field}: " + (
+            worst.reason if worst.resource == "engine" else reason
+        )
+    return Unplaced(
+        model=key[0],
+        index=key[1],
+        reason=reason,
+        resource=worst.resource,
+        shortfall=worst.shortfall,
+        fixes=fixes,
     )
-    sizing = next(iter(plan.sizing.values()))
-    fixes = [
-        f"raise max_nodes of '{pc.spec.name}' (each node adds "
-        f"{pc.spec.gpu.count if pc.spec.gpu else 0} cards)"
-        for pc in full
-        if pc.spec.max_nodes is not None
+
+
+def _fallback_fixes(
+    model: ModelSpec, config: ModelConfig, pool: PoolCard, *, within_node: bool = False
+) -> list[str]:
+    """The smallest TP x PP (with quantization where the card supports it) that holds one
+    replica on this pool's card, or on the largest card of the catalogue (``within_node``:
+    only on this pool, at most its cards per node; [] if none)."""
+    assert pool.gpu is not None
+    assert pool.shape is not None
+    cards_per_node = pool.shape.cards_per_node
+    for gpu, card_mb in ((pool.gpu, pool.shape.card_mb), (_largest_card(), 0)):
+        mb = card_mb or gpu.memory_mib
+        if within_node and not card_mb:
+            return []
+        # the model's own quantization on more cards first, then fp8, then AWQ
+        for quant in dict.fromkeys((model.quantization, "fp8", "awq")):
+            for total in (1, 2, 4, 8, 16, 32, 64):
+                if within_node and total > cards_per_node:
+                    break
+                for tp in (8, 4, 2, 1):  # TP within a node before PP stages
+                    if total % tp:
+                        continue
+                    pp = total // tp
+                    trial = model.model_copy(
+                        update={
+                            "tensor_parallel": tp,
+                            "pipeline_parallel": pp,
+                            "quantization": quant,
+                        }
+                    )
+                    if not isinstance(size_replica(trial, config, gpu, mb), Sizing):
+                        continue
+                    parts = [f"tensor_parallel: {tp}"]
+                    if pp != model.pipeline_parallel:
+                        parts.append(f"pipeline_parallel: {pp}")
+                    if quant != model.quantization:
+                        parts.append(f"quantization: {quant}")
+                    where = f"on '{pool.spec.name}'" if card_mb else f"on {gpu.name} cards"
+                    note = (
+                        f" (needs {total} cards per node; '{pool.spec.name}' has {cards_per_node})"
+                        if card_mb and total > cards_per_node
+                        else ""
+                    )
+                    return [f"{', '.join(parts)} {where}{note}"]
+    return [
+        f"the weights alone do not fit 64 {_largest_card().name} cards: serve a smaller "
+        "or more quantized model"
     ]
+
+
+def _largest_card() -> GpuType:
+    return max(GPU_CATALOGUE, key=lambda g: (g.memory_mib, g.name))
+
+
+@dataclass
+class _Blocked:
+    """Where one replica could have gone on one card (or node), and what stopped it."""
+
+    pool: str
+    node: int
+    blockers: frozenset[str]
+    ram_left: int = 0
+    cpu_left: float = 0.0
+    owners: frozenset[str | None] = frozenset()
+
+
+#: Which constraint to name when several bind alone: the ones a user can change and does
+#: not expect first (a card 6 % used that isolation keeps empty), GPU memory last.
+_BINDING_ORDER = ("isolation", "memory", "cpu", "gpu_slices", "gpu_cores", "capacity")
+_BLOCKING_ORDER = ("capacity", "memory", "cpu", "gpu_slices", "gpu_cores", "isolation")
+
+
+def _slots(item: Item, packing: Packing, problem: Problem) -> list[_Blocked]:
+    """Every card (slice) or node (whole cards) the replica could use in ``packing``,
+    with the constraints that keep it out."""
+    items = {it.key: it for it in problem.items}
+    cards: dict[tuple[str, int, int], list[Item]] = {}
+    nodes: dict[tuple[str, int], list[Item]] = {}
+    for k, a in packing.assigned.items():
+        nodes.setdefault((a.pool, a.node), []).append(items[k])
+        for c in a.cards:
+            cards.setdefault((a.pool, a.node, c), []).append(items[k])
+    out: list[_Blocked] = []
+    for pool_name, d in item.demands.items():
+        pool = problem.pool(pool_name)
+        count = (
+            pool.max_nodes
+            if pool.max_nodes is not None
+            else len({n for (p, n) in nodes if p == pool_name}) + 1
+        )
+        for n in range(count):
+            here = nodes.get((pool_name, n), [])
+            ram_left = pool.ram_mb - sum(o.demands[pool_name].ram_mb for o in here)
+            cpu_left = pool.cpu - sum(o.demands[pool_name].cpu for o in here)
+            node_blockers = set()
+            if ram_left < d.ram_mb:
+                node_blockers.add("memory")
+            if cpu_left < d.cpu - 1e-9:
+                node_blockers.add("cpu")
+            per_card = []
+            for c in range(pool.cards_per_node):
+                on = cards.get((pool_name, n, c), [])
+                blockers = set(node_blockers)
+                if on and (d.whole or any(o.demands[pool_name].whole for o in on)):
+                    blockers.add("capacity")
+                elif not d.whole:
+                    if sum(o.demands[pool_name].mem_mb for o in on) + d.mem_mb > pool.card_mb:
+                        blockers.add("capacity")
+                    if sum(o.demands[pool_name].cores for o in on) + d.cores > 100:
+                        blockers.add("gpu_cores")
+                    if len(on) + 1 > pool.split_count:
+                        blockers.add("gpu_slices")
+                    owners = {o.tenant for o in on}
+                    if on and (
+                        (item.dedicated and owners != {item.tenant})
+                        or any(o.dedicated and o.tenant != item.tenant for o in on)
+                    ):
+                        blockers.add("isolation")
+                per_card.append((frozenset(blockers), frozenset(o.tenant for o in on)))
+            if d.whole:
+                free = sum(1 for held, _ in per_card if "capacity" not in held)
+                whole_blockers = set(node_blockers)
+                if free < d.cards:
+                    whole_blockers.add("capacity")
+                out.append(_Blocked(pool_name, n, frozenset(whole_blockers), ram_left, cpu_left))
+            else:
+                for held, tenants in per_card:
+                    out.append(_Blocked(pool_name, n, held, ram_left, cpu_left, tenants))
+    return out
+
+
+def _diagnose(
+    key: tuple[str, int],
+    *,
+    item: Item,
+    plan: _ModelPlan,
+    pools: list[PoolCard],
+    packing: Packing,
+    problem: Problem,
+    spec: FleetSpec,
+) -> Unplaced:
+    """Why a replica that fits a card was left out: the constraint that binds."""
+    model = plan.model
+    slots = _slots(item, packing, problem)
+    free = [b for b in slots if not b.blockers]
+    if free:  # room was left: only a cut search explains it
+        return Unplaced(
+            model=key[0],
+            index=key[1],
+            reason=f"not placed although pool '{free[0].pool}' has room: {packing.limit}",
+            resource="search",
+            fixes=["raise --time-limit, or plan fewer replicas at once"],
+        )
+    alone = {b.blockers for b in slots if len(b.blockers) == 1}
+    # one constraint alone keeps it off some card: name it; else the one that keeps it
+    # off every card (GPU memory first), else the commonest
+    everywhere = [r for r in _BLOCKING_ORDER if all(r in b.blockers for b in slots)]
+    commonest = max(_BLOCKING_ORDER, key=lambda r: sum(r in b.blockers for b in slots))
+    binding = next(
+        (r for r in _BINDING_ORDER if frozenset({r}) in alone),
+        everywhere[0] if everywhere else commonest,
+    )
+    index = {p.name: i for i, p in enumerate(spec.pools)}
+    m_index = next(i for i, m in enumerate(spec.models) if m.name == model.name)
+    full = sorted({b.pool for b in slots})
+    node_fixes = [
+        f"raise pools[{index[p]}].max_nodes of '{p}' (now {problem.pool(p).max_nodes})"
+        for p in full
+        if problem.pool(p).max_nodes is not None
+    ]
+    sizing = plan.sizing[full[0]] if full else next(iter(plan.sizing.values()))
+    demand = item.demands[full[0]] if full else next(iter(item.demands.values()))
+    used_cards = packing.cards_used()
+    fixes: list[str] = []
+    shortfall: float | None = None
+    if binding == "isolation":
+        touched = [b for b in slots if b.blockers == frozenset({"isolation"})]
+        holders = sorted({str(t) for b in touched for t in b.owners})
+        pct = _card_use(problem, packing, {(b.pool, b.node) for b in touched})
+        mode = (
+            f"its tenant '{item.tenant}' is dedicated"
+            if item.dedicated
+            else f"they hold dedicated tenant {', '.join(repr(h) for h in holders)}"
+        )
+        reason = (
+            f"isolation: {len(touched)} card(s) have room for it ({pct:.0%} of their memory "
+            f"used) but {mode}, and no more nodes may be added"
+        )
+        dedicated = sorted(
+            {str(item.tenant)} if item.dedicated else {t for t in holders if t != item.tenant}
+        )
+        t_index = {t.name: i for i, t in enumerate(spec.tenants)}
+        fixes = [
+            f"set tenants[{t_index[t]}].isolation of '{t}' to shared"
+            for t in dedicated
+            if t in t_index
+        ]
+    elif binding == "memory":
+        nodes_seen = {(b.pool, b.node): b for b in slots}
+        best = max(nodes_seen.values(), key=lambda b: b.ram_left)
+        shortfall = float(demand.ram_mb - best.ram_left)
+        pool_spec = spec.pools[index[best.pool]]
+        need_gib = (problem.pool(best.pool).ram_mb + shortfall) / 1024
+        reason = (
+            f"host RAM: a replica reserves {demand.ram_mb:,} MiB; the roomiest node "
+            f"('{best.pool}' node {best.node}) has {best.ram_left:,} MiB left of "
+            f"{problem.pool(best.pool).ram_mb:,} (short {shortfall:,.0f} MiB) while "
+            f"GPU cards still have room"
+        )
+        fixes = [
+            f"raise pools[{index[best.pool]}].memory_gb of '{best.pool}' to "
+            f"{math.ceil(need_gib)} (now {pool_spec.memory_gb:g})",
+        ]
+        # one more fits on that node if this model's copies there each reserve less
+        items = {it.key: it for it in problem.items}
+        mine = [
+            k
+            for k, a in packing.assigned.items()
+            if (a.pool, a.node) == (best.pool, best.node) and k[0] == model.name
+        ]
+        others = problem.pool(best.pool).ram_mb - best.ram_left
+        others -= sum(items[k].demands[best.pool].ram_mb for k in mine)
+        floor_gib = (problem.pool(best.pool).ram_mb - others) / (len(mine) + 1) / 1024
+        if floor_gib >= 1:
+            now = (
+                f"now {model.resources.memory_gb:g}"
+                if model.resources.memory_gb is not None
+                else f"default {demand.ram_mb / 1024:g} per replica"
+            )
+            fixes.append(
+                f"set models[{m_index}].resources.memory_gb of '{model.name}' to "
+                f"{math.floor(floor_gib * 10) / 10:g} ({now})"
+            )
+    elif binding == "cpu":
+        best_cpu = max(slots, key=lambda b: b.cpu_left)
+        shortfall = float(demand.cpu - best_cpu.cpu_left)
+        reason = (
+            f"CPUs: a replica reserves {demand.cpu:g} CPUs; the roomiest node "
+            f"('{best_cpu.pool}' node {best_cpu.node}) has {max(0.0, best_cpu.cpu_left):g} left"
+        )
+        fixes = [
+            f"raise pools[{index[best_cpu.pool]}].cpu of '{best_cpu.pool}' to "
+            f"{math.ceil(problem.pool(best_cpu.pool).cpu + shortfall):g}",
+            f"lower models[{m_index}].resources.cpu of '{model.name}' "
+            f"(now {model.resources.cpu:g})",
+        ]
+    elif binding == "gpu_slices":
+        reason = (
+            f"slices per card: every card with memory left already holds "
+            f"{problem.pools[0].split_count} slices (HAMi deviceSplitCount)"
+        )
+        fixes = [f"raise models[{m_index}].concurrency of '{model.name}' and lower its replicas"]
+    elif binding == "gpu_cores":
+        reason = (
+            f"GPU cores: every card with memory left has less than the {demand.cores} % "
+            "gpucores a replica takes"
+        )
+    else:
+        details = ", ".join(
+            f"'{p}' ({problem.pool(p).max_nodes} nodes x {problem.pool(p).cards_per_node} "
+            f"{problem.pool(p).gpu_type}, {sum(1 for c in used_cards if c[0] == p)} cards used)"
+            for p in full
+        )
+        reason = (
+            f"no room left: needs {sizing.cards} x {sizing.slice_mb:,} MiB and its pools "
+            f"are full: {details}"
+        )
+        shortfall = float(sizing.slice_mb * sizing.cards)
+    fixes.extend(node_fixes)
     fixes.append("allow the model more pools, or lower replicas")
     return Unplaced(
         model=key[0],
         index=key[1],
-        reason=f"no room left: needs {sizing.cards} x {sizing.slice_mb:,} MiB and its pools "
-        f"are full: {details}",
-        resource="capacity",
-        shortfall=float(sizing.slice_mb * sizing.cards),
+        reason=reason,
+        resource=binding,
+        shortfall=shortfall,
         fixes=fixes,
     )
+
+
+def _card_use(problem: Problem, packing: Packing, nodes: set[tuple[str, int]]) -> float:
+    """Share of the card memory in use on the used cards of ``nodes``."""
+    items = {it.key: it for it in problem.items}
+    used = total = 0
+    seen: set[tuple[str, int, int]] = set()
+    for k, a in packing.assigned.items():
+        if (a.pool, a.node) not in nodes:
+            continue
+        pool = problem.pool(a.pool)
+        for c in a.cards:
+            used += items[k].demands[a.pool].mem_mb
+            if (a.pool, a.node, c) not in seen:
+                seen.add((a.pool, a.node, c))
+                total += pool.card_mb
+    return used / total if total else 0.0
 
 
 def compose_result(
@@ -355,18 +711,29 @@ def compose_result(
         )
         per_pool_mem[a.pool] = per_pool_mem.get(a.pool, 0) + sizing.slice_mb * len(a.cards)
         per_pool_replicas[a.pool] = per_pool_replicas.get(a.pool, 0) + 1
-    unplaced = [
-        _unplaced_reason(key, plans[key[0]], pools, packing)
-        for key in sorted(packing.unplaced, key=lambda k: (order[k[0]], k[1]))
-    ]
+    # copies of a model share their explanation: computed once per model (1,000 copies of
+    # an unplaceable model must not cost 1,000 diagnoses)
+    explained: dict[str, Unplaced] = {}
+    unplaced: list[Unplaced] = []
+    for key in sorted(packing.unplaced, key=lambda k: (order[k[0]], k[1])):
+        first = explained.get(key[0])
+        if first is None:
+            first = _unplaced_reason(
+                key, plan=plans[key[0]], pools=pools, packing=packing, problem=problem, spec=spec
+            )
+            explained[key[0]] = first
+        same = first.index == key[1]
+        unplaced.append(first if same else first.model_copy(update={"index": key[1]}))
     used_nodes = packing.nodes_used()
     cards = packing.cards_used()
     usage: list[PoolUsage] = []
     nodes: dict[str, int] = {}
+    priced = problem.priced
     for pc in pools:
         name = pc.spec.name
         count = max(used_nodes.get(name, 0), pc.spec.min_nodes)
         nodes[name] = count
+        price = pc.spec.cost_per_hour
         usage.append(
             PoolUsage(
                 name=name,
@@ -377,8 +744,10 @@ def compose_result(
                 gpus_used=sum(1 for c in cards if c[0] == name),
                 memory_used_mb=per_pool_mem.get(name, 0),
                 replicas=per_pool_replicas.get(name, 0),
+                cost_per_hour=round(count * (price or 0.0), 6) if priced else None,
             )
         )
+    levels = [n for n in OBJECTIVES if n != "cost" or priced]
     return PlanResult(
         feasible=not unplaced,
         gpus_used=len(cards),
@@ -390,22 +759,52 @@ def compose_result(
         solver=packing.solver,
         lower_bound=packing.lower_bound,
         pools=usage,
+        cost_per_hour=round(packing_cost(problem, packing), 6) if priced else None,
+        optimal=[n for n in levels if n in packing.proven],
+        search_limit=packing.limit,
     )
+
+
+#: Seconds the exact solver may run before the safety net stops it (the node limit, not
+#: this, decides the answer on any machine that is not starved).
+DEFAULT_TIME_LIMIT_S = 60.0
 
 
 def plan_fleet(
-    spec: FleetSpec, *, scenario: Scenario = "min", time_limit_s: float = 10.0
+    spec: FleetSpec,
+    *,
+    scenario: Scenario = "min",
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    node_limit: int = NODE_LIMIT,
 ) -> PlanResult:
     """Place every replica of ``spec`` (``min`` or ``max`` replicas) on its pools.
 
-    Raises SpecError for an unknown GPU type or model config; an infeasible fleet is a
-    result (``feasible: false`` with the reasons), not an error.
+    The answer is decided by ``node_limit`` (branch-and-bound nodes per objective level),
+    so it is the same on any machine; ``time_limit_s`` is a safety net whose hit the
+    result states (``search_limit``). Raises SpecError for an unknown GPU type or model
+    config, or prices on some GPU pools only; an infeasible fleet is a result
+    (``feasible: false`` with the reasons), not an error.
     """
     if scenario not in ("min", "max"):
         raise ValueError(f"scenario must be 'min' or 'max', not {scenario!r}")
+    _check_prices(spec)
     pools = [resolve_pool(p) for p in spec.pools]
     problem, plans = build_problem(spec, pools, scenario)
-    packing = solve(problem, time_limit_s=time_limit_s)
+    packing = solve(problem, time_limit_s=time_limit_s, node_limit=node_limit)
     return compose_result(
         spec, pools=pools, plans=plans, problem=problem, packing=packing, scenario=scenario
     )
+
+
+def _check_prices(spec: FleetSpec) -> None:
+    """Prices on every GPU pool or on none: a pool left without one would look free."""
+    gpu_pools = [(i, p) for i, p in enumerate(spec.pools) if p.gpu is not None and p.gpu.count]
+    priced = [p.name for _, p in gpu_pools if p.cost_per_hour is not None]
+    if priced and len(priced) < len(gpu_pools):
+        missing = [(i, p.name) for i, p in gpu_pools if p.cost_per_hour is None]
+        i, name = missing[0]
+        raise SpecError(
+            f"pools[{i}].cost_per_hour: pool '{name}' has no price while "
+            f"{', '.join(repr(n) for n in priced)} have one",
+            hint="set cost_per_hour on every GPU pool (0 for nodes already paid for) or on none",
+        )

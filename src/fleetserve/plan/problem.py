@@ -28,6 +28,8 @@ class PoolShape:
     max_nodes: int | None
     min_nodes: int = 0
     split_count: int = DEVICE_SPLIT_COUNT
+    cost_per_hour: float = 0.0
+    """Price of one node per hour (0: no price given)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,11 @@ class Problem:
     policy_node: str = "spread"
     policy_gpu: str = "binpack"
 
+    @property
+    def priced(self) -> bool:
+        """Whether cost is an objective (some pool has a price)."""
+        return any(p.cost_per_hour > 0 for p in self.pools)
+
     def pool(self, name: str) -> PoolShape:
         for p in self.pools:
             if p.name == name:
@@ -99,6 +106,10 @@ class Packing:
     solver: str = "heuristic"
     gap: float | None = None
     lower_bound: float | None = None
+    proven: tuple[str, ...] = ()
+    """Objective levels proven optimal, a prefix of :data:`OBJECTIVES`."""
+    limit: str | None = None
+    """What cut the exact search short, as a sentence (None: nothing did)."""
 
     def cards_used(self) -> set[tuple[str, int, int]]:
         return {(a.pool, a.node, c) for a in self.assigned.values() for c in a.cards}
@@ -113,6 +124,34 @@ class Packing:
 
 def gpus_used(packing: Packing) -> int:
     return len(packing.cards_used())
+
+
+#: The planner's objective, lexicographic: most replicas placed, then the lowest cost
+#: (only when pools have prices), then fewest GPUs, then fewest nodes.
+OBJECTIVES = ("replicas", "cost", "gpus", "nodes")
+
+
+def nodes_billed(problem: Problem, packing: Packing) -> dict[str, int]:
+    """Per pool: the nodes the plan needs (in use, and never fewer than min_nodes)."""
+    used = packing.nodes_used()
+    return {p.name: max(used.get(p.name, 0), p.min_nodes) for p in problem.pools}
+
+
+def packing_cost(problem: Problem, packing: Packing) -> float:
+    """Price per hour of the nodes the plan needs."""
+    billed = nodes_billed(problem, packing)
+    return sum(p.cost_per_hour * billed[p.name] for p in problem.pools)
+
+
+def score(problem: Problem, packing: Packing) -> tuple[int, float, int, int]:
+    """The lexicographic objective of a packing (lower is better)."""
+    cost = round(packing_cost(problem, packing), 6) if problem.priced else 0.0
+    return (
+        len(packing.unplaced),
+        cost,
+        gpus_used(packing),
+        len({(a.pool, a.node) for a in packing.assigned.values()}),
+    )
 
 
 def check_packing(problem: Problem, packing: Packing) -> list[str]:

@@ -72,8 +72,11 @@ class Unplaced(_Frozen):
     reason: str
     resource: str | None = Field(
         default=None,
-        description="The resource that is short: gpu_memory, gpu_count, cpu, memory, pool, "
-        "capacity.",
+        description="The constraint that binds: gpu_memory / gpu_count / gpu_capability / "
+        "engine (fits no card or vLLM refuses it), pool (no pool to run on); or, for a "
+        "replica that fits a card, the constraint that kept it out of the pools: capacity "
+        "(GPU memory of every card), isolation (dedicated tenants), memory (host RAM), cpu, "
+        "gpu_slices (HAMi deviceSplitCount), gpu_cores; search (a limit cut the search).",
     )
     shortfall: float | None = Field(
         default=None, description="By how much (MiB for memory, cards, CPUs)."
@@ -92,6 +95,9 @@ class PoolUsage(_Frozen):
     gpus_used: int = Field(ge=0, description="Cards holding at least one replica.")
     memory_used_mb: int = Field(ge=0, description="Sum of the slices on those cards (MiB).")
     replicas: int = Field(ge=0, description="Replicas placed in this pool.")
+    cost_per_hour: float | None = Field(
+        default=None, description="nodes x the pool's cost_per_hour (None: no prices given)."
+    )
 
 
 class PlanResult(_Frozen):
@@ -101,8 +107,8 @@ class PlanResult(_Frozen):
     gpus_used: int = Field(ge=0)
     nodes: dict[str, int] = Field(description="Nodes needed per pool.")
     optimality_gap: float | None = Field(
-        description="Relative gap to the solver's bound (0 = proven optimal; None = heuristic "
-        "without a bound)."
+        description="Relative gap of gpus_used to lower_bound (0 = GPUs proven optimal); "
+        "None unless placing the most replicas possible is proven."
     )
     replicas: list[ReplicaPlacement]
     unplaced: list[Unplaced]
@@ -115,3 +121,20 @@ class PlanResult(_Frozen):
         default=None, description="Proven lower bound on gpus_used (when known)."
     )
     pools: list[PoolUsage] = Field(default_factory=list, description="Per-pool summary.")
+    cost_per_hour: float | None = Field(
+        default=None,
+        description="Price of the plan's nodes per hour: sum of nodes x pools[].cost_per_hour "
+        "(None: no prices given).",
+    )
+    optimal: list[str] = Field(
+        default_factory=list,
+        description="Objective levels proven optimal, in the order they are optimised: "
+        "'replicas' (most placed), 'cost' (only with prices), 'gpus', 'nodes'. Each claim "
+        "holds given the levels before it.",
+    )
+    search_limit: str | None = Field(
+        default=None,
+        description="What cut the exact search short (node limit, time-limit safety net, "
+        "instance size, solver off), as a sentence; None when it ran to the end or the "
+        "bounds proved the heuristic optimal.",
+    )

@@ -185,7 +185,7 @@ def test_too_big_for_every_card_says_why_and_how_to_fix() -> None:
 
 def test_fix_suggestions_are_real_fits() -> None:
     spec = fleet(
-        [{"name": "l", "config": "llama-3-8b", "max_model_len": 32768, "concurrency": 8}],
+        [{"name": "l", "config": "llama-3.1-8b", "max_model_len": 32768, "concurrency": 8}],
         [{"name": "l4", "gpu": {"type": "L4", "count": 1}, "cpu": 8, "memory_gb": 32}],
     )
     (u,) = plan_fleet(spec).unplaced
@@ -198,7 +198,7 @@ def test_fix_suggestions_are_real_fits() -> None:
         [
             {
                 "name": "l",
-                "config": "llama-3-8b",
+                "config": "llama-3.1-8b",
                 "max_model_len": longest,
                 "concurrency": 8,
                 "quantization": None,
@@ -237,14 +237,14 @@ def test_full_pools_report_capacity() -> None:
     assert not result.feasible
     assert len(result.replicas) + len(result.unplaced) == 5
     assert all(u.resource == "capacity" for u in result.unplaced)
-    assert "raise max_nodes of 'a6000'" in result.unplaced[0].fixes[0]
+    assert "raise pools[0].max_nodes of 'a6000' (now 1)" in result.unplaced[0].fixes[0]
     assert plan_violations(spec, result) == []
 
 
 def test_fp8_is_refused_on_cards_without_support() -> None:
     spec = fleet(
         [{"name": "l", "config": "llama-3.2-1b", "quantization": "fp8", "max_model_len": 2048}],
-        [{"name": "t4", "gpu": {"type": "T4", "count": 1}, "cpu": 8, "memory_gb": 32}],
+        [{"name": "v100", "gpu": {"type": "V100-16GB", "count": 1}, "cpu": 8, "memory_gb": 32}],
     )
     (u,) = plan_fleet(spec).unplaced
     assert u.resource == "gpu_capability"
@@ -285,7 +285,7 @@ def test_custom_card_memory() -> None:
         [{"name": "p", "gpu": {"memory_gb": 24, "count": 1}}],
     )
     r = plan_fleet(spec).replicas[0]
-    assert r.card_memory_mb == 22888
+    assert r.card_memory_mb == 24 * 1024  # memory_gb is GiB
 
 
 def test_milp_proves_optimality_on_a_small_fleet() -> None:
@@ -385,7 +385,7 @@ def test_pool_memory_overrides_the_catalogue_but_keeps_the_type() -> None:
     )
     r = plan_fleet(spec).replicas[0]
     assert r.gpu_type == "A100-80GB"
-    assert r.card_memory_mb == int(40e9 / 2**20)
+    assert r.card_memory_mb == 40 * 1024
 
 
 def test_pipeline_parallel_spans_whole_cards() -> None:
@@ -401,7 +401,7 @@ def test_pipeline_parallel_spans_whole_cards() -> None:
 
 
 def test_fp8_kv_cache_shrinks_the_slice() -> None:
-    base = {"name": "l", "config": "llama-3-8b", "max_model_len": 16384, "concurrency": 8}
+    base = {"name": "l", "config": "llama-3.1-8b", "max_model_len": 16384, "concurrency": 8}
     auto = plan_fleet(fleet([dict(base)], [A6000])).replicas[0]
     fp8 = plan_fleet(fleet([{**base, "kv_cache_dtype": "fp8"}], [A6000])).replicas[0]
     kv_auto = 8 * 16384 * 128 * 1024 // 2**20  # MiB

@@ -19,8 +19,8 @@ from fleetserve.plan import plan_fleet
 from fleetserve.plan.checks import plan_violations
 from fleetserve.plan.milp import solve_milp
 from fleetserve.plan.packer import pack_heuristic
-from fleetserve.plan.planner import build_problem, resolve_pool
-from fleetserve.plan.problem import check_packing, gpus_used
+from fleetserve.plan.planner import build_problem, host_ram_mb, resolve_pool
+from fleetserve.plan.problem import check_packing, gpus_used, score
 from fleetserve.spec import FleetSpec, parse_spec
 
 MODELS = [
@@ -97,11 +97,30 @@ def test_plans_never_break_a_rule(spec: FleetSpec, scenario: str) -> None:
             "gpu_memory",
             "gpu_count",
             "gpu_capability",
+            "engine",
             "cpu",
             "memory",
             "pool",
             "capacity",
+            "isolation",
+            "gpu_slices",
+            "gpu_cores",
         }
+        assert u.fixes, u  # never a replica left out with no way forward
+    # host RAM and CPUs of every node (plan_violations checks the cards)
+    pools = {p.name: resolve_pool(p).shape for p in spec.pools}
+    ram: dict[tuple[str, int], int] = {}
+    cpu: dict[tuple[str, int], float] = {}
+    for r in result.replicas:
+        model = spec.model(r.model)
+        node = (r.pool, r.node)
+        ram[node] = ram.get(node, 0) + host_ram_mb(model, len(r.gpus))
+        cpu[node] = cpu.get(node, 0.0) + model.resources.cpu
+    for node, used in ram.items():
+        shape = pools[node[0]]
+        assert shape is not None
+        assert used <= shape.ram_mb, (node, used, shape.ram_mb)
+        assert cpu[node] <= shape.cpu + 1e-9
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -111,8 +130,11 @@ def test_heuristic_and_milp_packings_are_valid_and_milp_is_no_worse(spec: FleetS
     problem, _ = build_problem(spec, pools, "max")
     heuristic = pack_heuristic(problem)
     assert check_packing(problem, heuristic) == []
-    exact = solve_milp(problem, heuristic, time_limit_s=2)
+    exact = solve_milp(problem, heuristic, time_limit_s=5)
     if exact is not None:
         assert check_packing(problem, exact) == []
+        if exact.proven:  # a proven level is never worse than the heuristic's
+            level = len(exact.proven) if "cost" in exact.proven else len(exact.proven) + 1
+            assert score(problem, exact)[:level] <= score(problem, heuristic)[:level]
         if exact.lower_bound is not None and not exact.unplaced and not heuristic.unplaced:
             assert exact.lower_bound <= gpus_used(heuristic)
