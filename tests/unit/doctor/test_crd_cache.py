@@ -135,6 +135,19 @@ def test_no_schema_gives_one_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert not (tmp_path / "empty-cache").exists(), "an offline run must not write the cache"
 
 
+def test_machine_formats_put_the_note_on_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "empty-cache"))
+    path = _write(tmp_path, BUGS)
+    for fmt in ("json", "sarif", "github"):
+        assert main(["doctor", str(path), "--rules", "schema", "--format", fmt]) == 0
+        out, err = capsys.readouterr()
+        if fmt != "github":
+            json.loads(out)
+        assert err.count("note: no CRD schema for KubeRay") == 1
+
+
 _MONITOR = """\
 ---
 apiVersion: monitoring.coreos.com/v1

@@ -211,4 +211,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text + "\n" if text else "")
     else:
         print_text(result, Console(highlight=False))
+    if args.format != "text":
+        # Machine formats keep stdout parseable; the notes (e.g. "no CRD schema ...: not
+        # schema-checked") still reach the person reading the CI log.
+        for note in result.notes:
+            sys.stderr.write(f"fleetserve doctor: note: {note}\n")
     return 1 if result.fails(args.fail_on) else 0
