@@ -445,34 +445,72 @@ def serve_config(m: Manifest) -> tuple[dict[str, Any], str] | None:
     return parsed, "spec.serveConfigV2"
 
 
-def serve_deployments(m: Manifest) -> list[tuple[str, dict[str, Any], str]]:
-    """Every Serve deployment of a RayService: (``app/deployment``, its dict, its path).
+@dataclass(frozen=True, eq=False)
+class ServeDeployment:
+    """One ``deployments[]`` item of a Serve application, as written."""
 
-    The path is inside the serveConfigV2 document, e.g.
-    ``spec.serveConfigV2:applications[0].deployments[1]``.
+    #: ``app/deployment`` (``#j`` when unnamed).
+    name: str
+    #: Field path, e.g. ``spec.serveConfigV2:applications[0].deployments[1]``.
+    path: str
+    #: Position in the application's ``deployments`` list.
+    index: int
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True, eq=False)
+class ServeApp:
+    """One application of a RayService's Serve config, as written."""
+
+    #: ``name`` (``#i`` when unnamed).
+    name: str
+    #: Field path, e.g. ``spec.serveConfigV2:applications[0]``.
+    path: str
+    body: dict[str, Any]
+    #: Its ``deployments`` items that are mappings, in order.
+    deployments: tuple[ServeDeployment, ...]
+
+    @property
+    def import_path(self) -> str:
+        """``import_path`` ("" when absent)."""
+        return str(self.body.get("import_path", ""))
+
+    @property
+    def is_serve_llm(self) -> bool:
+        """A Ray Serve LLM builder app (its deployments come from ``args.llm_configs``)."""
+        return "serve.llm" in self.import_path or "build_openai_app" in self.import_path
+
+
+def serve_apps(m: Manifest) -> list[ServeApp]:
+    """The one walk over a RayService's Serve applications and their deployments.
+
+    Every rule that reads the Serve config starts here, so names (``app/deployment``, ``#i``
+    for unnamed items) and field paths are the same in every finding.
     """
     found = serve_config(m)
     if found is None:
         return []
-    cfg, path = found
-    out: list[tuple[str, dict[str, Any], str]] = []
+    cfg, root = found
     apps = cfg.get("applications")
-    if not isinstance(apps, list):
-        return out
-    for i, app in enumerate(apps):
+    out: list[ServeApp] = []
+    for i, app in enumerate(apps if isinstance(apps, list) else []):
         if not isinstance(app, dict):
             continue
-        app_name = str(app.get("name", f"#{i}"))
+        name = str(app.get("name", f"#{i}"))
+        path = f"{root}:applications[{i}]"
         deps = app.get("deployments")
-        if not isinstance(deps, list):
-            continue
-        for j, dep in enumerate(deps):
-            if isinstance(dep, dict):
-                dep_name = str(dep.get("name", f"#{j}"))
-                out.append(
-                    (f"{app_name}/{dep_name}", dep, f"{path}:applications[{i}].deployments[{j}]")
-                )
+        items = tuple(
+            ServeDeployment(f"{name}/{d.get('name', f'#{j}')}", f"{path}.deployments[{j}]", j, d)
+            for j, d in enumerate(deps if isinstance(deps, list) else [])
+            if isinstance(d, dict)
+        )
+        out.append(ServeApp(name, path, app, items))
     return out
+
+
+def serve_deployments(m: Manifest) -> list[tuple[str, dict[str, Any], str]]:
+    """Every Serve deployment of a RayService: (``app/deployment``, its dict, its path)."""
+    return [(d.name, d.body, d.path) for app in serve_apps(m) for d in app.deployments]
 
 
 def env_value(m: Manifest, name: str) -> tuple[str, str] | None:

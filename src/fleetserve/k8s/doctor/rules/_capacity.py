@@ -27,7 +27,7 @@ from fleetserve.k8s.doctor.ray_objects import (
     groups,
     head_group,
     is_unknown,
-    serve_config,
+    serve_apps,
     try_quantity,
     worker_groups,
 )
@@ -318,34 +318,18 @@ def _llm_demands(app: dict[str, Any], app_name: str, path: str) -> list[ServeDem
 
 def serve_demands(m: Manifest) -> list[ServeDemand]:
     """Every Serve deployment whose resources can be read from a RayService's serveConfigV2."""
-    found = serve_config(m)
-    if found is None:
-        return []
-    cfg, base = found
-    apps = cfg.get("applications")
     out: list[ServeDemand] = []
-    if not isinstance(apps, list):
-        return out
-    for i, app in enumerate(apps):
-        if not isinstance(app, dict):
-            continue
-        app_name = str(app.get("name", f"#{i}"))
-        app_path = f"{base}:applications[{i}]"
-        import_path = str(app.get("import_path", ""))
-        llm: list[ServeDemand] = []
-        if "serve.llm" in import_path or "build_openai_app" in import_path:
-            llm = _llm_demands(app, app_name, app_path)
-            out.extend(llm)
-        deps = app.get("deployments")
+    for app in serve_apps(m):
+        llm = _llm_demands(app.body, app.name, app.path) if app.is_serve_llm else []
+        out.extend(llm)
         # A Serve LLM app's `deployments` entries only override options of the deployments
         # its builder creates (counted above); counting them again would double the demand.
-        if isinstance(deps, list) and not llm:
-            for j, dep in enumerate(deps):
-                if isinstance(dep, dict):
-                    name = f"{app_name}/{dep.get('name', f'#{j}')}"
-                    d = _deployment_demand(name, dep, f"{app_path}.deployments[{j}]")
-                    if d is not None:
-                        out.append(d)
+        if llm:
+            continue
+        for dep in app.deployments:
+            d = _deployment_demand(dep.name, dep.body, dep.path)
+            if d is not None:
+                out.append(d)
     return out
 
 

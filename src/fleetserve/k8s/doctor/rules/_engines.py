@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from fleetserve.engine.config import EngineConfig
 from fleetserve.errors import FleetServeError
 from fleetserve.k8s.doctor.inventory import Manifest
-from fleetserve.k8s.doctor.ray_objects import GroupView, serve_config
+from fleetserve.k8s.doctor.ray_objects import GroupView, serve_apps, serve_config
 from fleetserve.plan.catalogue import catalogue_entry
 from fleetserve.plan.result import EngineSettings
 from fleetserve.spec import parse_spec
@@ -433,19 +433,9 @@ def _fleetserve_replicas(
 
 def engine_replicas(m: Manifest) -> list[EngineReplica]:
     """Every Serve replica kind of a RayService, with its vLLM engine arguments when written."""
-    found = serve_config(m)
-    if found is None:
-        return []
-    cfg, root = found
-    apps = cfg.get("applications")
-    if not isinstance(apps, list):
-        return []
     out: list[EngineReplica] = []
-    for i, app in enumerate(apps):
-        if not isinstance(app, dict):
-            continue
-        app_path = f"{root}:applications[{i}]"
-        app_name = str(app.get("name", f"#{i}"))
+    for serve_app in serve_apps(m):
+        app, app_path, app_name = serve_app.body, serve_app.path, serve_app.name
         llm = _serve_llm_replicas(m, app, app_path, app_name)
         if llm:
             out.extend(llm)
@@ -462,15 +452,12 @@ def engine_replicas(m: Manifest) -> list[EngineReplica]:
         for sub in ("engine_args", "engine_kwargs"):
             if isinstance(args, dict):
                 _read_args(args.get(sub), f"{app_path}.args.{sub}", app_engine, app_paths)
-        deps_raw = app.get("deployments")
-        deps = (
-            [(j, d) for j, d in enumerate(deps_raw) if isinstance(d, dict)]
-            if isinstance(deps_raw, list)
-            else []
-        )
-        with_gpus = [j for j, d in deps if _gpus_of(d, "")[0] or _gpus_of(d, "")[1] is not None]
-        for j, dep in deps:
-            dep_path = f"{app_path}.deployments[{j}]"
+        deps = serve_app.deployments
+        with_gpus = [
+            d.index for d in deps if _gpus_of(d.body, "")[0] or _gpus_of(d.body, "")[1] is not None
+        ]
+        for item in deps:
+            j, dep, dep_path = item.index, item.body, item.path
             env, env_paths = dict(app_env), dict(app_env_paths)
             actor = dep.get("ray_actor_options")
             if isinstance(actor, dict):
@@ -493,7 +480,7 @@ def engine_replicas(m: Manifest) -> list[EngineReplica]:
             out.append(
                 EngineReplica(
                     manifest=m,
-                    name=f"{app_name}/{dep.get('name', f'#{j}')}",
+                    name=item.name,
                     path=dep_path,
                     options=dep,
                     options_path=dep_path,
