@@ -28,6 +28,7 @@ from fleetserve.k8s.doctor.ray_objects import (
 )
 from fleetserve.k8s.doctor.rules._engines import engine_replicas
 from fleetserve.plan.gpus import gpu_type
+from fleetserve.units import gib_to_mib_floor
 
 # --------------------------------------------------------------------------- HAMi config
 
@@ -422,7 +423,7 @@ def card_memory(pod: PodView, inv: Inventory) -> CardMemory | None:
             if p.gpu is None or not all(p.labels.get(k) in v for k, v in want.items()):
                 continue
             if p.gpu.memory_gb is not None:
-                cands.append(p.gpu.memory_gb * 1e9 / 2**20)
+                cands.append(gib_to_mib_floor(p.gpu.memory_gb))  # the spec's GiB, as a card
             elif p.gpu.type is not None:
                 mib = memory_of_gpu_name(p.gpu.type)
                 if not mib:
