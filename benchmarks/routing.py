@@ -1,0 +1,345 @@
+"""Routing benchmark: fleetserve's prefix router vs Ray Serve's default (power of two
+choices) vs Ray Serve LLM's PrefixCacheAffinityRouter, two replicas of the default model.
+
+Design note. Each arm is the same Serve application (``fleetserve.serve.app:build_app``
+from a Serve config, as a RayService runs it) whose model deployment differs only in
+``request_router_config``: fleetserve's ``FleetRouter`` (policy prefix), Serve's
+``PowerOfTwoChoicesRequestRouter``, or Ray Serve LLM's router (``benchmarks/
+rayllm_router.py`` adapts its text extraction to fleetserve's raw request bodies). Arms run
+one after another in one invocation (a Ray Serve router cannot be swapped under running
+replicas, and six CPU engines at once do not fit beside other work on this host), each
+with a fresh ``serve run`` and the same seeded workloads:
+
+* ``shared``: ``--groups`` long system prompts (built like ``fleetserve bench``'s
+  shared-prefix workload), ``--users`` users each holding a ``--turns``-turn conversation
+  on one of them (the assistant's streamed replies become history), all users at once;
+* ``unique``: the same number of single-turn requests with no shared prefix at all.
+
+Measured per arm and workload: TTFT p50/p99 (first streamed content), request throughput,
+output tokens/s, and vLLM's prefix-cache hit rate (hit / queried prompt tokens, summed over
+both replicas' scheduler stats, read from the replicas over Ray). Start-up (``serve run``
+to both replicas ready) is reported too.
+
+    flock /tmp/fleetserve-heavy.lock .venv/bin/python benchmarks/routing.py \\
+        --arms fleetserve pow2 rayllm --json /tmp/routing.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import yaml
+
+from fleetserve.bench.workload.text import PromptText
+from fleetserve.serve.deployment_options import ROUTER_CLASS
+from fleetserve.spec import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE
+
+ROUTERS = {
+    "fleetserve": ROUTER_CLASS,
+    "pow2": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
+    "rayllm": "rayllm_router:RayLLMPrefixRouter",
+}
+DEPLOYMENT = "model-" + DEFAULT_MODEL_NAME
+HERE = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve_config(arm: str, port: int, args: argparse.Namespace) -> dict[str, Any]:
+    engine_args: dict[str, Any] = {"kv_cache_memory_bytes": args.kv_cache_mib * 2**20}
+    if args.eager:
+        engine_args["enforce_eager"] = True
+    model: dict[str, Any] = {
+        "name": DEFAULT_MODEL_NAME,
+        "source": DEFAULT_MODEL_SOURCE,
+        "max_model_len": args.max_model_len,
+        "concurrency": 4,
+        "max_num_seqs": 16,
+        "resources": {"cpu": 0.5},
+        "replicas": {"min": 2, "max": 2, "max_ongoing_requests": 16},
+        "engine_args": engine_args,
+    }
+    router: dict[str, Any] = {"request_router_class": ROUTERS[arm]}
+    if arm == "fleetserve":
+        router = {}  # the app's own options: FleetRouter with the spec's routing knobs
+    app: dict[str, Any] = {
+        "name": "fleetserve",
+        "route_prefix": "/",
+        "import_path": "fleetserve.serve.app:build_app",
+        "args": {"spec": {"models": [model]}, "engine": args.engine},
+    }
+    if router:
+        app["deployments"] = [{"name": DEPLOYMENT, "request_router_config": router}]
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [app],
+    }
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+@dataclass
+class Sample:
+    ttft_s: float
+    e2e_s: float
+    tokens: int
+    ok: bool
+
+
+@dataclass
+class Phase:
+    samples: list[Sample] = field(default_factory=list)
+    wall_s: float = 0.0
+    hits: float = 0.0
+    queries: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        ok = [s for s in self.samples if s.ok]
+        ttft = sorted(s.ttft_s for s in ok)
+
+        def pct(p: float) -> float:
+            return ttft[min(len(ttft) - 1, int(p * len(ttft)))] if ttft else float("nan")
+
+        return {
+            "requests": len(self.samples),
+            "failed": len(self.samples) - len(ok),
+            "ttft_p50_s": round(statistics.median(ttft), 3) if ttft else None,
+            "ttft_p99_s": round(pct(0.99), 3),
+            "req_per_s": round(len(ok) / self.wall_s, 3) if self.wall_s else None,
+            "out_tok_per_s": round(sum(s.tokens for s in ok) / self.wall_s, 2)
+            if self.wall_s
+            else None,
+            "prefix_hit_rate": round(self.hits / self.queries, 3) if self.queries else None,
+        }
+
+
+async def stream_chat(
+    client: httpx.AsyncClient, url: str, messages: list[dict[str, str]], max_tokens: int
+) -> tuple[Sample, str]:
+    body = {
+        "model": DEFAULT_MODEL_NAME,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
+    start = time.perf_counter()
+    ttft = None
+    text: list[str] = []
+    try:
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                await r.aread()
+                return Sample(0, 0, 0, False), ""
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                for choice in chunk.get("choices", []):
+                    piece = choice.get("delta", {}).get("content")
+                    if piece:
+                        if ttft is None:
+                            ttft = time.perf_counter() - start
+                        text.append(piece)
+    except httpx.HTTPError:
+        return Sample(0, 0, 0, False), ""
+    e2e = time.perf_counter() - start
+    return Sample(ttft if ttft is not None else e2e, e2e, max_tokens, ttft is not None), "".join(
+        text
+    )
+
+
+def shared_conversations(args: argparse.Namespace, seed: int) -> list[list[str]]:
+    """Per user: its system prompt, then one user message per turn."""
+    rng = np.random.default_rng(seed)
+    text = PromptText(None)
+    systems = [text.build(args.prefix_tokens, rng)[0] for _ in range(args.groups)]
+    out = []
+    for user in range(args.users):
+        turns = [text.build(args.turn_tokens, rng)[0] for _ in range(args.turns)]
+        out.append([systems[user % args.groups], *turns])
+    return out
+
+
+async def run_shared(url: str, args: argparse.Namespace, seed: int) -> Phase:
+    phase = Phase()
+    convs = shared_conversations(args, seed)
+    async with httpx.AsyncClient(timeout=600) as client:
+
+        async def user(conv: list[str]) -> None:
+            messages: list[dict[str, str]] = []
+            for i, turn in enumerate(conv[1:]):
+                content = f"{conv[0]}\n\n{turn}" if i == 0 else turn
+                messages.append({"role": "user", "content": content})
+                sample, reply = await stream_chat(client, url, messages, args.max_tokens)
+                phase.samples.append(sample)
+                messages.append({"role": "assistant", "content": reply or "ok"})
+
+        start = time.perf_counter()
+        await asyncio.gather(*(user(c) for c in convs))
+        phase.wall_s = time.perf_counter() - start
+    return phase
+
+
+async def run_unique(url: str, args: argparse.Namespace, seed: int) -> Phase:
+    phase = Phase()
+    rng = np.random.default_rng(seed + 1)
+    text = PromptText(None)
+    n = args.users * args.turns
+    tokens = args.prefix_tokens // 2 + args.turn_tokens
+    prompts = [text.build(tokens, rng)[0] for _ in range(n)]
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for p in prompts:
+        queue.put_nowait(p)
+    async with httpx.AsyncClient(timeout=600) as client:
+
+        async def worker() -> None:
+            while not queue.empty():
+                prompt = queue.get_nowait()
+                msgs = [{"role": "user", "content": prompt}]
+                sample, _ = await stream_chat(client, url, msgs, args.max_tokens)
+                phase.samples.append(sample)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(args.users)))
+        phase.wall_s = time.perf_counter() - start
+    return phase
+
+
+# --------------------------------------------------------------------------- replicas
+
+
+def prefix_counters() -> tuple[float, float]:
+    """vLLM prefix-cache hit and query tokens, summed over the model's live replicas."""
+    import ray  # noqa: PLC0415
+
+    hits = queries = 0.0
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] == "serve" and f"#{DEPLOYMENT}#" in actor["name"]:
+            ref: Any = ray.get_actor(actor["name"], namespace="serve").record_routing_stats.remote()
+            stats: dict[str, Any] = ray.get(ref, timeout=60)
+            hits += float(stats.get("prefix_cache_hits", 0.0))
+            queries += float(stats.get("prefix_cache_queries", 0.0))
+    return hits, queries
+
+
+async def measured(run: Any, url: str, args: argparse.Namespace, seed: int) -> Phase:
+    h0, q0 = prefix_counters()
+    phase: Phase = await run(url, args, seed)
+    await asyncio.sleep(2)  # vLLM's stat loggers record after the last step
+    h1, q1 = prefix_counters()
+    phase.hits, phase.queries = h1 - h0, q1 - q0
+    return phase
+
+
+def run_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    import ray  # noqa: PLC0415
+
+    port = free_port()
+    config = workdir / f"serve-{arm}.yaml"
+    config.write_text(yaml.safe_dump(serve_config(arm, port, args)))
+    log = (workdir / f"serve-{arm}.log").open("wb")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
+    serve_cli = str(Path(sys.executable).parent / "serve")
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [serve_cli, "run", str(config)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    result: dict[str, Any] = {"arm": arm}
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"serve run exited {proc.returncode}; see {log.name}")
+            if time.monotonic() - start > args.start_timeout:
+                raise RuntimeError(f"not ready after {args.start_timeout} s; see {log.name}")
+            try:
+                if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        result["start_s"] = round(time.monotonic() - start, 1)
+        print(f"[{arm}] ready in {result['start_s']} s", file=sys.stderr)
+        ray.init(address="auto", log_to_driver=False)
+        for workload in args.workloads:
+            run = run_shared if workload == "shared" else run_unique
+            # Warm-up on other prompts (engine graphs, router state), then the measurement.
+            asyncio.run(run(url, argparse.Namespace(**{**vars(args), "users": 2}), 999))
+            phase = asyncio.run(measured(run, url, args, args.seed))
+            result[workload] = phase.summary()
+            print(f"[{arm}] {workload}: {result[workload]}", file=sys.stderr)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+        log.close()
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arms", nargs="+", choices=list(ROUTERS), default=list(ROUTERS))
+    p.add_argument(
+        "--workloads", nargs="+", choices=["shared", "unique"], default=["shared", "unique"]
+    )
+    p.add_argument("--engine", choices=["vllm", "fake"], default="vllm")
+    p.add_argument("--groups", type=int, default=4, help="shared system prompts")
+    p.add_argument("--users", type=int, default=8, help="concurrent conversations")
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--prefix-tokens", type=int, default=1024)
+    p.add_argument("--turn-tokens", type=int, default=48)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--kv-cache-mib", type=int, default=256)
+    p.add_argument("--eager", action="store_true", help="vLLM --enforce-eager (no compile)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start-timeout", type=float, default=900)
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/fleetserve-routing-bench"))
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    results = [run_arm(arm, args, args.workdir) for arm in args.arms]
+    out = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results}
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
