@@ -137,4 +137,4 @@ def test_tpu_trigger_names_the_tpu_supply() -> None:
         if f.rule == "infeasible-request"
     ]
     assert "TPU: 8" in f.message
-    assert "TPU: 4" in f.message
+    assert "worker group 'tpu-group' (TPU pods) {CPU: 24, memory: 168 GiB, TPU: 4}" in f.message

@@ -21,6 +21,7 @@ from typing import Any
 from fleetserve.k8s.doctor.inventory import Inventory, Manifest, ScalingConfigCall
 from fleetserve.k8s.doctor.ray_objects import (
     GroupView,
+    accelerator_family,
     as_dict,
     autoscaling_enabled,
     fmt_num,
@@ -69,7 +70,9 @@ class NodeType:
         return self.group.label
 
     def describe(self) -> str:
-        return f"{self.label} {fmt_res(self.capacity)}"
+        """``worker group 'tpu' (TPU pods) {CPU: 24, TPU: 4}`` for messages."""
+        family = accelerator_family(self.group)
+        return f"{self.label}{f' ({family} pods)' if family else ''} {fmt_res(self.capacity)}"
 
     @property
     def unknown(self) -> frozenset[str]:
