@@ -138,3 +138,12 @@ def test_tpu_trigger_names_the_tpu_supply() -> None:
     ]
     assert "TPU: 8" in f.message
     assert "worker group 'tpu-group' (TPU pods) {CPU: 24, memory: 168 GiB, TPU: 4}" in f.message
+
+
+def test_accelerator_type_resources_are_left_to_ray() -> None:
+    # @ray.remote(accelerator_type="A100") asks for "accelerator_type:A100": Ray adds it on
+    # nodes it detects as such; the manifest cannot say, so it is assumed to fit.
+    text = _service("nvidia.com/gpu", "1", 'resources: {"accelerator_type:A100": 0.001}')
+    assert _infeasible(text) == []
+    # A custom resource no group advertises is still infeasible.
+    assert len(_infeasible(_service("nvidia.com/gpu", "1", "resources: {fast_disk: 1}"))) == 1
