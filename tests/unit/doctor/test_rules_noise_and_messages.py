@@ -130,6 +130,7 @@ def test_kuberay_network_policy_counts() -> None:
     (f,) = _run(deny + operator.format(v="1.6.0"), "no-network-policy")
     assert "older than 1.7 where the field appeared" in f.message
     assert _run(deny + operator.format(v="1.7.0"), "no-network-policy") == []
+    assert _run(deny + operator.format(v="1.8.1"), "no-network-policy") == []
 
 
 # ------------------------------------------------------------------ worker-metrics-podmonitor

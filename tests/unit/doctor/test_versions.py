@@ -211,7 +211,9 @@ def _vllm_pod(tag: str, chunked: str = "") -> str:
     )
 
 
-@pytest.mark.parametrize(("tag", "hit"), [("v0.6.3", True), ("v0.7.3", True), ("v0.8.0", False)])
+@pytest.mark.parametrize(
+    ("tag", "hit"), [("v0.6.3", True), ("v0.7.3", True), ("v0.8.0", False), ("v0.10.1", False)]
+)
 def test_vllm_v0_leaves_chunked_prefill_off(tag: str, hit: bool) -> None:
     found = _run(_vllm_pod(tag), "max-num-batched-tokens")
     assert bool(found) is hit
@@ -272,3 +274,17 @@ def test_num_workers_from_an_env_var_in_the_manifest() -> None:
     assert with_env != CLUSTER
     (f,) = _train(with_env, script)
     assert "whatever num_workers (6, from NUM_WORKERS in the head container's env" in f.message
+
+
+@pytest.mark.parametrize(("ray", "on"), [("2.51.0", False), ("2.52.0", True), ("2.53.1", True)])
+def test_token_auth_exists_from_2_52(ray: str, on: bool) -> None:
+    text = _service(OLD, ray).replace(
+        "    headGroupSpec:\n",
+        "    authOptions: {mode: token}\n    headGroupSpec:\n      serviceType: NodePort\n",
+        1,
+    )
+    (f,) = _run(text, "dashboard-exposed")
+    assert f.severity == ("warning" if on else "error")
+    assert ("token authentication is on" in f.message) is on
+    if not on:
+        assert f"Ray {ray} (rayVersion) predates Ray's token authentication" in f.message
