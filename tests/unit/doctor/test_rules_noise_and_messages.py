@@ -354,3 +354,33 @@ def test_num_workers_from_the_rayjob_runtime_env() -> None:
     py = load_python_text(script, "train.py")
     (f,) = run_rules(Inventory(inv.manifests, (), py.scaling_configs), {"train-coordinator-cpu"})
     assert "whatever num_workers (3, from WORKERS in spec.runtimeEnvYAML env_vars) is" in f.message
+
+
+def test_neuron_pods_need_the_neuron_pool_toleration() -> None:
+    pool = """---
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {name: inferentia}
+spec:
+  template:
+    metadata: {labels: {workload: inf2}}
+    spec:
+      requirements:
+        - {key: karpenter.k8s.aws/instance-category, operator: In, values: [inf]}
+      taints: [{key: aws.amazon.com/neuron, value: "true", effect: NoSchedule}]
+"""
+    worker = (
+        "- groupName: inf2\n  replicas: 1\n  minReplicas: 1\n  maxReplicas: 1\n"
+        "  rayStartParams: {}\n  template:\n    spec:\n      nodeSelector: {workload: inf2}\n"
+        "{tolerations}      containers:\n"
+        "        - name: w\n          image: rayproject/ray:2.52.0\n"
+        "          resources: {limits: {cpu: '8', aws.amazon.com/neuron: '1'}}\n"
+    )
+    bare = pool + _ray(worker=worker.replace("{tolerations}", ""))
+    (f,) = _run(bare, "missing-gpu-toleration")
+    assert "requests accelerators" in f.message
+    assert "aws.amazon.com/neuron=true:NoSchedule" in f.message
+    tolerated = worker.replace(
+        "{tolerations}", "      tolerations: [{key: aws.amazon.com/neuron, operator: Exists}]\n"
+    )
+    assert _run(pool + _ray(worker=tolerated), "missing-gpu-toleration") == []

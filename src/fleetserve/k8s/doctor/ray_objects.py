@@ -237,6 +237,19 @@ AUTO_EXTRA_PREFIXES = ("accelerator_type:",)
 TPU_EXTRA_PREFIXES = ("TPU-",)
 
 
+def is_accelerator_resource(name: str) -> bool:
+    """A container resource that is an accelerator device: a GPU (any vendor, MIG, HAMi
+    ``gpumem``), a TPU, AWS Neuron devices/cores, Intel Gaudi or Intel GPUs."""
+    return (
+        is_gpu_resource(name)
+        or "gpumem" in name
+        or name in KUBERAY_ACCELERATORS
+        or name in RAY_DETECTED
+        or name in RAY_DETECTED_COUNT
+        or name.startswith(("gpu.intel.com/", "habana.ai/", "aws.amazon.com/neuron"))
+    )
+
+
 def accelerator_family(group: GroupView) -> str | None:
     """The group's accelerator in words (``NVIDIA GPU``, ``TPU``...), or None for CPU pods."""
     for name in sorted(group.limits):

@@ -17,7 +17,7 @@ from fleetserve.k8s.doctor.ray_objects import (
     as_dict,
     as_list,
     groups,
-    is_gpu_resource,
+    is_accelerator_resource,
     pod_templates,
     try_quantity,
 )
@@ -40,6 +40,23 @@ _WELL_KNOWN_PREFIXES = (
 )
 
 
+#: Karpenter (AWS) instance categories whose nodes carry accelerators: GPU (g, p), Inferentia
+#: and Trainium (inf, trn), Gaudi (dl).
+_ACCELERATOR_CATEGORIES = ("g", "p", "inf", "trn", "dl")
+_ACCELERATOR_REQUIREMENTS = (
+    "karpenter.k8s.aws/instance-gpu",
+    "karpenter.k8s.aws/instance-accelerator",
+)
+#: Taint keys accelerator node groups use (nvidia.com/gpu, google.com/tpu, aws.amazon.com/neuron,
+#: habana.ai/gaudi, amd.com/gpu...).
+_ACCELERATOR_TAINT_WORDS = ("gpu", "tpu", "neuron", "gaudi", "habana")
+
+
+def _accelerator_taint(taint: dict[str, str]) -> bool:
+    key = taint.get("key", "").lower()
+    return any(w in key for w in _ACCELERATOR_TAINT_WORDS)
+
+
 @dataclass(frozen=True)
 class Pool:
     """A node pool as the Kubernetes scheduler (or Karpenter) sees it."""
@@ -53,6 +70,7 @@ class Pool:
     taints: tuple[dict[str, str], ...]
     #: Karpenter provisions from requirements (well-known labels have known values).
     karpenter: bool
+    #: Its nodes carry accelerators (GPU, TPU, Neuron, Gaudi), by taints, labels or capacity.
     gpu: bool
 
 
@@ -74,13 +92,20 @@ def _karpenter_pool(m: Manifest) -> Pool:
         if isinstance(t, dict)
     )
     gpu = (
-        any("gpu" in t.get("key", "") for t in taints)
+        any(_accelerator_taint(t) for t in taints)
         or any(
-            k.startswith("karpenter.k8s.aws/instance-gpu")
-            or (k == "karpenter.k8s.aws/instance-category" and set(v) and set(v) <= {"g", "p"})
+            k.startswith(
+                ("karpenter.k8s.aws/instance-gpu", "karpenter.k8s.aws/instance-accelerator")
+            )
+            or (
+                k == "karpenter.k8s.aws/instance-category"
+                and set(v)
+                and set(v) <= set(_ACCELERATOR_CATEGORIES)
+            )
             for k, _, v in reqs
         )
-        or labels.get("accelerator", "").lower() in ("nvidia", "gpu")
+        or labels.get("accelerator", "").lower() in ("nvidia", "gpu", "tpu", "neuron", "gaudi")
+        or any(k.startswith("cloud.google.com/gke-tpu") for k in labels)
     )
     return Pool(m.name, m.ref, labels, tuple(reqs), taints, True, gpu)
 
@@ -96,8 +121,10 @@ def _node_pool(m: Manifest) -> Pool:
     )
     status = as_dict(m.body.get("status"))
     cap = as_dict(status.get("capacity"))
-    gpu = any(is_gpu_resource(str(k)) and (try_quantity(v) or 0) > 0 for k, v in cap.items())
-    gpu = gpu or any("gpu" in t.get("key", "") for t in taints)
+    gpu = any(
+        is_accelerator_resource(str(k)) and (try_quantity(v) or 0) > 0 for k, v in cap.items()
+    )
+    gpu = gpu or any(_accelerator_taint(t) for t in taints)
     return Pool(m.name, m.ref, labels, (), taints, False, gpu)
 
 
@@ -211,9 +238,7 @@ def placements(inv: Inventory) -> list[PodPlacement]:
             for c in as_list(pod.get("containers")):
                 res = c.get("resources") if isinstance(c, dict) else None
                 lim = res.get("limits") if isinstance(res, dict) else None
-                if isinstance(lim, dict) and any(
-                    is_gpu_resource(str(k)) or "gpumem" in str(k) for k in lim
-                ):
+                if isinstance(lim, dict) and any(is_accelerator_resource(str(k)) for k in lim):
                     wants_gpu = True
             out.append(PodPlacement(m, path, label, selector, tuple(terms), tols, wants_gpu))
     return out

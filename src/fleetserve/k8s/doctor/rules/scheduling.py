@@ -536,8 +536,8 @@ def node_selector_no_pool(inv: Inventory) -> Iterator[Finding]:
             continue
         wanted = ", ".join(f"{k}: {v}" for k, v in p.node_selector.items()) or "node affinity"
         why = "; ".join(sorted({mismatch(p, pool) for pool in pools}))
-        # Propose labels of pools of the pod's kind: a GPU group's fix names a GPU pool's
-        # labels, never the CPU pool's (and the other way round), when there is one.
+        # Propose labels of pools of the pod's kind: a GPU/TPU/Neuron group's fix names an
+        # accelerator pool's labels, never the CPU pool's (and the other way round).
         kind = [pool for pool in pools if pool.gpu == p.wants_gpu] or pools
         hints = sorted(
             {f"karpenter.sh/nodepool: {pool.name}" for pool in kind if pool.karpenter}
@@ -549,7 +549,7 @@ def node_selector_no_pool(inv: Inventory) -> Iterator[Finding]:
             }
         )
         which = (
-            "a GPU pool"
+            "an accelerator pool"
             if p.wants_gpu and kind is not pools
             else "a CPU pool"
             if kind is not pools
@@ -592,10 +592,11 @@ def missing_gpu_toleration(inv: Inventory) -> Iterator[Finding]:
             "error",
             p.manifest,
             f"{p.path}.tolerations",
-            f"{p.label} requests GPUs but tolerates none of the taints on the pools it can use "
+            f"{p.label} requests accelerators but tolerates none of the taints on the pools it "
+            "can use "
             f"({', '.join(sorted({pool.source for pool in candidates}))}: "
             f"{', '.join(sorted(blocked))}): "
-            'it never lands on a GPU node (FailedScheduling "had untolerated taint").',
+            'it never lands on an accelerator node (FailedScheduling "had untolerated taint").',
             f'Add tolerations: [{{key: "{first.get("key")}", operator: "Exists", effect: '
             f'"{first.get("effect")}"}}] to the pod template.',
         )
