@@ -1,0 +1,115 @@
+"""Two vLLM replicas of the default model behind fleetserve's prefix router: vLLM's own
+prefix-cache hit counters follow the router.
+
+Each of two conversations (different long system prompts) takes several turns. Every turn
+of a conversation must land on one replica, and that replica's vLLM scheduler must report
+prefix-cache hits for the conversation's later turns (their history is already in its KV
+cache), while the hits of a conversation never show up on the other replica. Counters and
+per-replica request counts are read from the replicas themselves over Ray.
+
+Memory: two CPU engines with a 256 MiB KV cache each (~2.5 GiB RSS apiece), compiled
+graphs off (``enforce_eager``) so the test does not spend minutes in torch.compile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.engine, pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(1800)]
+
+SPEC = """
+models:
+  - name: gemma-3-270m
+    source: builtin:gemma-3-270m
+    max_model_len: 2048
+    concurrency: 4
+    max_num_seqs: 8
+    resources: {cpu: 0.9}
+    replicas: {min: 2, max: 2}
+    engine_args: {kv_cache_memory_bytes: 268435456, enforce_eager: true}
+"""
+DEPLOYMENT = "model-gemma-3-270m"
+SYSTEMS = {
+    "ops": "You are an operations assistant for a railway company. " * 40,
+    "law": "You are a careful legal research assistant for contract review. " * 36,
+}
+
+
+def replica_counters() -> dict[str, dict[str, float]]:
+    import ray  # noqa: PLC0415
+
+    out: dict[str, dict[str, float]] = {}
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        name = actor["name"]
+        if actor["namespace"] == "serve" and f"#{DEPLOYMENT}#" in name:
+            ref: Any = ray.get_actor(name, namespace="serve").record_routing_stats.remote()
+            stats: dict[str, Any] = ray.get(ref, timeout=60)
+            out[name.rsplit("#", 1)[1]] = {
+                "served": float(stats["served"]),
+                "hits": float(stats.get("prefix_cache_hits", 0.0)),
+                "queries": float(stats.get("prefix_cache_queries", 0.0)),
+            }
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_replicas(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[str]:
+    import ray  # noqa: PLC0415
+
+    tmp = tmp_path_factory.mktemp("routing-engine")
+    spec = tmp / "fleet.yaml"
+    spec.write_text(SPEC)
+    port = servers.free_port()
+    argv = servers.fleetserve_argv(str(spec), "--port", str(port))
+    server = servers.Process("fleetserve (2 vLLM replicas)", argv, Path(tmp) / "serve.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        server.wait_ready(f"{url}/ready", log_line=servers.ready_line)
+        ray.init(address="auto", log_to_driver=False)
+        yield url
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        server.stop()
+
+
+def test_prefix_cache_hits_follow_the_router(two_replicas: str) -> None:
+    import time  # noqa: PLC0415
+
+    homes: dict[str, str] = {}
+    for topic, system in SYSTEMS.items():
+        messages = [{"role": "user", "content": f"{system}\n\nFirst question about {topic}?"}]
+        before = replica_counters()
+        for turn in range(4):
+            r = httpx.post(
+                f"{two_replicas}/v1/chat/completions",
+                json={
+                    "model": "gemma-3-270m",
+                    "messages": messages,
+                    "max_tokens": 8,
+                    "temperature": 0,
+                },
+                timeout=600,
+            )
+            assert r.status_code == 200, r.text
+            reply = r.json()["choices"][0]["message"]["content"] or "ok"
+            messages += [
+                {"role": "assistant", "content": reply},
+                {"role": "user", "content": f"Follow-up {turn} about {topic}, please."},
+            ]
+        time.sleep(2)  # vLLM's stat loggers record after the engine's last step
+        after = replica_counters()
+        served = {k: after[k]["served"] - before.get(k, {}).get("served", 0) for k in after}
+        hits = {k: after[k]["hits"] - before.get(k, {}).get("hits", 0) for k in after}
+        home = max(served, key=lambda k: served[k])
+        assert served[home] == 4, f"{topic}: turns spread over replicas: {served}"
+        # Turns 2-4 re-use the conversation's history: >= 3 x the system prompt's blocks.
+        assert hits[home] >= 3 * 128, f"{topic}: few prefix hits on its replica: {hits}"
+        assert all(h == 0 for k, h in hits.items() if k != home), hits
+        homes[topic] = home
+    print(f"conversation homes: {homes}")
