@@ -222,8 +222,26 @@ def test_privileged_with_hami_installed_is_denied_even_for_whole_gpus() -> None:
         + "---\n"
         + _pod("nvidia.com/gpu: 1", container_extra="securityContext:\n  privileged: true"),
     )
-    assert "denies it" in f.message
+    # No HAMi version in the input: both outcomes are named.
+    assert "HAMi 2.10 and later deny it at admission" in f.message
     assert "container vllm is privileged" in f.message
+    assert "older HAMi admits it without applying the slice" in f.message
+
+
+@pytest.mark.parametrize(
+    ("tag", "denied"), [("v2.9.0", False), ("v2.10.0", True), ("v2.11.1", True)]
+)
+def test_privileged_outcome_follows_the_hami_version(tag: str, denied: bool) -> None:
+    values = _values() + f"global: {{imageTag: '{tag}'}}\n"
+    assert "imageTag" in values
+    (f,) = _run(
+        "hami-privileged-gpu",
+        values + "---\n" + _pod(SLICE, container_extra="securityContext:\n  privileged: true"),
+    )
+    assert f.severity == "error"
+    assert f"HAMi {tag.lstrip('v')} (global.imageTag" in f.message
+    assert ("denies it" in f.message) is denied
+    assert ("skips privileged containers" in f.message) is not denied
 
 
 def test_privileged_pod_with_other_scheduler_skips_the_webhook() -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from fleetserve.k8s.doctor.inventory import Manifest
+from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import cluster_spec, groups
 
 #: Ray 2.10 added ``max_ongoing_requests`` / ``target_ongoing_requests`` and deprecated
@@ -37,6 +37,11 @@ SERVE_DEFAULT_TARGET_ONGOING = 2.0
 TRAIN_V2_DEFAULT_FROM = Version("2.51")
 #: Ray's token authentication (RAY_AUTH_MODE=token) exists from Ray 2.52.0.
 TOKEN_AUTH_FROM = Version("2.52")
+
+#: HAMi's admission webhook denies a GPU pod with a privileged container from v2.10.0; before
+#: it skipped such containers (no slice limits, no hami-scheduler) and admitted the pod
+#: (pkg/scheduler/webhook.go at v2.9.0 vs v2.10.0).
+HAMI_DENIES_PRIVILEGED_FROM = Version("2.10")
 
 _LEADING = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
@@ -127,3 +132,35 @@ def vllm_version(images: list[str]) -> KnownVersion | None:
         if text is not None:
             return KnownVersion("vLLM", Version(text), f"image {image}")
     return None
+
+
+def hami_version(inv: Inventory) -> KnownVersion | None:
+    """HAMi's version from its chart values (``global.imageTag``, older charts' ``version``)
+    or a ``projecthami/hami`` image among the manifests."""
+    for values in inv.charts("hami"):
+        for key in ("global.imageTag", "version"):
+            raw = values.get(key)
+            parsed = normalise(str(raw)) if isinstance(raw, str | int | float) else None
+            if parsed is not None:
+                return KnownVersion("HAMi", parsed, f"{key} in {values.file}")
+    for m in inv.manifests:
+        for text in _images(m.body.get("spec")):
+            name, _, tag = text.split("@", 1)[0].rpartition(":")
+            if name.endswith("projecthami/hami") and (parsed := normalise(tag)) is not None:
+                return KnownVersion("HAMi", parsed, f"image {text}")
+    return None
+
+
+def _images(node: object) -> list[str]:
+    """Every ``image:`` string under ``node``."""
+    out: list[str] = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "image" and isinstance(v, str):
+                out.append(v)
+            else:
+                out.extend(_images(v))
+    elif isinstance(node, list):
+        for v in node:
+            out.extend(_images(v))
+    return out

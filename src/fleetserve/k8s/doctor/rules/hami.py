@@ -46,6 +46,7 @@ from fleetserve.k8s.doctor.rules._engines import (
     engine_replicas,
 )
 from fleetserve.k8s.doctor.rules._models import gib, replica_need
+from fleetserve.k8s.doctor.rules._versions import HAMI_DENIES_PRIVILEGED_FROM, hami_version
 
 _DEFAULT_SCHEDULER = "default-scheduler"
 #: vLLM's default gpu_memory_utilization (vllm/config/cache.py, vLLM 0.32).
@@ -256,11 +257,12 @@ def _privileged(c: dict[str, Any]) -> bool:
     return isinstance(sc, dict) and sc.get("privileged") is True
 
 
-@rule("hami-privileged-gpu", versions="all")
+@rule("hami-privileged-gpu", versions={"hami": "all"})
 def hami_privileged_gpu(inv: Inventory) -> Iterator[Finding]:
     """HAMi's webhook denies pods with a privileged container that ask for GPUs."""
     cfg = hami_config(inv)
     in_use = hami_in_use(inv, cfg)
+    v = hami_version(inv)
     for pod in pods(inv):
         slices = _hami_slices(pod, cfg)
         if not slices or not cfg.webhook_enabled:
@@ -273,16 +275,33 @@ def hami_privileged_gpu(inv: Inventory) -> Iterator[Finding]:
         for c, path in pod.containers():
             if not _privileged(c):
                 continue
+            name = c.get("name", "?")
+            then = " and the Ray group never gets a node" if pod.group is not None else ""
+            if v is not None and v.at_least(HAMI_DENIES_PRIVILEGED_FROM):
+                what = (
+                    f"{v.describe()}'s admission webhook denies it (\"container {name} is "
+                    f'privileged"), so the pod is never created{then}'
+                )
+            elif v is not None:
+                what = (
+                    f"{v.describe()}'s admission webhook skips privileged containers: the pod is "
+                    "admitted without HAMi (no hami-scheduler, no gpumem/gpucores limits), and a "
+                    "privileged container sees every GPU of its node; HAMi 2.10 and later deny "
+                    "the pod instead"
+                )
+            else:
+                what = (
+                    'HAMi 2.10 and later deny it at admission ("container '
+                    f'{name} is privileged"), so the pod is never created{then}; older HAMi '
+                    "admits it without applying the slice (the manifests name no HAMi version)"
+                )
             yield Finding.at(
                 "hami-privileged-gpu",
                 "error",
                 pod.manifest,
                 f"{path}.securityContext.privileged",
-                f"Container {c.get('name', '?')!r} of {_describe(pod)} is privileged and the "
-                "pod asks for GPU resources: HAMi's admission webhook denies it (\"container "
-                f'{c.get("name", "?")} is privileged"), so the pod is never created'
-                + (" and the Ray group never gets a node" if pod.group is not None else "")
-                + ".",
+                f"Container {name!r} of {_describe(pod)} is privileged and the pod asks for GPU "
+                f"resources: {what}.",
                 "Drop privileged: true (grant the specific capabilities the container needs), "
                 "or run the GPU work in a container of a non-privileged pod.",
             )
