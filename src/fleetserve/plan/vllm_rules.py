@@ -12,7 +12,8 @@ pins; the CUDA rules are in the same tree):
 * tensor parallelism: the attention heads must divide by TP
   (``ModelConfig.verify_with_parallel_config``) and KV heads must split or replicate
   evenly (``QKVParallelLinear``: ``divide(kv_heads, tp)`` when TP < KV heads, else
-  ``divide(tp, kv_heads)``; MLA has one latent and no such rule);
+  ``divide(tp, kv_heads)``; MLA has one latent and no such rule), and the dense MLP width
+  must divide too (``ColumnParallelLinear``: ``divide(output_size, tp)``);
 * pipeline parallelism: vLLM splits layers unevenly (``get_pp_indices``), so any PP works
   as long as every stage gets a layer;
 * dtype: bfloat16 needs CUDA compute capability >= 8.0 (``CudaPlatform.
@@ -54,14 +55,20 @@ class Refusal:
     fixes: tuple[str, ...] = ()
 
 
-def tp_splits(config: ModelConfig, tp: int) -> bool:
-    """Whether vLLM can shard this model's attention over ``tp`` ranks."""
-    if config.num_heads % tp:
-        return False
+def _kv_splits(config: ModelConfig, tp: int) -> bool:
     if config.use_mla:
-        return True
+        return True  # one latent, no KV heads to split
     kv = config.num_kv_heads
     return tp % kv == 0 if tp >= kv else kv % tp == 0
+
+
+def tp_splits(config: ModelConfig, tp: int) -> bool:
+    """Whether vLLM can shard this model's attention and dense MLP over ``tp`` ranks."""
+    if config.num_heads % tp:
+        return False
+    if config.dense_layers and config.intermediate_size % tp:
+        return False
+    return _kv_splits(config, tp)
 
 
 def valid_tp_degrees(config: ModelConfig, upto: int = 64) -> list[int]:
@@ -111,7 +118,7 @@ def model_refusals(model: ModelSpec, config: ModelConfig) -> list[Refusal]:
                 _tp_fixes(config, tp),
             )
         )
-    elif not tp_splits(config, tp):
+    elif not _kv_splits(config, tp):
         kv = config.num_kv_heads
         how = f"{kv} is not a multiple of {tp}" if tp < kv else f"{tp} is not a multiple of {kv}"
         out.append(
@@ -119,6 +126,15 @@ def model_refusals(model: ModelSpec, config: ModelConfig) -> list[Refusal]:
                 "tensor_parallel",
                 f"{kv} KV heads cannot be split over tensor_parallel {tp}: {how} (vLLM's "
                 "QKVParallelLinear splits KV heads evenly or replicates them evenly)",
+                _tp_fixes(config, tp),
+            )
+        )
+    elif config.dense_layers and config.intermediate_size % tp:
+        out.append(
+            Refusal(
+                "tensor_parallel",
+                f"the MLP width {config.intermediate_size} is not divisible by tensor_parallel "
+                f"{tp} (vLLM's column-parallel linear layers split it evenly)",
                 _tp_fixes(config, tp),
             )
         )
@@ -189,12 +205,12 @@ def gpu_refusals(model: ModelSpec, config: ModelConfig, gpu: GpuType) -> list[Re
             ]
             if model.quantization is not None and config.checkpoint_quant is None:
                 fixes.append("quantization: unset (full-precision weights)")
-            fixes.append(f"a pool with compute capability >= {need / 10:g} ({_cards_with(need)})")
+            fixes.append(f"a pool with compute capability >= {need / 10:.1f} ({_cards_with(need)})")
             where = "quantization" if model.quantization else "pools"
             out.append(
                 Refusal(
                     where,
-                    f"{method} quantization needs compute capability >= {need / 10:g}; "
+                    f"{method} quantization needs compute capability >= {need / 10:.1f}; "
                     f"{gpu.name} has {_cc(gpu)} (vLLM: 'The quantization method {method} is "
                     "not supported for the current GPU')",
                     tuple(fixes),

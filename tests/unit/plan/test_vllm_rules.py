@@ -113,6 +113,23 @@ def test_kv_heads_split_or_replicate_evenly() -> None:
     assert valid_tp_degrees(lite, 16) == [1, 2, 4, 8, 16]
 
 
+def test_the_dense_mlp_width_must_divide_too() -> None:
+    cfg = parse_config(
+        {
+            "model_type": "llama",
+            "vocab_size": 1000,
+            "hidden_size": 1024,
+            "intermediate_size": 1100,  # 1100 / 8 is not whole (ColumnParallelLinear)
+            "num_hidden_layers": 2,
+            "num_attention_heads": 8,
+        },
+        "x",
+    )
+    (r,) = model_refusals(model(tensor_parallel=8), cfg)
+    assert "MLP width 1100" in r.reason
+    assert r.fixes == ("tensor_parallel: 4",)
+
+
 def test_pp_needs_a_layer_per_stage() -> None:
     cfg = load_model_config("gemma-3-270m")  # 18 layers
     assert model_refusals(model(pipeline_parallel=4), cfg) == []  # uneven split is fine
@@ -154,7 +171,8 @@ def test_mxfp4_checkpoints_need_ampere_and_bf16() -> None:
     oss = load_model_config("gpt-oss-20b")
     refused = gpu_refusals(model(), oss, gpu_type("T4"))
     assert fields(refused) == ["pools", "pools"]
-    assert "mxfp4 quantization needs compute capability >= 8" in refused[0].reason
+    assert "mxfp4 quantization needs compute capability >= 8.0" in refused[0].reason
+    assert refused[0].fixes == refused[1].fixes  # one card fix, however many rules
     assert gpu_refusals(model(), oss, gpu_type("A10G")) == []
     (r,) = model_refusals(model(dtype="float16"), oss)
     assert r.field == "dtype"
