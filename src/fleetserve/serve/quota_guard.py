@@ -336,17 +336,29 @@ class _Settlement:
         return _Settled(response, lambda: self._after_body(response))
 
     def _after_body(self, response: Response) -> None:
-        if response.status_code >= 400:
-            self.finish(used=0, served=response.status_code != 503)
-            return
-        usage = usage_from_body(bytes(response.body))
-        self.finish(used=_total(usage), served=True)
+        if not self._after_error(response.status_code):
+            usage = usage_from_body(bytes(response.body))
+            self.finish(used=_total(usage), served=True)
 
     def _after_stream(self, status: int, tap: _StreamTap) -> None:
-        if status >= 400:
-            self.finish(used=0, served=status != 503)
-            return
-        self.finish(used=_total(tap.scanner.usage) if tap.complete else None, served=True)
+        if not self._after_error(status):
+            self.finish(used=_total(tap.scanner.usage) if tap.complete else None, served=True)
+
+    def _after_error(self, status: int) -> bool:
+        """Settle an error response; False when ``status`` is not an error.
+
+        503: never served (overload, no replica, draining) - refunded. Other 4xx: refused
+        by the engine's validation before generating - no tokens. Other 5xx (504 timeout,
+        500): the engine may have generated - the reservation stays."""
+        if status < 400:
+            return False
+        if status == 503:
+            self.finish(used=0, served=False)
+        elif status < 500:
+            self.finish(used=0, served=True)
+        else:
+            self.finish(used=None, served=True)
+        return True
 
 
 class _Settled(Response):
