@@ -239,6 +239,13 @@ class ModelConfig:
 # --------------------------------------------------------------------------- reading
 
 
+#: Bounds on any integer a config.json gives (no real model comes near them): the layer
+#: count drives per-layer loops, the rest products that must stay finite floats.
+_MAX_INT = 2**31
+_MAX_LAYERS = 10_000
+_MAX_ROPE_FACTOR = 1024.0
+
+
 class _Reader:
     """Typed access to one config dict; every bad value is a SpecError naming its key."""
 
@@ -253,18 +260,22 @@ class _Reader:
     def has(self, key: str) -> bool:
         return self.cfg.get(key) is not None
 
-    def integer(self, key: str, default: int | None = None, *, minimum: int = 0) -> int:
+    def integer(
+        self, key: str, default: int | None = None, *, minimum: int = 0, maximum: int = _MAX_INT
+    ) -> int:
         value = self.cfg.get(key)
         if value is None:
             if default is None:
                 raise SpecError(f"{self.source}: config.json has no '{self.prefix}{key}'")
             return default
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, float) and value.is_integer() and abs(value) <= maximum:
             value = int(value)
         if not isinstance(value, int) or isinstance(value, bool):
             raise SpecError(f"{self._where(key)} must be an integer, got {value!r}")
-        if value < minimum:
-            raise SpecError(f"{self._where(key)} must be >= {minimum}, got {value}")
+        if not minimum <= value <= maximum:
+            raise SpecError(
+                f"{self._where(key)} must be between {minimum} and {maximum}, got {value}"
+            )
         return value
 
     def opt_integer(self, key: str, *, minimum: int = 0) -> int | None:
@@ -442,7 +453,11 @@ def _max_len(r: _Reader, model_type: str) -> tuple[int, str, int, str | None]:
                 given = rp.get("factor", factor)
                 if given is None:  # vLLM falls back to 1.0 for a null factor
                     given = 1.0
-                if not isinstance(given, (int, float)) or isinstance(given, bool) or given <= 0:
+                if (
+                    not isinstance(given, (int, float))
+                    or isinstance(given, bool)
+                    or not 0 < given <= _MAX_ROPE_FACTOR
+                ):
                     raise SpecError(
                         f"{r.source}: config.json rope scaling 'factor' must be a positive "
                         f"number, got {given!r}"
@@ -516,7 +531,7 @@ def _vision_siglip(vision: _Reader, text_hidden: int) -> int:
     """Gemma 3's SigLIP encoder plus its projector (norm + linear into the text model)."""
     vh = vision.integer("hidden_size", minimum=1)
     vi = vision.integer("intermediate_size", 4 * vh)
-    layers = vision.integer("num_hidden_layers")
+    layers = vision.integer("num_hidden_layers", maximum=_MAX_LAYERS)
     patch = vision.integer("patch_size", 14, minimum=1)
     image = vision.integer("image_size", 224, minimum=1)
     channels = vision.integer("num_channels", 3)
@@ -535,7 +550,7 @@ def _vision_llama4(vision: _Reader, text_hidden: int) -> int:
     MLP adapter and the linear projector into the text model."""
     vh = vision.integer("hidden_size", minimum=1)
     vi = vision.integer("intermediate_size", minimum=1)
-    layers = vision.integer("num_hidden_layers")
+    layers = vision.integer("num_hidden_layers", maximum=_MAX_LAYERS)
     patch = vision.integer("patch_size", minimum=1)
     image = vision.integer("image_size", minimum=1)
     channels = vision.integer("num_channels", 3)
@@ -579,7 +594,7 @@ def parse_config(raw: Any, name: str = "<config>") -> ModelConfig:
 
     hidden = r.integer("hidden_size", minimum=1)
     heads = r.integer("num_attention_heads", minimum=1)
-    layers = r.integer("num_hidden_layers", minimum=1)
+    layers = r.integer("num_hidden_layers", minimum=1, maximum=_MAX_LAYERS)
     vocab = r.integer("vocab_size", minimum=1)
     kv_heads = r.integer("num_key_value_heads", heads, minimum=1)
     gemma = model_type.startswith("gemma")

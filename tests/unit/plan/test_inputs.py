@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fleetserve.cli import main
 from fleetserve.errors import SpecError
 from fleetserve.plan import plan_fleet
 from fleetserve.plan.catalogue import MODEL_CATALOGUE
+from fleetserve.plan.memory import estimate_replica, parse_config
 from fleetserve.spec import load_spec, parse_spec
 
 POOL = """pools:
@@ -48,7 +51,9 @@ def spec_with_config(tmp_path: Path, config: str) -> Path:
     [
         ({"num_local_experts": "eight"}, "'num_local_experts' must be an integer, got 'eight'"),
         ({"max_position_embeddings": "4k"}, "'max_position_embeddings' must be an integer"),
-        ({"hidden_size": -1}, "'hidden_size' must be >= 1"),
+        ({"hidden_size": -1}, "'hidden_size' must be between 1 and"),
+        ({"hidden_size": 1e300}, "'hidden_size' must be an integer"),
+        ({"num_hidden_layers": 10**12}, "'num_hidden_layers' must be between 1 and 10000"),
     ],
 )
 def test_bad_config_values_are_exit_2_naming_the_key(
@@ -166,3 +171,40 @@ def test_relative_config_paths_resolve_against_the_spec_directory(
     # catalogue names are kept as written
     catalogue = spec_with_config(fleet_dir, "qwen2.5-0.5b")
     assert load_spec(catalogue).models[0].config == "qwen2.5-0.5b"
+
+
+JSON_VALUES = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-5, 10**7),
+        st.floats(),
+        st.text(max_size=5),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+MUTABLE_KEYS = ["layer_types", "rope_scaling", "quantization_config", "vision_config"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(sorted(MODEL_CATALOGUE)), data=st.data())
+def test_any_mangled_config_is_a_model_or_a_spec_error(name: str, data: st.DataObject) -> None:
+    """Random values under real keys: parse_config returns a model whose memory can be
+    estimated, or a SpecError - never another exception."""
+    raw = json.loads(json.dumps(MODEL_CATALOGUE[name]))
+    nested = "text_config" in raw and data.draw(st.booleans())
+    target = raw["text_config"] if nested else raw
+    keys = sorted(target) + MUTABLE_KEYS
+    for _ in range(data.draw(st.integers(1, 3))):
+        target[data.draw(st.sampled_from(keys))] = data.draw(JSON_VALUES)
+    try:
+        config = parse_config(raw, name)
+    except SpecError:
+        return
+    memory = estimate_replica(
+        config, max_model_len=min(4096, config.max_model_len_limit), concurrency=2
+    )
+    assert memory.total > 0
