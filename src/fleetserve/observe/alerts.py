@@ -133,6 +133,7 @@ def alert_rules(
         f"max by (namespace, pod, model_name) "
         f"(max_over_time({s(m.VLLM_KV_CACHE_USAGE.name)}[{t.for_sizing}]))"
     )
+    failures = s(m.SERVE_HEALTH_CHECK_FAILURES.name)
     refused = s(m.GATEWAY_REJECTIONS.name, 'reason=~"overload|unavailable"')
     waiting = f"sum by (namespace, pod, model_name) ({s(m.VLLM_REQUESTS_WAITING.name)})"
     status = m.SERVE_DEPLOYMENT_STATUS.name
@@ -250,20 +251,26 @@ def alert_rules(
         AlertRule.model_validate(
             {
                 "alert": "FleetServeReplicaHealthChecksFailing",
+                # Serve counts failures per replica: a crashed replica's first failure
+                # creates a new series at 1, which increase() never sees (no earlier
+                # sample) - "new within the window" catches it. Replicas restart in
+                # seconds, too fast for the deployment-status gauge to be scraped.
                 "expr": (
-                    f"sum by (application, deployment) "
-                    f"(increase({s(m.SERVE_HEALTH_CHECK_FAILURES.name)}[{w}])) > 0"
+                    f"sum by (application, deployment) (increase({failures}[{w}])) > 0 or "
+                    f"count by (application, deployment) "
+                    f"({failures} unless {failures} offset {w}) > 0"
                 ),
-                "for": t.for_short,
+                # At once: a crash is an event (it stays "new" for only one window).
+                "for": "0s",
                 "severity": "warning",
                 "summary": (
                     "{{ $labels.application }}/{{ $labels.deployment }}: replica health "
                     "checks failing"
                 ),
                 "description": (
-                    "Serve replica health checks keep failing; Serve restarts the replicas "
-                    "(each restart reloads the model). Check the replica logs for engine "
-                    "errors."
+                    f"A Serve replica failed its health check or crashed within {w}; Serve "
+                    "replaces it (a model replica reloads its model). Repeated: check the "
+                    "replica logs for engine errors, OOM kills, or nodes going away."
                 ),
             }
         ),

@@ -145,6 +145,13 @@ def _sick_fleet() -> list[dict[str, str]]:
             application="fleetserve",
             deployment="model-m",
         ),
+        _series(
+            "ray_serve_health_check_failures_total",
+            "_x30 1x10",
+            application="fleetserve",
+            deployment="model-n",
+            replica="r9",
+        ),
     ]
 
 
@@ -238,6 +245,15 @@ def test_alerts_fire_on_a_sick_fleet_and_stay_silent_on_a_healthy_one(tmp_path: 
         ),
         _alert("FleetServeReplicasBelowTarget", "20m", [{"severity": "warning", **dep}]),
         _alert("FleetServeReplicaHealthChecksFailing", "20m", [{"severity": "warning", **dep}]),
+        # A replica that crashed once: its failure counter is a new series at 1.
+        _alert(
+            "FleetServeReplicaHealthChecksFailing",
+            "33m",
+            [
+                {"severity": "warning", **dep},
+                {"severity": "warning", "application": "fleetserve", "deployment": "model-n"},
+            ],
+        ),
         # Before its `for:` has elapsed, a saturation alert is still pending.
         _alert("FleetServeKVCacheNearlyFull", "5m", []),
     ]

@@ -1,0 +1,365 @@
+"""Every dashboard panel and chosen alerts, live: a real Prometheus scraping `fleetserve serve`.
+
+One `fleetserve serve --engine fake` (two models, two tenants with keys) exports Ray's
+metrics on a port a real Prometheus (Debian's `prometheus`) scrapes every second, with
+fleetserve's own alert rules loaded (``for: 0s``, 60 s rate windows: the same expressions,
+judged faster). Traffic includes successes, streams with usage, 401s, 404s and an overload
+burst (503). Then:
+
+* every dashboard query of a panel that needs only a fleet returns series; the panels that
+  need vLLM (the fake engine records no engine metrics) or HAMi on Kubernetes return none -
+  the test knows that list from the panels themselves (``Panel.needs``);
+* the error burst fires FleetServeHigh5xxRate and FleetServeRequestsRejected, which resolve
+  once the burst is over;
+* killing a model replica's process fires FleetServeReplicaHealthChecksFailing, which
+  resolves once the failure is older than the rate window (Serve replaces the replica in
+  seconds).
+
+A second test (marker ``engine``) serves the default fleet on real vLLM and checks that the
+panels that need vLLM have data there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from fleetserve.observe.alerts import AlertThresholds, rule_groups
+from fleetserve.observe.dashboard import dashboard_panels
+from fleetserve.spec import default_fleet
+
+PROMETHEUS = shutil.which("prometheus")
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.prometheus,
+    pytest.mark.slow,
+    pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (.ci/run installs it)"),
+]
+
+SPEC = {
+    "models": [
+        {
+            "name": "alpha",
+            "source": "fake",
+            "resources": {"cpu": 0.5},
+            "replicas": {
+                "min": 1,
+                "max": 1,
+                "max_ongoing_requests": 2,
+                "max_queued_requests": 1,
+                "target_ongoing_requests": 1,
+            },
+        },
+        {"name": "beta", "source": "fake", "tenant": "team-b", "resources": {"cpu": 0.5}},
+    ],
+    "tenants": [
+        {"name": "team-a", "api_keys": ["${OBSERVE_KEY_A}"]},
+        {"name": "team-b", "api_keys": ["${OBSERVE_KEY_B}"]},
+    ],
+}
+KEYS = {"OBSERVE_KEY_A": "sk-observe-a", "OBSERVE_KEY_B": "sk-observe-b"}
+A = {"Authorization": "Bearer sk-observe-a"}
+B = {"Authorization": "Bearer sk-observe-b"}
+#: Fast alerting for the test: same expressions, no pending time, short windows.
+THRESHOLDS = AlertThresholds(
+    rate_window="60s", for_short="0s", for_long="0s", for_capacity="0s", for_sizing="1m"
+)
+
+
+class Prom:
+    """A Prometheus server of this test, and its HTTP API."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        r = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10)
+        r.raise_for_status()
+        return r.json()["data"]["result"]  # type: ignore[no-any-return]
+
+    def alerts(self) -> dict[str, str]:
+        """Alert name -> state (firing wins over pending)."""
+        r = httpx.get(f"{self.url}/api/v1/alerts", timeout=10)
+        r.raise_for_status()
+        states: dict[str, str] = {}
+        for alert in r.json()["data"]["alerts"]:
+            name = alert["labels"]["alertname"]
+            if states.get(name) != "firing":
+                states[name] = alert["state"]
+        return states
+
+
+def wait_for(
+    what: str,
+    check: Callable[[], bool],
+    timeout_s: float = 120,
+    detail: Callable[[], object] | None = None,
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(1)
+    shown = f"; {detail()}" if detail is not None else ""
+    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}{shown}")
+
+
+@contextlib.contextmanager
+def running_fleet(
+    servers: Any, tmp: Path, serve_args: list[str], env: dict[str, str]
+) -> Iterator[tuple[str, Prom, int]]:
+    """`fleetserve serve *serve_args` and a Prometheus scraping it: (URL, Prometheus, pid)."""
+    port, metrics_port, prom_port = (servers.free_port() for _ in range(3))
+    server = servers.Process(
+        "fleetserve",
+        servers.fleetserve_argv(
+            *serve_args, "--port", str(port), "--metrics-export-port", str(metrics_port)
+        ),
+        tmp / "fleetserve.log",
+        env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    server.wait_ready(f"{url}/health", log_line=servers.ready_line)
+    (tmp / "rules.yaml").write_text(yaml.safe_dump(rule_groups(None, THRESHOLDS, "1s")))
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(tmp / "rules.yaml")],
+        "scrape_configs": [
+            {"job_name": "ray", "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]}
+        ],
+    }
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+    assert PROMETHEUS is not None
+    prom_log = (tmp / "prometheus.log").open("wb")
+    prom = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ],
+        stdout=prom_log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        client = Prom(f"http://127.0.0.1:{prom_port}")
+        wait_for("Prometheus", lambda: _up(client), 60)
+        yield url, client, server.proc.pid
+    finally:
+        prom.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            prom.wait(30)
+        if prom.poll() is None:
+            prom.kill()
+            prom.wait(10)
+        prom_log.close()
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    servers: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Prom, int]]:
+    """The fake-engine fleet of SPEC: (gateway URL, Prometheus, server pid)."""
+    tmp = tmp_path_factory.mktemp("observe")
+    spec = tmp / "fleet.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    args = [str(spec), "--engine", "fake", "--fake-token-delay", "0.02"]
+    with running_fleet(servers, tmp, args, KEYS) as running:
+        yield running
+
+
+def _up(prom: Prom) -> bool:
+    try:
+        return any(r["value"][1] == "1" for r in prom.query('up{job="ray"}'))
+    except httpx.HTTPError:
+        return False
+
+
+async def _traffic(url: str) -> None:
+    """Successes (JSON and streams with usage), 401s and 404s."""
+    async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+        for _ in range(3):
+            r = await c.post(
+                "/v1/completions",
+                headers=A,
+                json={"model": "alpha", "prompt": "a b", "max_tokens": 4},
+            )
+            assert r.status_code == 200, r.text
+            async with c.stream(
+                "POST",
+                "/v1/chat/completions",
+                headers=B,
+                json={
+                    "model": "beta",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 4,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+            ) as s:
+                assert s.status_code == 200
+                await s.aread()
+            assert (await c.post("/v1/completions", json={"model": "alpha"})).status_code == 401
+            r = await c.post("/v1/completions", headers=A, json={"model": "beta", "prompt": "x"})
+            assert r.status_code == 404
+
+
+async def _overload(url: str) -> None:
+    """More slow requests at once than alpha's replica and queue take: some get 503."""
+    async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+
+        async def slow() -> int:
+            body = {"model": "alpha", "prompt": "x", "max_tokens": 60}
+            return (await c.post("/v1/completions", headers=A, json=body)).status_code
+
+        codes = await asyncio.gather(*(slow() for _ in range(16)))
+        assert 503 in codes, codes
+
+
+def _replica_pids(server_pid: int, name: str) -> list[int]:
+    """PIDs of processes whose command line has ``name`` and that descend from the server."""
+
+    def parent(pid: int) -> int:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            return int(stat.rsplit(")", 1)[1].split()[1])
+        return 0
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if name not in cmdline:
+            continue
+        pid = ancestor = int(entry.name)
+        while ancestor > 1:
+            ancestor = parent(ancestor)
+            if ancestor == server_pid:
+                found.append(pid)
+                break
+    return found
+
+
+@pytest.mark.timeout(900)
+def test_dashboard_panels_have_data_and_alerts_fire_and_resolve(
+    fleet: tuple[str, Prom, int],
+) -> None:
+    url, prom, server_pid = fleet
+    asyncio.run(_traffic(url))
+    # Prometheus's rate() counts no increase into a series' first sample, so the first
+    # 503s only create the series; the burst that must fire the alerts comes after.
+    asyncio.run(_overload(url))
+    wait_for(
+        "the 503 and overload series in Prometheus",
+        lambda: bool(
+            prom.query('ray_fleetserve_gateway_requests_total{status_code="503"}')
+            and prom.query('ray_fleetserve_gateway_rejections_total{reason="overload"}')
+        ),
+        60,
+    )
+    asyncio.run(_overload(url))
+
+    panels = dashboard_panels()
+    local = [p for p in panels if p.needs == "fleet"]
+    elsewhere = [p for p in panels if p.needs != "fleet"]
+    assert local
+    assert elsewhere
+
+    gw = "rate(ray_fleetserve_gateway_requests_total[1m])"
+
+    def query(expr: str) -> list[dict[str, Any]]:
+        return prom.query(expr.replace("$model", ".*").replace("$tenant", ".*"))
+
+    def missing() -> list[str]:
+        return [f"{p.title}: {t.expr}" for p in local for t in p.targets if not query(t.expr)]
+
+    # The error burst: 5xx ratio and overload rejections fire ...
+    wait_for(
+        "FleetServeHigh5xxRate and FleetServeRequestsRejected firing",
+        lambda: (
+            {"FleetServeHigh5xxRate", "FleetServeRequestsRejected"}
+            <= {k for k, v in prom.alerts().items() if v == "firing"}
+        ),
+        90,
+        lambda: {"alerts": prom.alerts(), "5xx": query(f"sum by (status_code) ({gw})")},
+    )
+    wait_for("series for every fleet panel", lambda: not missing(), 120, missing)
+    for panel in elsewhere:
+        for target in panel.targets:
+            assert not query(target.expr), f"{panel.title} has data without {panel.needs}"
+
+    # ... and resolve once it is over (successful traffic only, then the window passes).
+    with httpx.Client(base_url=url, timeout=30) as c:
+        for _ in range(5):
+            c.post("/v1/completions", headers=A, json={"model": "alpha", "prompt": "a"})
+    wait_for(
+        "the error alerts to resolve",
+        lambda: not {"FleetServeHigh5xxRate", "FleetServeRequestsRejected"} & set(prom.alerts()),
+        150,
+        prom.alerts,
+    )
+
+    # A replica killed: Serve marks it failed and replaces it within seconds (too fast for the
+    # deployment-status gauge to be scraped reliably); the health-check alert fires, then
+    # resolves once the failure is older than the window.
+    assert "FleetServeReplicaHealthChecksFailing" not in prom.alerts()
+    pids = _replica_pids(server_pid, "ServeReplica:fleetserve:model-alpha")
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)
+    failing = "FleetServeReplicaHealthChecksFailing"
+    wait_for(
+        f"{failing} firing for model-alpha",
+        lambda: prom.alerts().get(failing) == "firing",
+        90,
+        prom.alerts,
+    )
+    wait_for(f"{failing} to resolve", lambda: failing not in prom.alerts(), 150, prom.alerts)
+    r = httpx.post(
+        f"{url}/v1/completions", headers=A, json={"model": "alpha", "prompt": "a"}, timeout=30
+    )
+    assert r.status_code == 200
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(2700)
+def test_engine_panels_have_data_on_the_real_engine(
+    servers: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The default fleet on vLLM: the panels that need vLLM have data too."""
+    model = default_fleet().models[0].name
+    tmp = tmp_path_factory.mktemp("observe-engine")
+    with running_fleet(servers, tmp, [], {}) as (url, prom, _pid):
+        with httpx.Client(base_url=url, timeout=300) as c:
+            for i in range(4):
+                body = {"model": model, "prompt": f"Count to {i + 3}:", "max_tokens": 16}
+                assert c.post("/v1/completions", json=body).status_code == 200
+        vllm = [p for p in dashboard_panels() if p.needs == "vllm"]
+        assert vllm
+
+        def missing() -> list[str]:
+            return [
+                f"{p.title}: {t.expr}"
+                for p in vllm
+                for t in p.targets
+                if not prom.query(t.expr.replace("$model", ".*").replace("$tenant", ".*"))
+            ]
+
+        wait_for("series for every vLLM panel", lambda: not missing(), 180, missing)
