@@ -336,6 +336,37 @@ def _reach(svc_type: Any, annotations: Any) -> tuple[str, bool]:
     return "from outside the cluster", False
 
 
+#: Ingress annotations / classes that make the load balancer behind an Ingress internal: the
+#: AWS Load Balancer Controller's scheme, GKE's internal Ingress class, Azure AGIC's private IP.
+_INTERNAL_INGRESS_ANNOTATIONS: dict[str, tuple[str, ...]] = {
+    "alb.ingress.kubernetes.io/scheme": ("internal",),
+    "kubernetes.io/ingress.class": ("gce-internal",),
+    "appgw.ingress.kubernetes.io/use-private-ip": ("true",),
+}
+_INTERNAL_INGRESS_CLASSES = frozenset({"gce-internal"})
+
+
+def _ingress_reach(m: Manifest) -> tuple[str, bool]:
+    """(from where an Ingress is reachable, whether only a private network): an internal load
+    balancer serves the VPC/VNet only, anything else is taken as internet-facing."""
+    ann = as_dict(m.get("metadata.annotations"))
+    for key, values in _INTERNAL_INGRESS_ANNOTATIONS.items():
+        if str(ann.get(key, "")).strip().lower() in values:
+            return (
+                f"from inside the VPC/VNet (an internal load balancer: {key}: {ann[key]}), "
+                "not from the internet",
+                True,
+            )
+    cls = m.get("spec.ingressClassName")
+    if isinstance(cls, str) and cls in _INTERNAL_INGRESS_CLASSES:
+        return (
+            f"from inside the VPC (ingressClassName {cls}: an internal load balancer), not "
+            "from the internet",
+            True,
+        )
+    return "from outside the cluster", False
+
+
 def _exposure(port: int, reach: tuple[str, bool], auth: _Auth | None) -> tuple[Severity, str]:
     """Severity and text for one exposed Ray port: reachable from where, and who can use it."""
     where, private = reach
@@ -534,7 +565,12 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
             elif m.kind.endswith("Route") and path.split(".")[-1].startswith("backendRefs"):
                 hit = _private_port(node.get("port"))
             if hit:
-                severity, text = _exposure(hit, ("from outside the cluster", False), None)
+                reach = (
+                    _ingress_reach(m)
+                    if m.kind == "Ingress"
+                    else ("from outside the cluster", False)
+                )
+                severity, text = _exposure(hit, reach, None)
                 yield Finding.at(
                     "dashboard-exposed",
                     severity,
