@@ -58,3 +58,63 @@ def test_internet_facing_ingress_is_an_error() -> None:
     [(severity, message)] = _found("    alb.ingress.kubernetes.io/scheme: internet-facing")
     assert severity == "error"
     assert "reachable from outside the cluster" in message
+
+
+CLUSTER = """\
+---
+apiVersion: ray.io/v1
+kind: RayCluster
+metadata:
+  name: rc
+spec:
+  rayVersion: "2.53.0"
+{auth}
+  headGroupSpec:
+    rayStartParams: {{}}
+    template:
+      spec:
+        containers:
+        - name: ray-head
+          image: rayproject/ray:2.53.0
+          env:
+{env}
+"""
+TLS_ENV = """\
+          - {name: RAY_USE_TLS, value: "1"}
+          - {name: RAY_TLS_SERVER_CERT, value: /etc/ray/tls/tls.crt}
+          - {name: RAY_TLS_SERVER_KEY, value: /etc/ray/tls/tls.key}
+          - {name: RAY_TLS_CA_CERT, value: /etc/ray/tls/ca.crt}"""
+NO_ENV = "          - {name: X, value: y}"
+
+
+def _behind_ingress(port: int, env: str, auth: str = "") -> list[tuple[str, str]]:
+    ingress = (
+        INGRESS.format(annotations="    team: ml", cls="nginx")
+        .replace("raycluster-head-svc", "rc-head-svc")
+        .replace("number: 8265", f"number: {port}")
+    )
+    text = ingress + CLUSTER.format(env=env, auth=auth)
+    found = run_rules(load_text(text), {"dashboard-exposed"})
+    return [(f.severity, f.message) for f in found if f.object.startswith("Ingress/")]
+
+
+def test_ray_client_behind_mutual_tls_is_a_warning() -> None:
+    [(severity, message)] = _behind_ingress(10001, TLS_ENV)
+    assert severity == "warning"
+    assert "mutual TLS is on" in message
+
+
+def test_mutual_tls_does_not_cover_the_dashboard() -> None:
+    [(severity, _)] = _behind_ingress(8265, TLS_ENV)
+    assert severity == "error"
+
+
+def test_ray_client_without_tls_is_an_error() -> None:
+    [(severity, _)] = _behind_ingress(10001, NO_ENV)
+    assert severity == "error"
+
+
+def test_token_auth_of_the_cluster_behind_an_ingress_counts() -> None:
+    [(severity, message)] = _behind_ingress(8265, NO_ENV, "  authOptions: {mode: token}")
+    assert severity == "warning"
+    assert "token authentication is on" in message

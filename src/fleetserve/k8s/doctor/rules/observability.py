@@ -367,10 +367,45 @@ def _ingress_reach(m: Manifest) -> tuple[str, bool]:
     return "from outside the cluster", False
 
 
-def _exposure(port: int, reach: tuple[str, bool], auth: _Auth | None) -> tuple[Severity, str]:
+def _mtls(m: Manifest | None) -> str | None:
+    """Ray's mutual TLS on the head (``RAY_USE_TLS`` with a CA): gRPC callers, the Ray client
+    on 10001 among them, need a certificate signed by that CA. The dashboard (HTTP) is not
+    covered. None when off or unknown."""
+    head = head_group(m) if m is not None else None
+    env = head.container.get("env") if head else None
+    names = {
+        str(e.get("name")): str(e.get("value", ""))
+        for e in (env if isinstance(env, list) else [])
+        if isinstance(e, dict)
+    }
+    if names.get("RAY_USE_TLS", "").lower() in ("1", "true") and "RAY_TLS_CA_CERT" in names:
+        return "RAY_USE_TLS=1 with RAY_TLS_CA_CERT in the head's env"
+    return None
+
+
+def _cluster_of_head_service(inv: Inventory, namespace: str, service: Any) -> Manifest | None:
+    """The Ray object whose KubeRay head Service (``<name>-head-svc``) is ``service``."""
+    if not isinstance(service, str):
+        return None
+    name = service.split(".")[0]  # a VirtualService host may be the Service's FQDN
+    for m in inv.of_kind(*RAY_KINDS):
+        if m.namespace == namespace and m.name and name == f"{m.name}-head-svc":
+            return m
+    return None
+
+
+def _exposure(
+    port: int, reach: tuple[str, bool], auth: _Auth | None, mtls: str | None = None
+) -> tuple[Severity, str]:
     """Severity and text for one exposed Ray port: reachable from where, and who can use it."""
     where, private = reach
     head = f"port {port} ({_RAY_PRIVATE_PORTS[port]}) is reachable {where}"
+    if port == 10001 and mtls is not None:
+        return "warning", (
+            f"{head}; Ray's mutual TLS is on ({mtls}), so clients need a certificate signed "
+            "by the cluster's CA, but whoever holds one can submit jobs and run code on the "
+            "cluster"
+        )
     if auth is not None and auth.on:
         return "warning", (
             f"{head}; token authentication is on ({auth.text}), so callers need the cluster's "
@@ -431,9 +466,10 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
     """The Ray dashboard/Jobs API (8265) and client port (10001) must not leave the cluster."""
     for m in inv.of_kind("Service"):
         reach = _reach(m.get("spec.type"), m.get("metadata.annotations"))
-        auth = _auth(_cluster_of_service(inv, m))
+        cluster = _cluster_of_service(inv, m)
+        auth = _auth(cluster)
         for path, port in _exposed_service_ports(m):
-            severity, text = _exposure(port, reach, auth)
+            severity, text = _exposure(port, reach, auth, _mtls(cluster))
             yield Finding.at(
                 "dashboard-exposed",
                 severity,
@@ -539,7 +575,7 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
                         and _private_port(p.get("containerPort"))
                     ):
                         port = int(p["containerPort"])
-                        severity, text = _exposure(port, node_reach, auth)
+                        severity, text = _exposure(port, node_reach, auth, _mtls(m))
                         yield Finding.at(
                             "dashboard-exposed",
                             severity,
@@ -554,23 +590,28 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
             if not isinstance(node, dict):
                 continue
             hit: int | None = None
+            backend: Any = None
             if m.kind == "Ingress" and isinstance(node.get("service"), dict):
                 sp = node["service"].get("port")
+                backend = node["service"].get("name")
                 if isinstance(sp, dict):
                     hit = _private_port(sp.get("number"), sp.get("name"))
             elif m.kind == "VirtualService" and isinstance(node.get("destination"), dict):
                 dp = node["destination"].get("port")
+                backend = node["destination"].get("host")
                 if isinstance(dp, dict):
                     hit = _private_port(dp.get("number"))
             elif m.kind.endswith("Route") and path.split(".")[-1].startswith("backendRefs"):
                 hit = _private_port(node.get("port"))
+                backend = node.get("name")
             if hit:
                 reach = (
                     _ingress_reach(m)
                     if m.kind == "Ingress"
                     else ("from outside the cluster", False)
                 )
-                severity, text = _exposure(hit, reach, None)
+                cluster = _cluster_of_head_service(inv, m.namespace, backend)
+                severity, text = _exposure(hit, reach, _auth(cluster), _mtls(cluster))
                 yield Finding.at(
                     "dashboard-exposed",
                     severity,
