@@ -97,6 +97,8 @@ class GuardConfig:
     models: dict[str, ModelPolicy]
     tenants: dict[str, TenantPolicy] = field(default_factory=dict)
     lease_s: float = 3600.0
+    #: Longest a request waits in a model's gateway queue (the server's request timeout).
+    queue_timeout_s: float = 600.0
 
     @classmethod
     def from_spec(cls, spec: FleetSpec, max_model_lens: Mapping[str, int]) -> GuardConfig:
@@ -122,7 +124,8 @@ class GuardConfig:
             )
             for t in spec.tenants
         }
-        return cls(models, tenants, spec.server.request_timeout_s + LEASE_MARGIN_S)
+        timeout = spec.server.request_timeout_s
+        return cls(models, tenants, timeout + LEASE_MARGIN_S, timeout)
 
     @property
     def quotas(self) -> bool:
@@ -158,6 +161,7 @@ class GuardConfig:
                 for n, t in self.tenants.items()
             },
             "lease_s": self.lease_s,
+            "queue_timeout_s": self.queue_timeout_s,
         }
 
     @classmethod
@@ -174,6 +178,7 @@ class GuardConfig:
                 for n, t in data.get("tenants", {}).items()
             },
             lease_s=float(data.get("lease_s", 3600.0)),
+            queue_timeout_s=float(data.get("queue_timeout_s", 600.0)),
         )
 
 
@@ -254,12 +259,19 @@ class TenantGuard:
                 return rate_limited(decision)
         settle = _Settlement(self, decision, model, tenant or "", tokens)
         try:
-            await self.gates[model].acquire(tenant or "", tokens)
-        except ModelBusyError as e:
+            async with asyncio.timeout(self.config.queue_timeout_s):
+                await self.gates[model].acquire(tenant or "", tokens)
+        except (ModelBusyError, TimeoutError) as e:
             settle.refund()
             self._reject(model, tenant, "overload")
+            message = (
+                e.message
+                if isinstance(e, ModelBusyError)
+                else f"model '{model}' is overloaded: the request waited "
+                f"{self.config.queue_timeout_s:g} s for a free slot; retry later"
+            )
             return settle.decorate(
-                error_response(503, e.message, "ServiceUnavailableError", retry_after=RETRY_AFTER_S)
+                error_response(503, message, "ServiceUnavailableError", retry_after=RETRY_AFTER_S)
             )
         except BaseException:
             settle.refund()
