@@ -13,7 +13,8 @@ def create_engine(config: EngineConfig) -> Engine:
     if config.kind == "fake":
         from fleetserve.engine.fake_engine import FakeEngine  # noqa: PLC0415
 
-        return FakeEngine(config)
+        # In a replica the fake has an engine-core process, as vLLM has (reaper tests).
+        return FakeEngine(config, core_process=True)
     from fleetserve.engine.vllm_engine import VllmEngine  # noqa: PLC0415
 
     return VllmEngine(config)

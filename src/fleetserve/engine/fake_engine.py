@@ -3,7 +3,9 @@
 It answers ``/v1/chat/completions`` and ``/v1/completions`` (streaming or not, ``n``,
 ``stream_options.include_usage``, ``max_tokens``/``max_completion_tokens``) with
 deterministic text ("tok0 tok1 ..."), one whitespace-separated word per token, and rejects
-what vLLM rejects with vLLM's error shape: an unknown ``model`` (404), a prompt plus
+what vLLM rejects with vLLM's error shape: an unknown ``model`` (404; LoRA adapters are
+known as vLLM knows them: static ones, and ``adapter_dir`` ones found on first request;
+the response's ``model`` is the adapter id, as vLLM's is), a prompt plus
 ``max_tokens`` over ``max_model_len`` (400, ``param: max_tokens``), bad sampling values
 (400). ``fake_token_delay_s`` slows generation so drain and disconnect can be observed.
 It runs behind the same :class:`~fleetserve.engine.asgi_bridge.AsgiBridge` as vLLM.
@@ -13,9 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -23,10 +28,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from fleetserve.adapters import find_in
 from fleetserve.engine.asgi_bridge import AsgiBridge
 from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
+from fleetserve.engine.reaper import EngineProcesses
 from fleetserve.errors import EngineError
+
+#: The fake engine core's program: sleeps until killed (argv[1]: the model name).
+FAKE_CORE = "import time\nwhile True:\n    time.sleep(3600)\n"
 
 
 def error_body(status: int, message: str, err_type: str, param: str | None = None) -> bytes:
@@ -45,13 +55,25 @@ class _BadRequest(Exception):
 class FakeEngine:
     """Deterministic echo engine (the :class:`Engine` Protocol)."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, *, core_process: bool = False) -> None:
         self._config = config
         self.running = 0
         self._bridge: AsgiBridge | None = None
         self._healthy = True
+        self._core_process = core_process
+        self._core: subprocess.Popen[bytes] | None = None
+        self._processes: EngineProcesses | None = None
 
     async def start(self) -> None:
+        if self._core_process:
+            # Like vLLM's engine core: a child process that does not watch its parent,
+            # so only the reaper's watchdog stops it when the replica dies uncleanly.
+            self._processes = EngineProcesses()
+            self._core = subprocess.Popen(
+                [sys.executable, "-c", FAKE_CORE, self._config.name],
+                stdin=subprocess.DEVNULL,
+            )
+            self._processes.guard()
         app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -84,6 +106,13 @@ class FakeEngine:
 
     async def shutdown(self) -> None:
         self._bridge = None
+        if self._core is not None:
+            self._core.terminate()
+            self._core.wait(10)
+            self._core = None
+        if self._processes is not None:
+            self._processes.stop()
+            self._processes = None
 
     # ------------------------------------------------------------------ HTTP handlers
 
@@ -130,7 +159,7 @@ class FakeEngine:
                 "id": _id(chat),
                 "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()),
-                "model": self._config.name,
+                "model": params["model"],
                 "choices": choices,
                 "usage": _usage(params["prompt_tokens"], params["max_tokens"] * params["n"]),
             }
@@ -138,7 +167,7 @@ class FakeEngine:
 
     def _validate(self, body: dict[str, Any], *, chat: bool) -> dict[str, Any]:
         model = body.get("model")
-        if model is not None and model != self._config.name:  # vLLM: absent = served model
+        if model is not None and not self._serves(model):  # vLLM: absent = served model
             raise _BadRequest(404, f"The model `{model}` does not exist.", "NotFoundError", None)
         if chat:
             messages = body.get("messages")
@@ -183,12 +212,24 @@ class FakeEngine:
             raise _BadRequest(400, f"n must be at least 1, got {n}.", "BadRequestError", "n")
         stream_options = body.get("stream_options") or {}
         return {
+            "model": model or self._config.name,
             "stream": bool(body.get("stream", False)),
             "include_usage": bool(stream_options.get("include_usage", False)),
             "max_tokens": max_tokens,
             "prompt_tokens": prompt_tokens,
             "n": n,
         }
+
+    def _serves(self, model: object) -> bool:
+        """The base model, a static adapter, or one present in the adapter directory."""
+        lora = self._config.lora
+        if model == self._config.name:
+            return True
+        if lora is None or not isinstance(model, str):
+            return False
+        if model in lora.modules:
+            return True
+        return lora.adapter_dir is not None and find_in(Path(lora.adapter_dir), model) is not None
 
     async def _text(self, max_tokens: int) -> str:
         words = []
@@ -203,7 +244,7 @@ class FakeEngine:
         return " ".join(words)
 
     async def _stream(self, params: dict[str, Any], *, chat: bool) -> AsyncIterator[bytes]:
-        rid, created, name = _id(chat), int(time.time()), self._config.name
+        rid, created, name = _id(chat), int(time.time()), params["model"]
         kind = "chat.completion.chunk" if chat else "text_completion"
 
         def event(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:

@@ -35,7 +35,9 @@ from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
 from fleetserve.engine.asgi_bridge import AsgiBridge
 from fleetserve.engine.config import EngineConfig
+from fleetserve.engine.lora import enable_adapter_dir
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
+from fleetserve.engine.reaper import EngineProcesses
 from fleetserve.engine.signals import SignalsHolder, vllm_signals_logger
 from fleetserve.errors import EngineError
 
@@ -65,6 +67,7 @@ class VllmEngine:
         self._bridge: AsgiBridge | None = None
         self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = None
         self._placement_group: Any = None
+        self._processes: EngineProcesses | None = None
         # Latest scheduler signals (waiting, KV usage, prefix hits) for routing/autoscaling.
         self._signals = SignalsHolder()
 
@@ -74,6 +77,8 @@ class VllmEngine:
         token_env = self._config.hf_token_env
         if token_env and os.environ.get(token_env):
             os.environ["HF_TOKEN"] = os.environ[token_env]
+        if self._config.lora is not None:
+            enable_adapter_dir(self._config.lora, self._config.name)
         args = parse_vllm_args(self._config)
         placement_group = _replica_placement_group(self._config)
         if placement_group is not None and args.distributed_executor_backend is None:
@@ -95,6 +100,9 @@ class VllmEngine:
     async def _start(self, args: Any) -> None:
         engine_args = AsyncEngineArgs.from_cli_args(args)
         vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        # The engine core process AsyncLLM spawns must not outlive this replica
+        # (engine/reaper.py): note our children before, guard the new ones after.
+        self._processes = EngineProcesses()
         self._engine = AsyncLLM.from_vllm_config(
             vllm_config=vllm_config,
             usage_context=UsageContext.OPENAI_API_SERVER,
@@ -103,6 +111,7 @@ class VllmEngine:
             aggregate_engine_logging=engine_args.aggregate_engine_logging,
             disable_log_stats=engine_args.disable_log_stats,
         )
+        self._processes.guard()
         supported_tasks = await self._engine.get_supported_tasks()
         app = build_app(args, supported_tasks, self._engine.model_config)
         await init_app_state(self._engine, app.state, args, supported_tasks)
@@ -158,6 +167,9 @@ class VllmEngine:
         self._bridge = None
         if engine is not None:
             engine.shutdown()
+        processes, self._processes = self._processes, None
+        if processes is not None:
+            processes.stop()
 
 
 def _ray_stat_loggers() -> list[Any] | None:

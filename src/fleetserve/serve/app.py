@@ -39,7 +39,10 @@ from fleetserve.plan.result import EngineSettings
 from fleetserve.serve.api_keys import ApiKeyTable
 from fleetserve.serve.deployment_options import replica_count_options, request_router_options
 from fleetserve.serve.ingress import Ingress
+from fleetserve.serve.limits import RequestLimits
 from fleetserve.serve.model_server import ModelServer
+from fleetserve.serve.quota_guard import GuardConfig
+from fleetserve.serve.quota_store import KEEPER_DEPLOYMENT, QuotaKeeper, limits_to_args
 from fleetserve.serve.resources import ResourcePlan, plan_resources
 from fleetserve.serve.settings import engine_settings
 from fleetserve.spec import FleetSpec, default_fleet, format_validation_error, load_spec, parse_spec
@@ -125,7 +128,10 @@ def build_application(
             "name": deployment_name(model.name),
             "ray_actor_options": resources.models[model.name].ray_actor_options(),
             "max_ongoing_requests": r.max_ongoing_requests,
-            "max_queued_requests": r.max_queued_requests,
+            # The gateway's exact admission (serve/admission.py) is the binding limit; Serve's
+            # own queue bound is a backstop above it, so its router's stale view of replica
+            # load can never refuse a request the gateway admitted.
+            "max_queued_requests": r.max * r.max_ongoing_requests + r.max_queued_requests,
             "graceful_shutdown_timeout_s": spec.server.drain_timeout_s,
             **replica_count_options(model),
             **request_router_options(model),
@@ -140,6 +146,8 @@ def build_application(
                 "name": model.name,
                 "max_model_len": settings[model.name].max_model_len,
                 "min_replicas": r.min,
+                "adapters": tuple(a.name for a in model.adapters),
+                "adapter_dir": model.adapter_dir,
             }
         )
         if r.min == 0:
@@ -148,6 +156,17 @@ def build_application(
                 "timeout_s": r.cold_start_timeout_s,
             }
         ingress_ongoing += r.max * r.max_ongoing_requests + r.max_queued_requests
+    guard = GuardConfig.from_spec(
+        spec, {m.name: settings[m.name].max_model_len for m in spec.models}
+    )
+    # The quota counters: one keeper shared by every ingress replica (serve/quota_store.py).
+    quota = (
+        _deployment(QuotaKeeper)
+        .options(name=KEEPER_DEPLOYMENT)
+        .bind(limits_to_args(guard.scope_limits()), guard.lease_s)
+        if guard.quotas
+        else None
+    )
     app: Application = (
         _deployment(Ingress)
         .options(
@@ -156,7 +175,15 @@ def build_application(
             max_ongoing_requests=ingress_ongoing,
             graceful_shutdown_timeout_s=spec.server.drain_timeout_s,
         )
-        .bind(routes, keys.to_args(), handles, cold_starts)
+        .bind(
+            routes,
+            keys.to_args(),
+            handles,
+            cold_starts,
+            guard.to_args(),
+            quota,
+            limits=RequestLimits.from_spec(spec.server).to_args(),
+        )
     )
     return app
 

@@ -15,8 +15,11 @@ from ray import serve
 
 from fleetserve.serve.api_keys import ApiKeyTable
 from fleetserve.serve.gateway import Gateway, ModelRoute, create_api
+from fleetserve.serve.limits import RequestLimits, install_http_guard
 from fleetserve.serve.metrics import RayMetricsSink
 from fleetserve.serve.model_client import HandleModelClient
+from fleetserve.serve.quota_guard import GuardConfig, TenantGuard
+from fleetserve.serve.quota_store import HandleQuotaStore
 from fleetserve.serve.scale_to_zero import ColdStart, ColdStartClient
 
 
@@ -25,16 +28,25 @@ from fleetserve.serve.scale_to_zero import ColdStart, ColdStartClient
 class Ingress:
     """Routes OpenAI requests by ``model`` to the model deployments."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - Serve's bind() passes the arguments in order
         self,
         routes: list[dict[str, Any]],
         keys: dict[str, Any],
         handles: dict[str, Any],
         cold_starts: dict[str, dict[str, Any]] | None = None,
+        guard: dict[str, Any] | None = None,
+        quota: Any = None,
+        *,
+        limits: dict[str, Any] | None = None,
     ) -> None:
+        self.limits = RequestLimits.from_args(limits)
+        # Before Serve starts this replica's HTTP server (direct ingress): header limits
+        # and the header timeout at the protocol level (serve/limits.py).
+        install_http_guard(self.limits)
         # Models with replicas.min 0: a request waits (bounded) for their first replica.
+        models = HandleModelClient(handles)
         client = ColdStartClient(
-            HandleModelClient(handles),
+            models,
             {m: ColdStart(**c) for m, c in (cold_starts or {}).items()},
         )
         self.gateway = Gateway(
@@ -42,6 +54,17 @@ class Ingress:
             ApiKeyTable.from_args(keys),
             client,
             metrics_sink=RayMetricsSink(),
+            limits=self.limits,
+            health=models,
+            # Quotas (the shared keeper's handle, when a tenant has one) + exact admission.
+            quota_guard=(
+                TenantGuard(
+                    GuardConfig.from_args(guard),
+                    HandleQuotaStore(quota) if quota is not None else None,
+                )
+                if guard is not None
+                else None
+            ),
         )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
@@ -54,3 +77,9 @@ class Ingress:
 
     def in_flight(self) -> int:
         return self.gateway.in_flight
+
+    async def end_requests(self) -> int:
+        """Drain timeout: end every open request now with an error (an SSE error event
+        for streams); returns how many were ended. Async: it must run on the loop that
+        serves the requests (Serve runs sync methods in a thread)."""
+        return self.gateway.deadlines.cut_all("drain")

@@ -30,6 +30,7 @@ Design note. Every limit is enforced where it can really bound the cost:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -121,7 +122,8 @@ def _norm(name: str) -> str:
     return name.lower().replace("_", "-")
 
 
-def _serve_control_headers() -> tuple[frozenset[str], tuple[str, ...]]:
+@functools.cache
+def serve_control_headers() -> tuple[frozenset[str], tuple[str, ...]]:
     """Request headers Ray Serve reads from clients (exact names, prefixes), normalised.
 
     From Ray's own constants (ray/serve/_private/constants.py, read by the proxy and by
@@ -140,12 +142,12 @@ def _serve_control_headers() -> tuple[frozenset[str], tuple[str, ...]]:
     return frozenset(_norm(n) for n in names), (_norm(c.SERVE_INGRESS_ROUTER_HEADER_PREFIX),)
 
 
-SERVE_CONTROL_HEADERS, SERVE_CONTROL_PREFIXES = _serve_control_headers()
-
-
 def is_serve_control_header(name: str) -> bool:
+    # Ray's constants are read on first use: `fleetserve render` imports this module
+    # for RequestLimits and must not pay for importing Ray.
+    names, prefixes = serve_control_headers()
     n = _norm(name)
-    return n in SERVE_CONTROL_HEADERS or n.startswith(SERVE_CONTROL_PREFIXES)
+    return n in names or n.startswith(prefixes)
 
 
 def check_headers(headers: Iterable[tuple[bytes, bytes]], limits: RequestLimits) -> Refusal | None:

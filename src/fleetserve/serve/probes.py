@@ -127,13 +127,22 @@ class ProbeState:
         return True
 
     def describe(self, visible: Callable[[str], bool]) -> dict[str, dict[str, object]]:
-        """Per-model detail for a caller (only the models ``visible`` allows)."""
-        return {
-            name: {
-                "ready": h.running > 0,
+        """Per-model detail for a caller (only the models ``visible`` allows).
+
+        A model at ``replicas.min: 0`` without replicas is ready (scaled to zero: a
+        request starts one).
+        """
+        out: dict[str, dict[str, object]] = {}
+        for name, h in sorted(self.models.items()):
+            if not visible(name):
+                continue
+            zero = h.running == 0 and self._min.get(name, 1) == 0
+            detail: dict[str, object] = {
+                "ready": h.running > 0 or zero,
                 "running_replicas": h.running,
                 "status": h.status,
             }
-            for name, h in sorted(self.models.items())
-            if visible(name)
-        }
+            if zero:
+                detail["scaled_to_zero"] = True
+            out[name] = detail
+        return out

@@ -48,7 +48,8 @@ def test_deployments_carry_names_replicas_and_resources() -> None:
     assert (cfg.autoscaling_config.min_replicas, cfg.autoscaling_config.max_replicas) == (1, 3)
     assert cfg.autoscaling_config.target_ongoing_requests == 4
     assert cfg.graceful_shutdown_timeout_s == 12
-    assert auto.max_queued_requests == 256
+    # Serve's queue bound sits above the gateway's exact admission (capacity + queue).
+    assert auto.max_queued_requests == 3 * 64 + 256
     fixed = models["fixed"]
     assert fixed.num_replicas == 2
     assert fixed._deployment_config.autoscaling_config is None

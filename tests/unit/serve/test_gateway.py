@@ -23,6 +23,7 @@ from fleetserve.serve.model_client import (
     ModelOverloadedError,
     ModelUnavailableError,
 )
+from fleetserve.serve.probes import ModelHealth
 from fleetserve.spec import parse_spec
 
 SETTINGS = EngineSettings(
@@ -235,21 +236,32 @@ class FailingClient:
     async def stats(self, model: str, timeout_s: float) -> EngineStats:
         raise ModelUnavailableError(f"model '{model}' has no replica")
 
+    async def health(self) -> dict[str, ModelHealth]:
+        # Overloaded replicas are running; an unavailable model has none.
+        running = 0 if isinstance(self.error, ModelUnavailableError) else 1
+        return {"alpha": ModelHealth(running=running)}
+
 
 @pytest.mark.parametrize(
-    "error",
-    [ModelOverloadedError("model 'alpha' is overloaded"), ModelUnavailableError("gone")],
+    ("error", "retry_after", "ready_status"),
+    [
+        (ModelOverloadedError("model 'alpha' is overloaded"), "1", 200),
+        (ModelUnavailableError("gone"), "10", 503),
+    ],
 )
-async def test_overload_and_unavailable_are_503_with_retry_after(error: Exception) -> None:
+async def test_overload_and_unavailable_are_503_with_retry_after(
+    error: Exception, retry_after: str, ready_status: int
+) -> None:
     keys = ApiKeyTable(model_tenants={"alpha": None})
     gateway = Gateway([ModelRoute("alpha", 64)], keys, FailingClient(error))
     async with client(gateway) as c:
+        ready = await c.get("/ready")  # loads the fleet view
         r = await c.post("/v1/chat/completions", json=chat())
-        ready = await c.get("/ready")
     assert_error(r, 503, "ServiceUnavailableError")
-    assert r.headers["retry-after"] == "1"
-    assert ready.status_code == 503
-    assert ready.json()["models"]["alpha"]["ready"] is False
+    assert r.headers["retry-after"] == retry_after
+    # Overload is not unreadiness (a probe must not pull a busy server); no replica is.
+    assert ready.status_code == ready_status
+    assert ready.json()["models"]["alpha"]["ready"] is (ready_status == 200)
 
 
 async def test_draining_refuses_new_requests_with_503(open_gateway: Gateway) -> None:

@@ -1,0 +1,79 @@
+"""The engine watchdog: an engine process dies with its replica, however the replica ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fleetserve.engine import reaper
+
+# A stand-in replica: starts an "engine core" that does not watch its parent (as
+# vLLM's does), guards it with the watchdog, prints both PIDs, then idles.
+REPLICA = """
+import subprocess, sys, time
+from fleetserve.engine.reaper import EngineProcesses
+procs = EngineProcesses()
+core = subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)"])
+procs.guard()
+print(core.pid, procs.watchdog.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _start_replica() -> tuple[subprocess.Popen[str], int, int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REPLICA], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert proc.stdout is not None
+    core, watchdog = map(int, proc.stdout.readline().split())
+    return proc, core, watchdog
+
+
+def _gone(pid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if reaper.ident(pid) is None:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_engine_dies_when_its_replica_dies(signum: int) -> None:
+    replica, core, watchdog = _start_replica()
+    try:
+        time.sleep(0.5)
+        assert reaper.ident(core) is not None
+        replica.send_signal(signum)
+        replica.wait(10)
+        assert _gone(core), "the engine core outlived its replica"
+        assert _gone(watchdog)
+    finally:
+        for pid in (core, watchdog):
+            if reaper.ident(pid) is not None:
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_watchdog_leaves_a_live_replica_alone_and_exits_after_a_clean_stop() -> None:
+    replica, core, watchdog = _start_replica()
+    try:
+        time.sleep(1.0)
+        assert reaper.ident(core) is not None
+        assert reaper.ident(watchdog) is not None
+        os.kill(core, signal.SIGKILL)  # the engine stopped by itself
+        assert _gone(watchdog), "the watchdog should exit once its engine is gone"
+    finally:
+        replica.kill()
+        replica.wait(10)
+
+
+def test_identity_includes_start_time() -> None:
+    me = reaper.ident(os.getpid())
+    assert me is not None
+    assert reaper.alive(me)
+    assert not reaper.alive((me[0], me[1] + 1))  # a reused PID is another process
