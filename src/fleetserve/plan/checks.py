@@ -48,21 +48,29 @@ def plan_violations(spec: FleetSpec, result: PlanResult) -> list[str]:
         if refused:
             errors.append(f"{r.model}#{r.index}: vLLM would refuse it: {refused[0].reason}")
         want = model.tensor_parallel * model.pipeline_parallel
-        if len(r.gpus) != want or len(set(r.gpus)) != want:
-            errors.append(f"{r.model}#{r.index}: {r.gpus} for {want} cards")
+        held = [(n.node, g) for n in r.spans for g in n.gpus]
+        if len(held) != want or len(set(held)) != want:
+            errors.append(f"{r.model}#{r.index}: {held} for {want} cards")
         if want > 1 and not r.whole_cards:
             errors.append(f"{r.model}#{r.index}: TP replica on slices")
-        if pool.max_nodes is not None and r.node >= pool.max_nodes:
-            errors.append(f"{r.model}#{r.index}: node {r.node} >= max_nodes")
+        # stages across nodes: whole tensor-parallel groups on each node (vLLM's Ray
+        # executor never splits one), the same share on every node
+        if len(r.spans) > 1 and (
+            len({len(n.gpus) for n in r.spans}) != 1 or len(r.gpus) % model.tensor_parallel
+        ):
+            errors.append(f"{r.model}#{r.index}: a tensor-parallel group split across nodes")
+        for n in r.spans:
+            if pool.max_nodes is not None and n.node >= pool.max_nodes:
+                errors.append(f"{r.model}#{r.index}: node {n.node} >= max_nodes")
         # the engine never asks for more than its slice (a fraction of the whole card)
         if not r.whole_cards and r.card_memory_mb:
             asked = r.engine.gpu_memory_utilization * r.card_memory_mb
             if asked > r.memory_mb:
                 errors.append(f"{r.model}#{r.index}: engine asks {asked:.0f} > slice")
-        for g in r.gpus:
+        for node, g in held:
             if not 0 <= g < pool.gpu.count:
                 errors.append(f"{r.model}#{r.index}: card {g} not on node")
-            cards.setdefault((r.pool, r.node, g), []).append(r)
+            cards.setdefault((r.pool, node, g), []).append(r)
     for slot, reps in cards.items():
         card_mb = reps[0].card_memory_mb
         if sum(r.memory_mb for r in reps) > card_mb:

@@ -118,11 +118,14 @@ def render_table(result: PlanResult, console: Console) -> None:
     table.add_column("gpu_memory_util", justify="right")
     table.add_column("seqs x len / batched", justify="right")
     for r in result.replicas:
-        cards = ",".join(map(str, r.gpus)) or "cpu"
+        # a replica whose pipeline stages cross nodes: every node, "+"-joined
+        where = " + ".join(
+            f"{r.pool}/{n.node}:{','.join(map(str, n.gpus)) or 'cpu'}" for n in r.spans
+        )
         table.add_row(
             f"{r.model}#{r.index}",
             r.tenant or "-",
-            f"{r.pool}/{r.node}:{cards}",
+            where,
             f"{r.memory_mb:,}",
             str(r.cores_percent),
             f"{r.num_gpus:g}",

@@ -13,6 +13,9 @@ used; ``w[t,c]`` card c belongs to dedicated tenant t; ``s[i]`` replica i left u
                x[i,c] <= u[c] <= v[n]                         (tightens the LP bound)
                tenants: x[i,c] <= w[t,c] for i of t; others' x on c <= S (1 - w[t,c])
                symmetry: u[c+1] <= u[c] on a node, v[n+1] <= v[n] in a pool
+               spanning k nodes (pipeline stages across nodes): z counts the replica's
+               parts per node, r its replicas: sum_n z = k r, z[n] <= r (so the parts
+               deal out round-robin into r replicas of k distinct nodes each)
 
 The objective is lexicographic (:data:`fleetserve.plan.problem.OBJECTIVES`), solved as a
 sequence of MILPs over the same rows, each level fixed (``<=`` its value) before the next:
@@ -86,7 +89,9 @@ def node_bounds(problem: Problem, heuristic: Packing) -> dict[str, int]:
     cap = max(1, len(heuristic.cards_used())) if all_placed and not problem.priced else None
     out: dict[str, int] = {}
     for pool in problem.pools:
-        eligible = sum(1 for it in problem.items if pool.name in it.demands)
+        eligible = sum(
+            it.demands[pool.name].nodes for it in problem.items if pool.name in it.demands
+        )
         n = eligible if cap is None else min(cap, eligible)
         if pool.max_nodes is not None:
             n = min(n, pool.max_nodes)
@@ -166,11 +171,17 @@ def solve_milp(
     z: dict[tuple[int, str, int], int] = {}
     y: dict[tuple[int, str, int, int], int] = {}
     s: dict[int, int] = {}
+    # replicas over k nodes: r = how many of the group in the pool, z = its parts per node
+    r: dict[tuple[int, str], int] = {}
     for g, idx in enumerate(members):
         it = problem.items[idx[0]]
         s[g] = var(len(idx))
         for name, d in it.demands.items():
             pool = problem.pool(name)
+            if d.nodes > 1:
+                if nodes[name] < d.nodes:
+                    continue  # too few nodes allowed for one replica
+                r[(g, name)] = var(len(idx))
             for n in range(nodes[name]):
                 if d.whole:
                     z[(g, name, n)] = var(min(len(idx), pool.cards_per_node // d.cards))
@@ -188,10 +199,21 @@ def solve_milp(
     per_group: dict[int, list[tuple[int, float]]] = {g: [(s[g], 1.0)] for g in s}
     for (g, _p, _n, _c), col in x.items():
         per_group[g].append((col, 1.0))
-    for (g, _p, _n), col in z.items():
+    for (g, p, _n), col in z.items():
+        if (g, p) not in r:
+            per_group[g].append((col, 1.0))
+    for (g, _p), col in r.items():
         per_group[g].append((col, 1.0))
     for g, terms in per_group.items():
         rows.add(terms, float(len(members[g])), float(len(members[g])))
+    # a replica over k nodes: k parts per replica, at most one part of each replica per
+    # node (z <= r: then the parts split into replicas on k distinct nodes each)
+    for (g, p), col in r.items():
+        k = first(g).demands[p].nodes
+        parts = [(z[(g, p, n)], 1.0) for n in range(nodes[p])]
+        rows.add([*parts, (col, -float(k))], 0.0, 0.0)
+        for n in range(nodes[p]):
+            rows.add([(z[(g, p, n)], 1.0), (col, -1.0)], -np.inf, 0.0)
     # whole cards on one node
     for (g, p, n), col in z.items():
         k = first(g).demands[p].cards
@@ -320,11 +342,25 @@ def solve_milp(
     for (g, p, n, c), col in sorted(x.items()):
         for _ in range(sol_int[col]):
             packing.assigned[queue[g].pop(0)] = Assignment(p, n, (c,))
+    spanning: dict[tuple[int, str], list[tuple[int, tuple[int, ...]]]] = {}
     for (g, p, n), col in sorted(z.items()):
         k = first(g).demands[p].cards
         taken = [c for c in range(problem.pool(p).cards_per_node) if sol_int[y[(g, p, n, c)]]]
         for j in range(sol_int[col]):
-            packing.assigned[queue[g].pop(0)] = Assignment(p, n, tuple(taken[j * k : (j + 1) * k]))
+            part_cards = tuple(taken[j * k : (j + 1) * k])
+            if (g, p) in r:
+                spanning.setdefault((g, p), []).append((n, part_cards))
+            else:
+                packing.assigned[queue[g].pop(0)] = Assignment(p, n, part_cards)
+    for (g, p), node_parts in sorted(spanning.items()):
+        # parts sorted by node, dealt round-robin: replica j takes parts j, j+m, ... (m
+        # replicas); a node holds at most m parts (z <= r), so each replica's are distinct
+        m = int(sol_int[r[(g, p)]])
+        for j in range(m):
+            held = node_parts[j::m]
+            packing.assigned[queue[g].pop(0)] = Assignment(
+                p, held[0][0], held[0][1], tuple(held[1:])
+            )
     for keys in queue.values():
         packing.unplaced.extend(keys)
     # "gpus+nodes" is one solve; report its two levels under their own names
@@ -376,7 +412,7 @@ def _levels(
     per_pool: dict[str, int] = {}
     for pool_name, _n in v:
         per_pool[pool_name] = per_pool.get(pool_name, 0) + 1
-    if any(a.node >= per_pool.get(a.pool, 0) for a in heuristic.assigned.values()):
+    if any(n >= per_pool.get(a.pool, 0) for a in heuristic.assigned.values() for n, _ in a.parts):
         for level in levels:
             level.heuristic = None
     return levels
@@ -423,8 +459,10 @@ def _limit_sentence(message: str, level: str, node_limit: int, time_limit_s: flo
 def _renumber(packing: Packing) -> None:
     """Number used nodes 0..k-1 per pool (symmetry rows already keep them dense)."""
     by_pool: dict[str, dict[int, int]] = {}
-    for a in sorted(packing.assigned.values(), key=lambda a: (a.pool, a.node)):
-        mapping = by_pool.setdefault(a.pool, {})
-        mapping.setdefault(a.node, len(mapping))
+    for pool, node in sorted(packing.node_set()):
+        mapping = by_pool.setdefault(pool, {})
+        mapping.setdefault(node, len(mapping))
     for key, a in list(packing.assigned.items()):
-        packing.assigned[key] = Assignment(a.pool, by_pool[a.pool][a.node], a.cards)
+        m = by_pool[a.pool]
+        others = tuple((m[n], cards) for n, cards in a.others)
+        packing.assigned[key] = Assignment(a.pool, m[a.node], a.cards, others)

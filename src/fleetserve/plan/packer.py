@@ -13,7 +13,9 @@ planner's: fewest cards holding a replica (density), then fewest nodes.
    slice in the pool with the largest cards (the most room for later slices), for a
    whole-card replica in the pool with the smallest card that holds it.
    HAMi's node policy breaks ties: ``spread`` prefers nodes holding fewer replicas of the
-   same model (HA), ``binpack`` the fullest node.
+   same model (HA), ``binpack`` the fullest node. A replica whose pipeline stages cross
+   nodes takes the same number of empty cards on k distinct nodes of one pool: open nodes
+   first (same tie-breaks), new ones for the rest.
 3. Improve: try to empty the least-filled cards by moving their slices onto other used
    cards (best fit); repeat while a card is freed. Every move keeps every constraint.
 4. ``gpu: spread`` then spreads each node's slices over all of that node's cards (same
@@ -89,7 +91,8 @@ class _State:
         self.problem = problem
         self.whole_small_first = whole_small_first
         self.nodes: dict[str, list[_Node]] = {p.name: [] for p in problem.pools}
-        self.where: dict[tuple[str, int], tuple[_Node, list[_Card], Demand]] = {}
+        # item -> its (node, cards) parts (several for a replica spanning nodes), demand
+        self.where: dict[tuple[str, int], tuple[list[tuple[_Node, list[_Card]]], Demand]] = {}
         self.items = {it.key: it for it in problem.items}
 
     def open_node(self, pool: PoolShape) -> _Node | None:
@@ -108,42 +111,52 @@ class _State:
         nodes.append(node)
         return node
 
-    def apply(self, item: Item, node: _Node, cards: list[_Card]) -> None:
+    def apply(
+        self,
+        item: Item,
+        node: _Node,
+        cards: list[_Card],
+        more: list[tuple[_Node, list[_Card]]] | None = None,
+    ) -> None:
+        """Place ``item`` on ``cards`` of ``node`` (and, spanning nodes, on ``more``)."""
         d = item.demands[node.pool.name]
-        for card in cards:
-            card.mem_left -= d.mem_mb
-            card.cores_left -= d.cores
-            card.slots_left -= 1
-            card.whole = card.whole or d.whole
-            card.tenants[item.tenant] = card.tenants.get(item.tenant, 0) + 1
-            if item.dedicated:
-                card.dedicated = item.tenant
-                card.dedicated_n += 1
-            card.items.append(item.key)
-        node.cpu_left -= d.cpu
-        node.ram_left -= d.ram_mb
-        node.per_model[item.model] = node.per_model.get(item.model, 0) + 1
-        self.where[item.key] = (node, cards, d)
+        parts = [(node, cards), *(more or [])]
+        for part_node, part_cards in parts:
+            for card in part_cards:
+                card.mem_left -= d.mem_mb
+                card.cores_left -= d.cores
+                card.slots_left -= 1
+                card.whole = card.whole or d.whole
+                card.tenants[item.tenant] = card.tenants.get(item.tenant, 0) + 1
+                if item.dedicated:
+                    card.dedicated = item.tenant
+                    card.dedicated_n += 1
+                card.items.append(item.key)
+            part_node.cpu_left -= d.cpu
+            part_node.ram_left -= d.ram_mb
+            part_node.per_model[item.model] = part_node.per_model.get(item.model, 0) + 1
+        self.where[item.key] = (parts, d)
 
     def remove(self, item: Item) -> None:
-        node, cards, d = self.where.pop(item.key)
-        for card in cards:
-            card.mem_left += d.mem_mb
-            card.cores_left += d.cores
-            card.slots_left += 1
-            if d.whole:
-                card.whole = False
-            card.tenants[item.tenant] -= 1
-            if not card.tenants[item.tenant]:
-                del card.tenants[item.tenant]
-            if item.dedicated:
-                card.dedicated_n -= 1
-                if not card.dedicated_n:
-                    card.dedicated = None
-            card.items.remove(item.key)
-        node.cpu_left += d.cpu
-        node.ram_left += d.ram_mb
-        node.per_model[item.model] -= 1
+        parts, d = self.where.pop(item.key)
+        for node, cards in parts:
+            for card in cards:
+                card.mem_left += d.mem_mb
+                card.cores_left += d.cores
+                card.slots_left += 1
+                if d.whole:
+                    card.whole = False
+                card.tenants[item.tenant] -= 1
+                if not card.tenants[item.tenant]:
+                    del card.tenants[item.tenant]
+                if item.dedicated:
+                    card.dedicated_n -= 1
+                    if not card.dedicated_n:
+                        card.dedicated = None
+                card.items.remove(item.key)
+            node.cpu_left += d.cpu
+            node.ram_left += d.ram_mb
+            node.per_model[item.model] -= 1
 
     # ---- choices
 
@@ -171,6 +184,41 @@ class _State:
                         best = (left, same, node, card)
         return None if best is None else (best[2], best[3])
 
+    def spanning_nodes(self, item: Item) -> list[tuple[_Node, list[_Card]]] | None:
+        """Empty cards on ``nodes`` distinct nodes of one pool for a replica whose pipeline
+        stages cross nodes: open nodes first (the node policy's order), new nodes for the
+        rest while max_nodes allows; the pool with the smallest adequate card first."""
+        pools = sorted(
+            (self.problem.pool(name) for name in item.demands),
+            key=lambda p: (p.card_mb if self.whole_small_first else -p.card_mb, p.name),
+        )
+        spread = self.problem.policy_node == "spread"
+        for pool in pools:
+            d = item.demands[pool.name]
+            if pool.cpu < d.cpu or pool.ram_mb < d.ram_mb or pool.cards_per_node < d.cards:
+                continue
+            ranked: list[tuple[tuple[float, ...], _Node, list[_Card]]] = []
+            for node in self.nodes[pool.name]:
+                empty = [c for c in node.cards if not c.used]
+                if not _node_fits(node, d) or len(empty) < d.cards:
+                    continue
+                load = node.used_cards() / max(1, len(node.cards))
+                same = node.per_model.get(item.model, 0)
+                rank = (same, load) if spread else (-load, same)
+                ranked.append(((*rank, node.index), node, empty[: d.cards]))
+            ranked.sort(key=lambda r: r[0])
+            chosen = [(node, cards) for _, node, cards in ranked[: d.nodes]]
+            missing = d.nodes - len(chosen)
+            opened = len(self.nodes[pool.name])
+            if pool.max_nodes is not None and opened + missing > pool.max_nodes:
+                continue
+            for _ in range(missing):
+                fresh = self.open_node(pool)
+                assert fresh is not None  # max_nodes checked above
+                chosen.append((fresh, fresh.cards[: d.cards]))
+            return chosen
+        return None
+
     def fresh_cards(self, item: Item) -> tuple[_Node, list[_Card]] | None:
         """Empty cards for the item: on an open node if one has room, else a new node."""
         # Slices: the largest cards first (most room left for later slices). Whole cards
@@ -185,6 +233,8 @@ class _State:
         best: tuple[tuple[float, ...], _Node, list[_Card]] | None = None
         for rank, pool in enumerate(pools):
             d = item.demands[pool.name]
+            if d.nodes > 1:
+                continue  # spanning_nodes places replicas over several nodes
             for node in self.nodes[pool.name]:
                 if not _node_fits(node, d):
                     continue
@@ -200,6 +250,8 @@ class _State:
             return best[1], best[2]
         for pool in pools:
             d = item.demands[pool.name]
+            if d.nodes > 1:
+                continue
             if pool.cpu < d.cpu or pool.ram_mb < d.ram_mb or pool.cards_per_node < d.cards:
                 continue
             opened = self.open_node(pool)
@@ -215,10 +267,15 @@ class _State:
                 self.apply(item, found[0], [found[1]])
                 return True
         fresh = self.fresh_cards(item)
-        if fresh is None:
-            return False
-        self.apply(item, fresh[0], fresh[1])
-        return True
+        if fresh is not None:
+            self.apply(item, fresh[0], fresh[1])
+            return True
+        if any(d.nodes > 1 for d in item.demands.values()):
+            parts = self.spanning_nodes(item)
+            if parts is not None:
+                self.apply(item, parts[0][0], parts[0][1], parts[1:])
+                return True
+        return False
 
     # ---- improvement
 
@@ -242,7 +299,7 @@ class _State:
                 moved: list[Item] = []
                 old: dict[tuple[str, int], tuple[_Node, list[_Card]]] = {}
                 for item in moving:
-                    node0, cards0, _ = self.where[item.key]
+                    (node0, cards0), *_ = self.where[item.key][0]
                     old[item.key] = (node0, cards0)
                     self.remove(item)
                     target = self.best_used_card(item, exclude={id(card)})
@@ -265,7 +322,7 @@ class _State:
             for node in nodes:
                 keys = [k for c in node.cards if not c.whole for k in c.items]
                 items = sorted((self.items[k] for k in keys), key=lambda it: -it.size())
-                before = {it.key: self.where[it.key][1] for it in items}
+                before = {it.key: self.where[it.key][0][0][1] for it in items}
                 for item in items:
                     self.remove(item)
                 done: list[Item] = []
@@ -287,12 +344,16 @@ class _State:
         for pool_name, nodes in self.nodes.items():
             used = [n for n in nodes if any(c.used for c in n.cards)]
             renumber = {id(n): i for i, n in enumerate(used)}
-            for key, (node, cards, _) in self.where.items():
+            for key, (parts, _) in self.where.items():
+                (node, cards), *others = parts
                 if node.pool.name == pool_name:
                     packing.assigned[key] = Assignment(
                         pool=pool_name,
                         node=renumber[id(node)],
                         cards=tuple(c.index for c in cards),
+                        others=tuple(
+                            (renumber[id(n)], tuple(c.index for c in cs)) for n, cs in others
+                        ),
                     )
         return packing
 
@@ -302,7 +363,7 @@ def order(items: tuple[Item, ...] | list[Item]) -> list[Item]:
 
     def key(item: Item) -> tuple[int, int, float, str, int]:
         whole = any(d.whole for d in item.demands.values())
-        cards = max((d.cards for d in item.demands.values()), default=0)
+        cards = max((d.total_cards for d in item.demands.values()), default=0)
         return (0 if whole else 1, -cards, -item.size(), item.model, item.index)
 
     return sorted(items, key=key)
@@ -352,8 +413,9 @@ def respread(problem: Problem, packing: Packing) -> Packing:
         for _ in range(count):
             state.open_node(pool)
     for key, a in packing.assigned.items():
-        node = state.nodes[a.pool][a.node]
-        state.apply(state.items[key], node, [node.cards[c] for c in a.cards])
+        nodes = state.nodes[a.pool]
+        parts = [(nodes[n], [nodes[n].cards[c] for c in cards]) for n, cards in a.parts]
+        state.apply(state.items[key], parts[0][0], parts[0][1], parts[1:])
     state.spread_within_nodes()
     out = state.to_packing(packing.unplaced)
     out.solver, out.gap, out.lower_bound = packing.solver, packing.gap, packing.lower_bound

@@ -3,7 +3,9 @@ model configs the spec names).
 
 Design note. Three steps. (1) Size every model on every pool it may use
 (:mod:`fleetserve.plan.sizing`): the slice, cores and engine settings, or why it cannot go
-there. (2) Pack the replicas (:mod:`fleetserve.plan.packer` first, then the exact
+there; a replica with more cards (tensor_parallel x pipeline_parallel) than a node has spans
+nodes as vLLM's Ray executor runs it (:func:`node_span`: TP groups within a node, pipeline
+stages across; per-card memory of the fullest stage, host RAM and CPUs on every node). (2) Pack the replicas (:mod:`fleetserve.plan.packer` first, then the exact
 :mod:`fleetserve.plan.milp` when the instance is small enough and the heuristic is not
 already proven optimal by the bounds). The objective is lexicographic
 (:data:`~fleetserve.plan.problem.OBJECTIVES`): most replicas placed, then cost (when pools
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from fleetserve.errors import SpecError
@@ -40,7 +42,7 @@ from fleetserve.plan.problem import (
     packing_cost,
     score,
 )
-from fleetserve.plan.result import PlanResult, PoolUsage, ReplicaPlacement, Unplaced
+from fleetserve.plan.result import PlanResult, PoolUsage, ReplicaNode, ReplicaPlacement, Unplaced
 from fleetserve.plan.sizing import (
     DEFAULT_HOST_RAM_MB,
     Rejection,
@@ -102,6 +104,29 @@ class _ModelPlan:
     config: ModelConfig
     sizing: dict[str, Sizing]
     rejections: dict[str, Rejection]
+    spans: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Pool -> (nodes, cards per node) of one replica there (:func:`node_span`)."""
+
+
+def node_span(
+    tensor_parallel: int, pipeline_parallel: int, cards_per_node: int
+) -> tuple[int, int] | None:
+    """(nodes, cards per node) of one replica on nodes of ``cards_per_node`` cards, as
+    vLLM's Ray executor runs it; None when a tensor-parallel group does not fit a node.
+
+    A tensor-parallel group (all-reduce every layer) stays within a node; pipeline stages
+    (one activation send per stage) may cross nodes. Each node holds the same number of
+    whole stages - the most that fit, a divisor of ``pipeline_parallel`` - so every node of
+    the replica has the same shape (one pod template) and vLLM's rank order (workers sorted
+    by node, TP ranks contiguous) keeps each TP group on one node.
+    """
+    tp, pp = tensor_parallel, pipeline_parallel
+    if tp * pp <= cards_per_node:
+        return 1, tp * pp
+    if tp > cards_per_node:
+        return None
+    stages = max(s for s in range(1, pp + 1) if pp % s == 0 and s * tp <= cards_per_node)
+    return pp // stages, stages * tp
 
 
 def _replica_count(model: ModelSpec, scenario: str) -> int:
@@ -137,34 +162,34 @@ def build_problem(
             if isinstance(sized, Rejection):
                 plan.rejections[name] = sized
                 continue
-            if sized.cards > shape.cards_per_node:
-                plan.rejections[name] = Rejection(
-                    "gpu_count",
-                    sized.cards - shape.cards_per_node,
-                    f"tensor_parallel x pipeline_parallel = {sized.cards} cards > "
-                    f"{shape.cards_per_node} per node in pool '{name}'",
-                )
+            span = node_span(model.tensor_parallel, model.pipeline_parallel, shape.cards_per_node)
+            if span is None or (shape.max_nodes is not None and span[0] > shape.max_nodes):
+                plan.rejections[name] = _span_rejection(model, config, pc, spec, span)
                 continue
-            ram = host_ram_mb(model, sized.cards)
+            nodes, per_node = span
+            ram = host_ram_mb(model, per_node)
             if model.resources.cpu > shape.cpu or ram > shape.ram_mb:
                 short_cpu = model.resources.cpu > shape.cpu
+                each = " on each of its nodes" if nodes > 1 else ""
                 plan.rejections[name] = Rejection(
                     "cpu" if short_cpu else "memory",
                     model.resources.cpu - shape.cpu if short_cpu else ram - shape.ram_mb,
-                    f"a replica needs {model.resources.cpu:g} CPUs / {ram:,} MiB RAM; a "
+                    f"a replica needs {model.resources.cpu:g} CPUs / {ram:,} MiB RAM{each}; a "
                     f"'{name}' node has {shape.cpu:g} / {shape.ram_mb:,}",
                 )
                 continue
             plan.sizing[name] = sized
+            plan.spans[name] = span
         plans[model.name] = plan
         demands = {
             name: Demand(
                 mem_mb=s.slice_mb,
                 cores=s.cores,
-                cards=s.cards,
+                cards=plan.spans[name][1],
                 whole=s.whole,
                 cpu=model.resources.cpu,
-                ram_mb=host_ram_mb(model, s.cards),
+                ram_mb=host_ram_mb(model, plan.spans[name][1]),
+                nodes=plan.spans[name][0],
             )
             for name, s in plan.sizing.items()
         }
@@ -200,18 +225,20 @@ def volume_bound(items: Iterable[Item], pools: tuple[PoolShape, ...]) -> int:
     for members in groups.values():
         mem = cores = slots = 0.0
         for it in members:
-            whole = [d.cards for d in it.demands.values() if d.whole]
+            whole = [d.total_cards for d in it.demands.values() if d.whole]
             if whole and len(whole) == len(it.demands):
                 mem += min(whole)
                 cores += min(whole)
                 slots += min(whole)
                 continue
             mem += min(
-                d.cards if d.whole else d.mem_mb / shapes[p].card_mb for p, d in it.demands.items()
+                d.total_cards if d.whole else d.mem_mb / shapes[p].card_mb
+                for p, d in it.demands.items()
             )
-            cores += min(d.cards if d.whole else d.cores / 100 for d in it.demands.values())
+            cores += min(d.total_cards if d.whole else d.cores / 100 for d in it.demands.values())
             slots += min(
-                d.cards if d.whole else 1 / shapes[p].split_count for p, d in it.demands.items()
+                d.total_cards if d.whole else 1 / shapes[p].split_count
+                for p, d in it.demands.items()
             )
         total += math.ceil(max(mem, cores, slots) - 1e-9)
     return total
@@ -222,13 +249,15 @@ def node_bound(items: Iterable[Item], pools: tuple[PoolShape, ...], gpu_bound: f
     node of any pool the replicas may use."""
     shapes = {p.name: p for p in pools}
     ram = cpu = 0.0
+    span = 0  # a replica over k nodes needs k distinct nodes
     for it in items:
         if not it.demands:
             continue
-        ram += min(d.ram_mb / shapes[p].ram_mb for p, d in it.demands.items())
-        cpu += min(d.cpu / shapes[p].cpu for p, d in it.demands.items())
+        ram += min(d.nodes * d.ram_mb / shapes[p].ram_mb for p, d in it.demands.items())
+        cpu += min(d.nodes * d.cpu / shapes[p].cpu for p, d in it.demands.items())
+        span = max(span, min(d.nodes for d in it.demands.values()))
     most_cards = max((p.cards_per_node for p in pools), default=1)
-    return math.ceil(max(ram, cpu, gpu_bound / max(1, most_cards)) - 1e-9)
+    return math.ceil(max(ram, cpu, span, gpu_bound / max(1, most_cards)) - 1e-9)
 
 
 def _proven_prefix(problem: Problem, packing: Packing, reference: Packing) -> tuple[str, ...]:
@@ -374,6 +403,57 @@ def _unplaced_reason(
     )
 
 
+def _span_rejection(
+    model: ModelSpec,
+    config: ModelConfig,
+    pool: PoolCard,
+    spec: FleetSpec,
+    span: tuple[int, int] | None,
+) -> Rejection:
+    """Why a replica larger than a node cannot span this pool's nodes, with fixes."""
+    assert pool.shape is not None
+    shape = pool.shape
+    name = shape.name
+    p_index = next(i for i, p in enumerate(spec.pools) if p.name == name)
+    tp, pp = model.tensor_parallel, model.pipeline_parallel
+    within = _fallback_fixes(model, config, pool, within_node=True)
+    if span is None:
+        across = [
+            f for f in _fallback_fixes(model, config, pool) if not f.startswith("the weights")
+        ]
+        return Rejection(
+            "gpu_count",
+            tp - shape.cards_per_node,
+            f"tensor_parallel {tp} > {shape.cards_per_node} cards per node in pool '{name}': "
+            "vLLM keeps a tensor-parallel group on one node (its all-reduce runs every "
+            "layer); only pipeline stages may cross nodes",
+            fixes=tuple(
+                dict.fromkeys(
+                    [
+                        *across,
+                        *within,
+                        f"a pool with {tp} or more cards per node",
+                    ]
+                )
+            ),
+            field="tensor_parallel",
+        )
+    nodes, per_node = span
+    return Rejection(
+        "gpu_count",
+        tp * pp - shape.cards_per_node,
+        f"tensor_parallel x pipeline_parallel = {tp * pp} cards > {shape.cards_per_node} "
+        f"per node in pool '{name}', and spanning {nodes} nodes ({per_node} cards each) "
+        f"exceeds its max_nodes {shape.max_nodes}",
+        fixes=(
+            f"raise pools[{p_index}].max_nodes of '{name}' to {nodes} "
+            f"(now {shape.max_nodes}): pipeline stages across nodes",
+            *within,
+            f"a pool with {tp * pp} cards per node",
+        ),
+    )
+
+
 def _fallback_fixes(
     model: ModelSpec, config: ModelConfig, pool: PoolCard, *, within_node: bool = False
 ) -> list[str]:
@@ -393,9 +473,13 @@ def _fallback_fixes(
                 if within_node and total > cards_per_node:
                     break
                 for tp in (8, 4, 2, 1):  # TP within a node before PP stages
-                    if total % tp:
+                    if total % tp or (card_mb and tp > cards_per_node):
                         continue
                     pp = total // tp
+                    span = node_span(tp, pp, cards_per_node) if card_mb else (1, total)
+                    max_nodes = pool.shape.max_nodes
+                    if span is None or (max_nodes is not None and span[0] > max_nodes):
+                        continue
                     trial = model.model_copy(
                         update={
                             "tensor_parallel": tp,
@@ -412,8 +496,9 @@ def _fallback_fixes(
                         parts.append(f"quantization: {quant}")
                     where = f"on '{pool.spec.name}'" if card_mb else f"on {gpu.name} cards"
                     note = (
-                        f" (needs {total} cards per node; '{pool.spec.name}' has {cards_per_node})"
-                        if card_mb and total > cards_per_node
+                        f" (one replica over {span[0]} nodes of '{pool.spec.name}', "
+                        f"{span[1]} cards each)"
+                        if card_mb and span[0] > 1
                         else ""
                     )
                     return [f"{', '.join(parts)} {where}{note}"]
@@ -501,6 +586,11 @@ def _slots(item: Item, packing: Packing, problem: Problem) -> list[_Blocked]:
             else:
                 for held, tenants in per_card:
                     out.append(_Blocked(pool_name, n, held, ram_left, cpu_left, tenants))
+        if d.nodes > 1:  # a replica over k nodes: fewer than k open nodes do not hold it
+            open_nodes = [b for b in out if b.pool == pool_name and not b.blockers]
+            if len(open_nodes) < d.nodes:
+                for b in open_nodes:
+                    b.blockers = frozenset({"capacity"})
     return out
 
 
@@ -689,6 +779,7 @@ def compose_result(
         plan = plans[key[0]]
         sizing = plan.sizing[a.pool]
         shape = problem.pool(a.pool)
+        stages_per_node = plan.model.pipeline_parallel // len(a.parts)
         replicas.append(
             ReplicaPlacement(
                 model=key[0],
@@ -696,6 +787,14 @@ def compose_result(
                 pool=a.pool,
                 node=a.node,
                 gpus=sorted(a.cards),
+                nodes=[
+                    ReplicaNode(
+                        node=n,
+                        gpus=sorted(cards),
+                        stages=list(range(i * stages_per_node, (i + 1) * stages_per_node)),
+                    )
+                    for i, (n, cards) in enumerate(a.parts)
+                ],
                 memory_mb=sizing.slice_mb,
                 cores_percent=sizing.cores,
                 engine=sizing.engine,
@@ -709,7 +808,9 @@ def compose_result(
                 need_mb=sizing.need_mb,
             )
         )
-        per_pool_mem[a.pool] = per_pool_mem.get(a.pool, 0) + sizing.slice_mb * len(a.cards)
+        per_pool_mem[a.pool] = per_pool_mem.get(a.pool, 0) + sizing.slice_mb * sum(
+            len(cards) for _, cards in a.parts
+        )
         per_pool_replicas[a.pool] = per_pool_replicas.get(a.pool, 0) + 1
     # copies of a model share their explanation: computed once per model (1,000 copies of
     # an unplaceable model must not cost 1,000 diagnoses)

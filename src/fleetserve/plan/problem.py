@@ -2,7 +2,9 @@
 
 A :class:`Problem` is a list of replicas (:class:`Item`), each with what it needs on every
 pool it may use (:class:`Demand`), and the node types (:class:`PoolShape`). A
-:class:`Packing` assigns items to ``(pool, node, cards)``. Both packers (the heuristic and
+:class:`Packing` assigns items to ``(pool, node, cards)`` - or, for a replica whose
+pipeline stages cross nodes, to the same number of cards on several distinct nodes of one
+pool (host RAM and CPUs reserved on each). Both packers (the heuristic and
 the MILP) read a Problem and return a Packing; :func:`check_packing` states every rule a
 packing must keep, and the tests run it on every plan.
 """
@@ -41,10 +43,19 @@ class Demand:
     cores: int
     """HAMi gpucores per card (100 for whole cards)."""
     cards: int
-    """Cards it spans; > 1 or ``whole`` means whole cards on one node."""
+    """Cards it takes on each of its nodes; > 1 or ``whole`` means whole cards."""
     whole: bool
     cpu: float
+    """CPUs it reserves on each of its nodes."""
     ram_mb: int
+    """Host RAM it reserves on each of its nodes (MiB)."""
+    nodes: int = 1
+    """Distinct nodes of one pool it spans (> 1: pipeline stages across nodes, each node
+    holding ``cards`` whole cards; vLLM's Ray executor runs the stages)."""
+
+    @property
+    def total_cards(self) -> int:
+        return self.cards * self.nodes
 
 
 @dataclass(frozen=True)
@@ -64,7 +75,7 @@ class Item:
 
     def size(self) -> float:
         """Sort key of the decreasing orders: cards x the largest share of a card."""
-        return max(d.cards * d.mem_mb for d in self.demands.values()) if self.demands else 0.0
+        return max(d.total_cards * d.mem_mb for d in self.demands.values()) if self.demands else 0.0
 
 
 @dataclass(frozen=True)
@@ -90,11 +101,18 @@ class Problem:
 
 @dataclass(frozen=True)
 class Assignment:
-    """Where one item went."""
+    """Where one item went: ``cards`` on ``node``, and for a replica spanning several
+    nodes, the further ``(node, cards)`` parts in pipeline-stage order."""
 
     pool: str
     node: int
     cards: tuple[int, ...]
+    others: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+    @property
+    def parts(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """Every ``(node, cards)`` the item holds, the first node first."""
+        return ((self.node, self.cards), *self.others)
 
 
 @dataclass
@@ -112,13 +130,19 @@ class Packing:
     """What cut the exact search short, as a sentence (None: nothing did)."""
 
     def cards_used(self) -> set[tuple[str, int, int]]:
-        return {(a.pool, a.node, c) for a in self.assigned.values() for c in a.cards}
+        return {
+            (a.pool, n, c) for a in self.assigned.values() for n, cards in a.parts for c in cards
+        }
+
+    def node_set(self) -> set[tuple[str, int]]:
+        """Every (pool, node) holding a replica."""
+        return {(a.pool, n) for a in self.assigned.values() for n, _ in a.parts}
 
     def nodes_used(self) -> dict[str, int]:
         """Per pool: nodes in use (highest node index + 1, nodes are numbered densely)."""
         out: dict[str, int] = {}
-        for a in self.assigned.values():
-            out[a.pool] = max(out.get(a.pool, 0), a.node + 1)
+        for pool, n in self.node_set():
+            out[pool] = max(out.get(pool, 0), n + 1)
         return out
 
 
@@ -150,7 +174,7 @@ def score(problem: Problem, packing: Packing) -> tuple[int, float, int, int]:
         len(packing.unplaced),
         cost,
         gpus_used(packing),
-        len({(a.pool, a.node) for a in packing.assigned.values()}),
+        len(packing.node_set()),
     )
 
 
@@ -177,25 +201,28 @@ def check_packing(problem: Problem, packing: Packing) -> list[str]:
             errors.append(f"{key}: placed on pool {a.pool}, which it may not use")
             continue
         pool = problem.pool(a.pool)
-        if pool.max_nodes is not None and a.node >= pool.max_nodes:
-            errors.append(f"{key}: node {a.node} beyond max_nodes {pool.max_nodes}")
-        if len(a.cards) != demand.cards or len(set(a.cards)) != len(a.cards):
-            errors.append(f"{key}: got cards {a.cards}, needs {demand.cards} distinct")
-        for c in a.cards:
-            if not 0 <= c < pool.cards_per_node:
-                errors.append(f"{key}: card {c} not on a {pool.cards_per_node}-card node")
-            slot = (a.pool, a.node, c)
-            mem[slot] = mem.get(slot, 0) + demand.mem_mb
-            cores[slot] = cores.get(slot, 0) + demand.cores
-            count[slot] = count.get(slot, 0) + 1
-            if demand.whole:
-                whole[slot] = whole.get(slot, 0) + 1
-            owners.setdefault(slot, set()).add(item.tenant)
-            if item.dedicated:
-                dedicated.setdefault(slot, set()).add(item.tenant)
-        node = (a.pool, a.node)
-        cpu[node] = cpu.get(node, 0) + demand.cpu
-        ram[node] = ram.get(node, 0) + demand.ram_mb
+        if len(a.parts) != demand.nodes or len({n for n, _ in a.parts}) != demand.nodes:
+            errors.append(f"{key}: on nodes {[n for n, _ in a.parts]}, needs {demand.nodes}")
+        for node_index, node_cards in a.parts:
+            if pool.max_nodes is not None and node_index >= pool.max_nodes:
+                errors.append(f"{key}: node {node_index} beyond max_nodes {pool.max_nodes}")
+            if len(node_cards) != demand.cards or len(set(node_cards)) != len(node_cards):
+                errors.append(f"{key}: got cards {node_cards}, needs {demand.cards} distinct")
+            for c in node_cards:
+                if not 0 <= c < pool.cards_per_node:
+                    errors.append(f"{key}: card {c} not on a {pool.cards_per_node}-card node")
+                slot = (a.pool, node_index, c)
+                mem[slot] = mem.get(slot, 0) + demand.mem_mb
+                cores[slot] = cores.get(slot, 0) + demand.cores
+                count[slot] = count.get(slot, 0) + 1
+                if demand.whole:
+                    whole[slot] = whole.get(slot, 0) + 1
+                owners.setdefault(slot, set()).add(item.tenant)
+                if item.dedicated:
+                    dedicated.setdefault(slot, set()).add(item.tenant)
+            node = (a.pool, node_index)
+            cpu[node] = cpu.get(node, 0) + demand.cpu
+            ram[node] = ram.get(node, 0) + demand.ram_mb
     for slot, used in mem.items():
         pool = problem.pool(slot[0])
         if used > pool.card_mb:

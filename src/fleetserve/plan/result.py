@@ -6,7 +6,9 @@ prints (keys may be added, never removed or renamed).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Frozen(BaseModel):
@@ -34,14 +36,40 @@ class EngineSettings(_Frozen):
     )
 
 
+class ReplicaNode(_Frozen):
+    """One node a replica runs on, and the pipeline stages it holds there."""
+
+    node: int = Field(ge=0, description="Node index within the replica's pool.")
+    gpus: list[int] = Field(description="Card indices on that node (empty: CPU only).")
+    stages: list[int] = Field(
+        default_factory=lambda: [0],
+        description="Pipeline stages (0-based, consecutive) whose tensor-parallel ranks run "
+        "on these cards.",
+    )
+
+
 class ReplicaPlacement(_Frozen):
-    """One replica of one model, placed on a node of a pool."""
+    """One replica of one model, placed on one node of a pool - or, with pipeline stages
+    across nodes, on several nodes of one pool (``nodes``)."""
 
     model: str = Field(description="Model name (OpenAI id).")
     index: int = Field(ge=0, description="Replica index within the model.")
     pool: str = Field(description="Pool the node belongs to.")
-    node: int = Field(ge=0, description="Node index within the pool.")
-    gpus: list[int] = Field(description="Card indices on that node (empty: CPU only).")
+    node: int = Field(
+        ge=0, description="Node index within the pool (the first node when it spans several)."
+    )
+    gpus: list[int] = Field(
+        description="Card indices on that node (empty: CPU only); a replica spanning nodes "
+        "holds more cards on the other entries of ``nodes``."
+    )
+    nodes: list[ReplicaNode] = Field(
+        default_factory=list,
+        description="Every node the replica runs on, in pipeline-stage order: one entry "
+        "(``node``/``gpus``) for a replica within a node; pipeline_parallel / stages-per-node "
+        "entries of tensor_parallel x stages-per-node cards each when its stages cross nodes "
+        "(vLLM's Ray executor: tensor-parallel groups within a node, stages across). Filled "
+        "from ``node``/``gpus`` when not given; its first entry is always ``node``/``gpus``.",
+    )
     memory_mb: int = Field(ge=0, description="GPU memory per card (HAMi nvidia.com/gpumem).")
     cores_percent: int = Field(ge=0, le=100, description="HAMi nvidia.com/gpucores per card.")
     engine: EngineSettings = Field(description="Derived vLLM settings.")
@@ -62,6 +90,39 @@ class ReplicaPlacement(_Frozen):
     need_mb: int = Field(
         default=0, ge=0, description="Memory the engine itself is planned to use per card (MiB)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_node_by_default(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("nodes") and "node" in data:
+            stages = list(range(int(data.get("pipeline_parallel", 1))))
+            one = {"node": data["node"], "gpus": list(data.get("gpus", [])), "stages": stages}
+            data = {**data, "nodes": [one]}
+        return data
+
+    @model_validator(mode="after")
+    def _first_node_is_node(self) -> ReplicaPlacement:
+        if len(self.nodes) > 1:
+            first = self.nodes[0]
+            if first.node != self.node or first.gpus != self.gpus:
+                raise ValueError("nodes[0] must be the replica's node and gpus (its first node)")
+            if len({n.node for n in self.nodes}) != len(self.nodes):
+                raise ValueError("a replica's nodes must be distinct")
+        return self
+
+    @property
+    def spans(self) -> list[ReplicaNode]:
+        """The nodes the replica runs on: ``nodes`` when it spans several, else its one
+        node from ``node``/``gpus`` (the source of truth there, also in a model_copy)."""
+        if len(self.nodes) > 1:
+            return list(self.nodes)
+        stages = self.nodes[0].stages if self.nodes else list(range(self.pipeline_parallel))
+        return [ReplicaNode(node=self.node, gpus=list(self.gpus), stages=stages)]
+
+    @property
+    def gpus_total(self) -> int:
+        """Cards over all of the replica's nodes."""
+        return sum(len(n.gpus) for n in self.spans)
 
 
 class Unplaced(_Frozen):

@@ -311,9 +311,9 @@ def test_too_big_for_every_pool_still_gets_a_fix() -> None:
     assert u.fixes
 
 
-def test_replica_wider_than_a_node_gets_a_fix_that_fits_one_node() -> None:
-    # PP stages across nodes are not planned yet: TP 8 x PP 2 on 8-GPU nodes is refused,
-    # and the fix is a degree that fits one node (checked by planning it)
+def test_replica_wider_than_a_node_on_one_node_gets_fixes_that_plan() -> None:
+    # TP 8 x PP 2 on 8-GPU nodes spans two nodes; with max_nodes 1 it is refused, and the
+    # fixes are more nodes or a degree that fits one node (both checked by planning them)
     model = {
         "name": "big",
         "source": "llama-3-70b",
@@ -322,9 +322,13 @@ def test_replica_wider_than_a_node_gets_a_fix_that_fits_one_node() -> None:
         "tensor_parallel": 8,
         "pipeline_parallel": 2,
     }
-    pool = {"name": "h", "gpu": {"type": "H100", "count": 8}}
+    pool = {"name": "h", "gpu": {"type": "H100", "count": 8}, "max_nodes": 1}
     (u,) = plan_fleet(parse_spec({"models": [model], "pools": [pool]})).unplaced
     assert u.resource == "gpu_count"
-    assert u.fixes[0] == "tensor_parallel: 4, pipeline_parallel: 1 on 'h'"
+    assert "exceeds its max_nodes 1" in u.reason
+    assert u.fixes[0].startswith("raise pools[0].max_nodes of 'h' to 2 (now 1)")
+    assert u.fixes[1] == "tensor_parallel: 4, pipeline_parallel: 1 on 'h'"
     fixed = {**model, "tensor_parallel": 4, "pipeline_parallel": 1}
     assert plan_fleet(parse_spec({"models": [fixed], "pools": [pool]})).feasible
+    more = {**pool, "max_nodes": 2}
+    assert plan_fleet(parse_spec({"models": [model], "pools": [more]})).feasible

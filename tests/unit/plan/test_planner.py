@@ -216,7 +216,8 @@ def test_tp_larger_than_a_node_is_reported() -> None:
     )
     (u,) = plan_fleet(spec).unplaced
     assert u.resource == "gpu_count"
-    assert "4 cards > 2 per node" in u.reason
+    assert "tensor_parallel 4 > 2 cards per node" in u.reason  # TP stays within a node
+    assert u.reason.startswith("models[0].tensor_parallel: ")
 
 
 def test_full_pools_report_capacity() -> None:

@@ -64,6 +64,8 @@ def fleets(draw: st.DrawFn) -> FleetSpec:
             "max_model_len": draw(st.sampled_from([1024, 4096, 8192, 32768])),
             "concurrency": draw(st.sampled_from([1, 4, 16, 64])),
             "tensor_parallel": tp,
+            # PP stages may cross nodes: TP x PP above a pool's cards per node spans nodes
+            "pipeline_parallel": draw(st.sampled_from([1, 1, 1, 2, 3, 4])),
             "replicas": {"min": replicas, "max": max(1, replicas + draw(st.integers(0, 3)))},
             "tenant": draw(st.sampled_from([None, "a", "b"])),
         }
@@ -88,7 +90,9 @@ def test_plans_never_break_a_rule(spec: FleetSpec, scenario: str) -> None:
     result = plan_fleet(spec, scenario=scenario, time_limit_s=1)  # type: ignore[arg-type]
     assert plan_violations(spec, result) == []
     assert result.feasible == (not result.unplaced)
-    assert result.gpus_used == len({(r.pool, r.node, g) for r in result.replicas for g in r.gpus})
+    assert result.gpus_used == len(
+        {(r.pool, n.node, g) for r in result.replicas for n in r.spans for g in n.gpus}
+    )
     if result.lower_bound is not None and result.feasible:
         assert result.lower_bound <= result.gpus_used
     for u in result.unplaced:
@@ -113,9 +117,10 @@ def test_plans_never_break_a_rule(spec: FleetSpec, scenario: str) -> None:
     cpu: dict[tuple[str, int], float] = {}
     for r in result.replicas:
         model = spec.model(r.model)
-        node = (r.pool, r.node)
-        ram[node] = ram.get(node, 0) + host_ram_mb(model, len(r.gpus))
-        cpu[node] = cpu.get(node, 0.0) + model.resources.cpu
+        for share in r.spans:  # a replica over several nodes reserves RAM/CPUs on each
+            node = (r.pool, share.node)
+            ram[node] = ram.get(node, 0) + host_ram_mb(model, len(share.gpus))
+            cpu[node] = cpu.get(node, 0.0) + model.resources.cpu
     for node, used in ram.items():
         shape = pools[node[0]]
         assert shape is not None
