@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
+from fleetserve.k8s.doctor.crds import KUBERAY, named_versions
 from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import cluster_spec, groups
 
@@ -42,6 +43,10 @@ TOKEN_AUTH_FROM = Version("2.52")
 #: it skipped such containers (no slice limits, no hami-scheduler) and admitted the pod
 #: (pkg/scheduler/webhook.go at v2.9.0 vs v2.10.0).
 HAMI_DENIES_PRIVILEGED_FROM = Version("2.10")
+
+#: KubeRay refuses a RayService that names its head Service from v1.3.0
+#: (ValidateRayServiceSpec in ray-operator/controllers/ray/utils/validation.go; absent in v1.2.x).
+KUBERAY_REJECTS_HEAD_SERVICE_NAME_FROM = Version("1.3")
 
 _LEADING = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
@@ -149,6 +154,16 @@ def hami_version(inv: Inventory) -> KnownVersion | None:
             if name.endswith("projecthami/hami") and (parsed := normalise(tag)) is not None:
                 return KnownVersion("HAMi", parsed, f"image {text}")
     return None
+
+
+def kuberay_version(inv: Inventory) -> KnownVersion | None:
+    """The KubeRay operator's version as the input names it (operator image in a manifest or
+    the kuberay-operator chart values; the newest when several), or None."""
+    named = [(v, parsed) for v in named_versions(inv, KUBERAY) if (parsed := normalise(v))]
+    if not named:
+        return None
+    text, parsed = max(named, key=lambda vp: vp[1])
+    return KnownVersion("KubeRay", parsed, f"operator image tag v{text} in the input")
 
 
 def _images(node: object) -> list[str]:

@@ -27,6 +27,10 @@ from fleetserve.k8s.doctor.ray_objects import (
     worker_groups,
 )
 from fleetserve.k8s.doctor.registry import rule
+from fleetserve.k8s.doctor.rules._versions import (
+    KUBERAY_REJECTS_HEAD_SERVICE_NAME_FROM,
+    kuberay_version,
+)
 
 #: Name limits from KubeRay's utils/constant.go: MaxRayClusterNameLength = 53, and RayService/
 #: RayJob 6 less (GenerateRayClusterName appends a 6-character suffix).
@@ -59,9 +63,15 @@ def _annotations(m: Manifest) -> dict[str, str]:
     return {str(k): str(v) for k, v in ann.items()} if isinstance(ann, dict) else {}
 
 
-@rule("rayservice-head-service-name", versions="all")
+@rule("rayservice-head-service-name", versions={"kuberay": ">=1.3"})
 def head_service_name(inv: Inventory) -> Iterator[Finding]:
-    """RayService must not name its head service (the operator renames it per cluster)."""
+    """RayService must not name its head service (the operator renames it per cluster).
+
+    KubeRay checks this from 1.3: an error when the input names KubeRay >= 1.3, nothing when
+    it names an older one, and a warning (the conservative wording) when it names none."""
+    v = kuberay_version(inv)
+    if v is not None and not v.at_least(KUBERAY_REJECTS_HEAD_SERVICE_NAME_FROM):
+        return
     for m in inv.of_kind("RayService"):
         head = head_group(m)
         if head is None:
@@ -71,12 +81,18 @@ def head_service_name(inv: Inventory) -> Iterator[Finding]:
         name = meta.get("name") if isinstance(meta, dict) else None
         if name:
             path = f"{head.path}.headService.metadata.name"
+            who = (
+                f"{v.describe()} rejects the RayService"
+                if v is not None
+                else "KubeRay 1.3 and later reject the RayService (the input names no KubeRay "
+                "version; 1.2 and older accept the name)"
+            )
             yield Finding.at(
                 "rayservice-head-service-name",
-                "error",
+                "error" if v is not None else "warning",
                 m,
                 path,
-                f"headService.metadata.name is set to {name!r}: KubeRay rejects the RayService "
+                f"headService.metadata.name is set to {name!r}: {who} "
                 '("spec.rayClusterConfig.headGroupSpec.headService.metadata.name should not be '
                 'set") and creates no RayCluster; kubectl apply still succeeds.',
                 f"Delete headService.metadata (or the whole headService block). KubeRay names the "
