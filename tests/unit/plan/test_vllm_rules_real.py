@@ -5,7 +5,8 @@ config.json (no weights, no tokenizer). For one model of every family we check t
 ``vllm_rules``/``architecture`` derive is what vLLM derives: the default ``max_model_len``,
 the longest accepted one (the limit passes, limit + 1 is refused), the per-layer KV head
 size (MLA: the 576-wide latent) and which TP degrees pass
-``ModelConfig.verify_with_parallel_config``. Llama 4 is left out: vLLM inspects its
+``ModelConfig.verify_with_parallel_config``; and the quantization methods' minimum
+capabilities and activation dtypes. Llama 4 is left out: vLLM inspects its
 multimodal class, which needs torchvision (not installed here).
 """
 
@@ -20,7 +21,7 @@ import pytest
 
 from fleetserve.plan.catalogue import MODEL_CATALOGUE
 from fleetserve.plan.memory import parse_config
-from fleetserve.plan.vllm_rules import model_refusals
+from fleetserve.plan.vllm_rules import QUANT_ACT_DTYPES, QUANT_MIN_CAPABILITY, model_refusals
 from fleetserve.spec import ModelSpec
 
 pytestmark = pytest.mark.slow
@@ -111,3 +112,12 @@ def test_vllm_derives_the_same_context_head_size_and_tp_degrees(
             if "attention heads" in r.reason
         ]
         assert accepted == (not heads_rule), tp
+
+
+@pytest.mark.parametrize("method", sorted(QUANT_MIN_CAPABILITY))
+def test_quantization_capabilities_are_vllms(vllm_config: Any, method: str) -> None:
+    quantization = pytest.importorskip("vllm.model_executor.layers.quantization")
+    config = quantization.get_quantization_config(method)
+    assert config.get_min_capability() == QUANT_MIN_CAPABILITY[method]
+    dtypes = {str(d).removeprefix("torch.") for d in config.get_supported_act_dtypes()}
+    assert dtypes == set(QUANT_ACT_DTYPES.get(method, ("bfloat16", "float16")))
