@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from fleetserve import adapters as lora_files
 from fleetserve.errors import SpecError
 from fleetserve.yamlsafe import load_yaml
 
@@ -253,7 +254,53 @@ _FIRST_CLASS_ENGINE_ARGS = {
     "max_num_seqs": "max_num_seqs",
     "max_num_batched_tokens": "max_num_batched_tokens",
     "kv_cache_dtype": "kv_cache_dtype",
+    "enable_lora": "adapters / adapter_dir",
+    "lora_modules": "adapters",
+    "max_loras": "max_loras",
+    "max_lora_rank": "max_lora_rank",
+    "max_cpu_loras": "max_cpu_loras",
 }
+
+
+class AdapterSpec(StrictModel):
+    """One LoRA adapter of a model: its own OpenAI model id, served by the base's replicas."""
+
+    name: str = Field(
+        pattern=lora_files.ADAPTER_ID,
+        max_length=128,
+        description="OpenAI model id of the adapter (also callable as '<model>:<name>').",
+    )
+    source: str = Field(
+        min_length=1,
+        description=(
+            "A local PEFT LoRA directory (adapter_config.json + weights; a relative path is "
+            "read from the spec file's directory), or a HF repo id (downloaded by the "
+            "replica: needs network at serve time)."
+        ),
+    )
+    tenant: DnsLabel | None = Field(
+        default=None, description="Owning tenant (default: the base model's tenant)."
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _source_beside_the_spec(cls, value: str, info: ValidationInfo) -> str:
+        return _beside_the_spec(value, info)
+
+    @property
+    def local(self) -> bool:
+        """Whether the source is a directory on this machine (else a HF repo id)."""
+        return Path(self.source).expanduser().is_dir()
+
+
+def _beside_the_spec(value: str, info: ValidationInfo) -> str:
+    """A relative path that exists next to the spec file means that file, wherever
+    fleetserve runs from; anything else (a catalogue name, a repo id) is kept as written."""
+    spec_dir = (info.context or {}).get("spec_dir")
+    if spec_dir is None or Path(value).expanduser().is_absolute():
+        return value
+    beside = Path(spec_dir) / value
+    return str(beside.resolve()) if beside.exists() else value
 
 
 class ModelSpec(StrictModel):
@@ -321,6 +368,35 @@ class ModelSpec(StrictModel):
     hf_token: SecretRef | None = Field(
         default=None, description="Token to download gated weights (a secret reference)."
     )
+    adapters: list[AdapterSpec] = Field(
+        default_factory=list, description="LoRA adapters served by this model's replicas."
+    )
+    adapter_dir: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "A directory of LoRA adapters (one PEFT directory per adapter, named by its id); "
+            "one added there is servable without a restart (loaded on its first request). "
+            "Must be readable by the ingress and the model replicas."
+        ),
+    )
+    max_loras: int = Field(
+        default=1, ge=1, le=256, description="Adapters one batch can use at once (vLLM slots)."
+    )
+    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = Field(
+        default=16, description="Largest adapter rank the replicas accept (vLLM preallocates it)."
+    )
+    max_cpu_loras: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="Adapters kept in CPU memory (LRU beyond it; default: max_loras).",
+    )
+
+    @field_validator("adapter_dir")
+    @classmethod
+    def _adapter_dir_beside_the_spec(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else _beside_the_spec(value, info)
 
     @field_validator("config")
     @classmethod
@@ -359,7 +435,46 @@ class ModelSpec(StrictModel):
             )
         if self.quantization is not None and self.dtype == "float32":
             raise ValueError(f"quantization '{self.quantization}' cannot run with dtype float32")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) < max_loras ({self.max_loras}): every "
+                "adapter on the device is also held in CPU memory (vLLM refuses this)"
+            )
+        self._check_adapters()
         return self
+
+    def _check_adapters(self) -> None:
+        _unique("adapters", [a.name for a in self.adapters])
+        served = None
+        base_dir = self.config or self.source
+        if Path(base_dir).expanduser().is_dir():
+            served = lora_files.base_config(Path(base_dir).expanduser())
+        elif base_dir.endswith(".json") and Path(base_dir).expanduser().is_file():
+            served = lora_files.base_config(Path(base_dir).expanduser().parent)
+        for i, adapter in enumerate(self.adapters):
+            if not adapter.local:
+                continue  # a hub id: checked when the replica downloads it
+            try:
+                found = lora_files.read_adapter_config(Path(adapter.source).expanduser())
+            except ValueError as e:
+                raise ValueError(f"adapters[{i}].source ('{adapter.name}'): {e}") from None
+            if found.rank > self.max_lora_rank:
+                raise ValueError(
+                    f"adapters[{i}] ('{adapter.name}') has rank {found.rank} > max_lora_rank "
+                    f"({self.max_lora_rank}); raise max_lora_rank to "
+                    f"{min(r for r in lora_files.LORA_RANKS if r >= found.rank)}"
+                )
+            mismatch = lora_files.architecture_mismatch(found, served) if served else None
+            if mismatch is not None:
+                raise ValueError(
+                    f"adapters[{i}] ('{adapter.name}') does not fit model '{self.name}': "
+                    f"{mismatch}"
+                )
+
+    @property
+    def lora_enabled(self) -> bool:
+        """Whether the replicas run with LoRA (static adapters or an adapter directory)."""
+        return bool(self.adapters) or self.adapter_dir is not None
 
     @property
     def gpus_per_replica(self) -> int:
@@ -670,6 +785,8 @@ class FleetSpec(StrictModel):
                     f"models[{i}] ('{model.name}') names tenant '{model.tenant}', which is "
                     f"not in tenants ({', '.join(sorted(tenants)) or 'none defined'})"
                 )
+            _check_adapter_owners(i, model, tenants)
+        _unique_model_ids(self.models)
         return self
 
     def model(self, name: str) -> ModelSpec:
@@ -678,6 +795,38 @@ class FleetSpec(StrictModel):
             if m.name == name:
                 return m
         raise KeyError(name)
+
+
+def _check_adapter_owners(i: int, model: ModelSpec, tenants: set[str]) -> None:
+    for j, adapter in enumerate(model.adapters):
+        owner = adapter.tenant
+        if owner is None:
+            continue
+        if owner not in tenants:
+            raise ValueError(
+                f"models[{i}].adapters[{j}] ('{adapter.name}') names tenant '{owner}', which "
+                f"is not in tenants ({', '.join(sorted(tenants)) or 'none defined'})"
+            )
+        if model.tenant is not None and owner != model.tenant:
+            raise ValueError(
+                f"models[{i}].adapters[{j}] ('{adapter.name}') belongs to tenant '{owner}' but "
+                f"its base model '{model.name}' to tenant '{model.tenant}'; an adapter of "
+                "another tenant needs an untagged (shared) base model"
+            )
+
+
+def _unique_model_ids(models: list[ModelSpec]) -> None:
+    """Model and adapter names share one OpenAI id space (``base:adapter`` included)."""
+    owner: dict[str, str] = {m.name: f"model '{m.name}'" for m in models}
+    for i, model in enumerate(models):
+        for j, adapter in enumerate(model.adapters):
+            for name in (adapter.name, f"{model.name}:{adapter.name}"):
+                if name in owner:
+                    raise ValueError(
+                        f"models[{i}].adapters[{j}]: id '{name}' is also {owner[name]}; "
+                        "adapter ids must be unique across the fleet"
+                    )
+            owner[adapter.name] = f"adapter '{adapter.name}' of models[{i}] ('{model.name}')"
 
 
 def _unique(section: str, names: list[str]) -> None:

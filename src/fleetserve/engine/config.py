@@ -20,6 +20,49 @@ from fleetserve.spec import ModelSpec, SecretRef
 EngineKind = Literal["vllm", "fake"]
 
 
+class LoraSettings(BaseModel):
+    """The replica's LoRA engine flags and the adapters it serves (vLLM's LoRA layer)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_loras: int = Field(ge=1, description="vLLM --max-loras (adapters per batch).")
+    max_lora_rank: int = Field(ge=1, description="vLLM --max-lora-rank.")
+    max_cpu_loras: int | None = Field(default=None, ge=1, description="vLLM --max-cpu-loras.")
+    modules: dict[str, str] = Field(
+        default_factory=dict, description="Static adapters: id -> local dir or HF repo id."
+    )
+    adapter_dir: str | None = Field(
+        default=None, description="Directory whose adapters load on their first request."
+    )
+
+    @classmethod
+    def from_spec(cls, model: ModelSpec) -> LoraSettings | None:
+        """The LoRA settings of ``model`` (None: no adapters, LoRA off)."""
+        if not model.lora_enabled:
+            return None
+        return cls(
+            max_loras=model.max_loras,
+            max_lora_rank=model.max_lora_rank,
+            max_cpu_loras=model.max_cpu_loras,
+            modules={a.name: a.source for a in model.adapters},
+            adapter_dir=model.adapter_dir,
+        )
+
+    def cli_args(self, base: str) -> list[str]:
+        """vLLM's LoRA options; each static adapter's parent is the served ``base``."""
+        args = ["--enable-lora", "--max-loras", str(self.max_loras)]
+        args += ["--max-lora-rank", str(self.max_lora_rank)]
+        if self.max_cpu_loras is not None:
+            args += ["--max-cpu-loras", str(self.max_cpu_loras)]
+        if self.modules:
+            args.append("--lora-modules")
+            args += [
+                json.dumps({"name": name, "path": path, "base_model_name": base})
+                for name, path in sorted(self.modules.items())
+            ]
+        return args
+
+
 class EngineConfig(BaseModel):
     """Everything a model replica needs to start its engine (picklable, JSON-able)."""
 
@@ -44,6 +87,9 @@ class EngineConfig(BaseModel):
         default=None,
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="Env var holding a Hugging Face token (exported as HF_TOKEN to vLLM).",
+    )
+    lora: LoraSettings | None = Field(
+        default=None, description="LoRA adapters and flags (None: LoRA off)."
     )
 
     @classmethod
@@ -70,6 +116,7 @@ class EngineConfig(BaseModel):
             engine_args=dict(model.engine_args),
             fake_token_delay_s=fake_token_delay_s,
             hf_token_env=secret_env_name(model.hf_token) if model.hf_token else None,
+            lora=LoraSettings.from_spec(model),
         )
 
     def vllm_cli_args(self) -> list[str]:
@@ -99,6 +146,8 @@ class EngineConfig(BaseModel):
         ]
         if self.quantization:
             args += ["--quantization", self.quantization]
+        if self.lora is not None:
+            args += self.lora.cli_args(self.name)
         for key, value in sorted(self.engine_args.items()):
             args += _cli_option(key, value)
         return args

@@ -155,7 +155,11 @@ class ApiKeyTable:
                 files[path] = tenant.name
         return cls(
             key_tenants=keys,
-            model_tenants={m.name: m.tenant for m in spec.models},
+            model_tenants={
+                **{m.name: m.tenant for m in spec.models},
+                # a LoRA adapter of the spec: its own tenant, else its base model's
+                **{a.name: a.tenant or m.tenant for m in spec.models for a in m.adapters},
+            },
             key_files=files,
         )
 

@@ -1,0 +1,120 @@
+"""LoRA adapters on disk: what an adapter directory says, and which adapters a directory holds.
+
+Design note. An adapter is a PEFT LoRA directory (``adapter_config.json`` + weights), the
+format vLLM's ``--lora-modules`` and runtime loading read. fleetserve reads only the JSON
+config, never the weights: enough to refuse at spec load what vLLM would refuse later,
+deep inside a replica - a rank above ``max_lora_rank`` (vLLM: "LoRA rank ... is greater
+than max_lora_rank") or an adapter trained on a different base architecture (vLLM loads
+it, or fails on shapes, and serves garbage either way). Discovery from an ``adapter_dir``
+is a directory listing: every sub-directory with an ``adapter_config.json`` whose name is
+a valid adapter id. Pure functions over paths; no Ray, no vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: The adapter config file of a PEFT adapter directory.
+ADAPTER_CONFIG = "adapter_config.json"
+#: LoRA ranks vLLM accepts for ``--max-lora-rank`` (vllm.config.lora.MaxLoRARanks).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+#: An adapter id: an OpenAI model id without ':' (it separates ``base:adapter``) or '/'
+#: (an adapter id is also a directory name inside ``adapter_dir``).
+ADAPTER_ID = r"^[A-Za-z0-9][A-Za-z0-9._@-]*$"
+_ADAPTER_ID = re.compile(ADAPTER_ID)
+#: config.json keys whose values must agree between an adapter's base and the served model.
+_ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "intermediate_size")
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    """What fleetserve reads from ``adapter_config.json``."""
+
+    rank: int
+    base: str | None
+    target_modules: tuple[str, ...]
+
+
+def valid_adapter_id(name: str) -> bool:
+    """Whether ``name`` can be an adapter id (and so a directory name, never a path)."""
+    return len(name) <= 128 and _ADAPTER_ID.match(name) is not None
+
+
+def read_adapter_config(directory: Path) -> AdapterConfig:
+    """The LoRA config of a PEFT adapter directory; ValueError says what is wrong."""
+    path = directory / ADAPTER_CONFIG
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{directory} has no {ADAPTER_CONFIG} (not a PEFT adapter)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    peft_type = str(data.get("peft_type", "LORA")).upper()
+    if peft_type != "LORA":
+        raise ValueError(f"{path}: peft_type is {peft_type}; vLLM serves LORA adapters only")
+    rank = data.get("r")
+    if not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"{path}: 'r' (the LoRA rank) must be a positive integer, got {rank!r}")
+    targets = data.get("target_modules") or ()
+    base = data.get("base_model_name_or_path")
+    return AdapterConfig(
+        rank=rank,
+        base=str(base) if base else None,
+        target_modules=tuple(sorted(targets)) if isinstance(targets, list) else (str(targets),),
+    )
+
+
+def discover(adapter_dir: Path) -> dict[str, Path]:
+    """Adapters in ``adapter_dir`` by name (sorted); an unreadable directory holds none."""
+    try:
+        entries = sorted(adapter_dir.iterdir())
+    except OSError:
+        return {}
+    return {
+        e.name: e for e in entries if valid_adapter_id(e.name) and (e / ADAPTER_CONFIG).is_file()
+    }
+
+
+def find_in(adapter_dir: Path, name: str) -> Path | None:
+    """The adapter ``name`` inside ``adapter_dir``, or None (never looks outside it)."""
+    if not valid_adapter_id(name):
+        return None
+    path = adapter_dir / name
+    return path if (path / ADAPTER_CONFIG).is_file() else None
+
+
+def base_config(directory: Path) -> dict[str, Any] | None:
+    """A model directory's ``config.json`` (text part for multimodal configs), or None."""
+    try:
+        data = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    text = data.get("text_config")
+    return text if isinstance(text, dict) and "hidden_size" in text else data
+
+
+def architecture_mismatch(adapter: AdapterConfig, served: dict[str, Any]) -> str | None:
+    """Why ``adapter`` was not trained for the served model's architecture, or None.
+
+    Known only when the adapter's ``base_model_name_or_path`` is a local model directory;
+    otherwise (a hub id, or no base recorded) there is nothing to compare and this says
+    nothing.
+    """
+    if adapter.base is None:
+        return None
+    trained_on = base_config(Path(adapter.base).expanduser())
+    if trained_on is None:
+        return None
+    for key in _ARCHITECTURE_KEYS:
+        a, b = trained_on.get(key), served.get(key)
+        if a is not None and b is not None and a != b:
+            return f"it was trained on {adapter.base} ({key} {a}), the served model has {key} {b}"
+    return None

@@ -1,0 +1,380 @@
+"""LoRA adapters: spec checks, engine flags, and the ingress's routing and tenancy of adapter ids.
+
+The engines are fake (in-process, no Ray); they know adapters as vLLM does (static ones,
+and ``adapter_dir`` ones found on their first request) and answer an unknown one 404.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from fleetserve.engine.config import EngineConfig
+from fleetserve.engine.fake_engine import FakeEngine
+from fleetserve.errors import SpecError
+from fleetserve.plan.result import EngineSettings
+from fleetserve.serve.adapters import AdapterTable, splice_model
+from fleetserve.serve.api_keys import ApiKeyTable
+from fleetserve.serve.gateway import Gateway, ModelRoute, create_api
+from fleetserve.serve.model_client import LocalModelClient
+from fleetserve.spec import parse_spec
+
+SETTINGS = EngineSettings(
+    gpu_memory_utilization=0.1, max_num_seqs=8, max_model_len=64, max_num_batched_tokens=64
+)
+
+
+def make_adapter(
+    where: Path, rank: int = 8, base: str | None = None, peft_type: str = "LORA"
+) -> Path:
+    where.mkdir(parents=True)
+    config = {"peft_type": peft_type, "r": rank, "target_modules": ["q_proj", "v_proj"]}
+    if base is not None:
+        config["base_model_name_or_path"] = base
+    (where / "adapter_config.json").write_text(json.dumps(config))
+    return where
+
+
+def make_base(where: Path, hidden: int) -> Path:
+    where.mkdir(parents=True)
+    (where / "config.json").write_text(
+        json.dumps({"model_type": "gemma3_text", "hidden_size": hidden})
+    )
+    return where
+
+
+# --------------------------------------------------------------------------- spec
+
+
+def test_adapter_rank_above_max_lora_rank_is_refused_naming_the_field(tmp_path: Path) -> None:
+    src = make_adapter(tmp_path / "big", rank=32)
+    spec: dict[str, Any] = {
+        "models": [{"name": "m", "source": "x", "adapters": [{"name": "big", "source": str(src)}]}]
+    }
+    with pytest.raises(
+        SpecError,
+        match=r"models\[0\].*adapters\[0\] \('big'\) has rank 32 > max_lora_rank \(16\); "
+        r"raise max_lora_rank to 32",
+    ):
+        parse_spec(spec)
+    spec["models"][0]["max_lora_rank"] = 32
+    assert parse_spec(spec).models[0].adapters[0].name == "big"
+
+
+def test_adapter_of_another_architecture_is_refused(tmp_path: Path) -> None:
+    served = make_base(tmp_path / "served", hidden=640)
+    other = make_base(tmp_path / "other", hidden=2048)
+    src = make_adapter(tmp_path / "a", base=str(other))
+    spec: dict[str, Any] = {
+        "models": [
+            {"name": "m", "source": str(served), "adapters": [{"name": "a", "source": str(src)}]}
+        ]
+    }
+    with pytest.raises(
+        SpecError,
+        match=r"adapters\[0\] \('a'\) does not fit model 'm'.*hidden_size 2048.*hidden_size 640",
+    ):
+        parse_spec(spec)
+    ok = make_adapter(tmp_path / "b", base=str(make_base(tmp_path / "same", hidden=640)))
+    spec["models"][0]["adapters"] = [{"name": "b", "source": str(ok)}]
+    parse_spec(spec)
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (
+            {"adapters": [{"name": "a", "source": "org/a"}, {"name": "a", "source": "org/b"}]},
+            "adapters: name 'a' appears twice",
+        ),
+        (
+            {"adapters": [{"name": "m", "source": "org/a"}]},
+            r"models\[0\].adapters\[0\]: id 'm' is also model 'm'",
+        ),
+        (
+            {"adapters": [{"name": "a:b", "source": "org/a"}]},
+            r"models\[0\].adapters\[0\].name: String should match",
+        ),
+        ({"max_loras": 4, "max_cpu_loras": 2}, r"max_cpu_loras \(2\) < max_loras \(4\)"),
+        ({"max_lora_rank": 12}, r"models\[0\].max_lora_rank"),
+        ({"engine_args": {"max_loras": 2}}, "duplicates the model field 'max_loras'"),
+        (
+            {"adapters": [{"name": "a", "source": "org/a", "tenant": "nobody"}]},
+            r"adapters\[0\] \('a'\) names tenant 'nobody'",
+        ),
+        (
+            {"tenant": "t1", "adapters": [{"name": "a", "source": "org/a", "tenant": "t2"}]},
+            "needs an untagged \\(shared\\) base model",
+        ),
+    ],
+)
+def test_bad_adapter_specs_name_the_field(model: dict[str, object], message: str) -> None:
+    spec = {
+        "models": [{"name": "m", "source": "x", **model}],
+        "tenants": [{"name": "t1"}, {"name": "t2"}],
+    }
+    with pytest.raises(SpecError, match=message):
+        parse_spec(spec)
+
+
+def test_adapter_ids_are_unique_across_models_and_base_colon_adapter_forms() -> None:
+    spec = {
+        "models": [
+            {"name": "m", "source": "x", "adapters": [{"name": "a", "source": "org/a"}]},
+            {"name": "m:a", "source": "x"},
+        ]
+    }
+    with pytest.raises(SpecError, match="id 'm:a' is also model 'm:a'"):
+        parse_spec(spec)
+    spec["models"][1] = {"name": "n", "source": "x", "adapters": [{"name": "a", "source": "org/a"}]}
+    with pytest.raises(
+        SpecError, match=r"models\[1\].adapters\[0\]: id 'a' is also adapter 'a' of models\[0\]"
+    ):
+        parse_spec(spec)
+
+
+def test_relative_adapter_paths_are_read_beside_the_spec(tmp_path: Path) -> None:
+    make_adapter(tmp_path / "adapters" / "a")
+    spec = {
+        "models": [
+            {
+                "name": "m",
+                "source": "x",
+                "adapter_dir": "adapters",
+                "adapters": [{"name": "a", "source": "adapters/a"}],
+            }
+        ]
+    }
+    model = parse_spec(spec, base_dir=tmp_path).models[0]
+    assert model.adapter_dir == str((tmp_path / "adapters").resolve())
+    assert model.adapters[0].source == str((tmp_path / "adapters" / "a").resolve())
+
+
+# --------------------------------------------------------------------------- engine flags
+
+
+def test_engine_gets_vllms_lora_flags_and_modules() -> None:
+    from fleetserve.engine.vllm_engine import parse_vllm_args  # noqa: PLC0415 - imports vLLM
+
+    model = parse_spec(
+        {
+            "models": [
+                {
+                    "name": "m",
+                    "source": "x",
+                    "max_loras": 2,
+                    "max_lora_rank": 32,
+                    "max_cpu_loras": 4,
+                    "adapters": [{"name": "a", "source": "org/a"}],
+                }
+            ]
+        }
+    ).models[0]
+    config = EngineConfig.from_spec(model, model_path="/w", settings=SETTINGS)
+    args = parse_vllm_args(config)
+    assert (args.enable_lora, args.max_loras, args.max_lora_rank, args.max_cpu_loras) == (
+        True,
+        2,
+        32,
+        4,
+    )
+    [module] = args.lora_modules
+    assert (module.name, module.path, module.base_model_name) == ("a", "org/a", "m")
+    plain = EngineConfig.from_spec(
+        parse_spec({"models": [{"name": "m", "source": "x"}]}).models[0],
+        model_path="/w",
+        settings=SETTINGS,
+    )
+    assert "--enable-lora" not in plain.vllm_cli_args()
+
+
+# --------------------------------------------------------------------------- routing
+
+
+@pytest.fixture
+def adapter_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "dir"
+    make_adapter(d / "found")
+    return d
+
+
+async def lora_gateway(adapter_dir: Path, tmp_path: Path) -> Gateway:
+    static = make_adapter(tmp_path / "static-a")
+    fleet = parse_spec(
+        {
+            "models": [
+                {
+                    "name": "base",
+                    "source": "fake",
+                    "adapter_dir": str(adapter_dir),
+                    "adapters": [
+                        {"name": "ad-a", "source": str(static)},
+                        {"name": "ad-b", "source": "org/ad-b", "tenant": "team-b"},
+                    ],
+                },
+                {"name": "other", "source": "fake", "tenant": "team-b"},
+            ],
+            "tenants": [
+                {"name": "team-a", "api_keys": ["${KEY_A}"]},
+                {"name": "team-b", "api_keys": ["${KEY_B}"]},
+            ],
+        }
+    )
+    engines = {}
+    for m in fleet.models:
+        engine = FakeEngine(
+            EngineConfig.from_spec(m, model_path="fake", settings=SETTINGS, kind="fake")
+        )
+        await engine.start()
+        engines[m.name] = engine
+    routes = [
+        ModelRoute(
+            m.name,
+            SETTINGS.max_model_len,
+            adapters=tuple(a.name for a in m.adapters),
+            adapter_dir=m.adapter_dir,
+        )
+        for m in fleet.models
+    ]
+    keys = ApiKeyTable.from_spec(fleet, {"KEY_A": "sk-a", "KEY_B": "sk-b"})
+    return Gateway(routes, keys, LocalModelClient(engines))
+
+
+def client(gateway: Gateway, key: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_api(gateway)),
+        base_url="http://test",
+        headers={"authorization": f"Bearer {key}"},
+    )
+
+
+def chat(model: str) -> dict[str, object]:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+async def test_models_lists_adapters_with_their_parent_per_tenant(
+    adapter_dir: Path, tmp_path: Path
+) -> None:
+    gw = await lora_gateway(adapter_dir, tmp_path)
+    async with client(gw, "sk-a") as c:
+        cards = {m["id"]: m for m in (await c.get("/v1/models")).json()["data"]}
+        assert set(cards) == {"base", "ad-a", "found"}
+        assert cards["ad-a"]["parent"] == "base"
+        assert cards["found"]["parent"] == "base"
+        assert cards["base"]["parent"] is None
+        assert (await c.get("/v1/models/ad-a")).json()["parent"] == "base"
+    async with client(gw, "sk-b") as c:
+        ids = {m["id"] for m in (await c.get("/v1/models")).json()["data"]}
+        assert ids == {"base", "ad-a", "ad-b", "found", "other"}
+
+
+async def test_adapter_is_called_by_its_id_and_as_base_colon_adapter(
+    adapter_dir: Path, tmp_path: Path
+) -> None:
+    gw = await lora_gateway(adapter_dir, tmp_path)
+    async with client(gw, "sk-a") as c:
+        for asked, served in [
+            ("ad-a", "ad-a"),
+            ("base:ad-a", "ad-a"),
+            ("found", "found"),
+            ("base:found", "found"),
+            ("base", "base"),
+        ]:
+            r = await c.post("/v1/chat/completions", json=chat(asked))
+            assert r.status_code == 200, (asked, r.text)
+            assert r.json()["model"] == served  # the engine saw the bare adapter id
+
+
+async def test_an_adapter_added_to_adapter_dir_is_servable_without_restart(
+    adapter_dir: Path, tmp_path: Path
+) -> None:
+    gw = await lora_gateway(adapter_dir, tmp_path)
+    async with client(gw, "sk-a") as c:
+        r = await c.post("/v1/chat/completions", json=chat("late"))
+        assert r.status_code == 404
+        make_adapter(adapter_dir / "late")
+        r = await c.post("/v1/chat/completions", json=chat("late"))
+        assert r.status_code == 200
+        assert r.json()["model"] == "late"
+        assert "late" in {m["id"] for m in (await c.get("/v1/models")).json()["data"]}
+
+
+async def test_another_tenants_adapter_is_indistinguishable_from_an_unknown_one(
+    adapter_dir: Path, tmp_path: Path
+) -> None:
+    gw = await lora_gateway(adapter_dir, tmp_path)
+    async with client(gw, "sk-a") as c:
+        hidden = await c.post("/v1/chat/completions", json=chat("ad-b"))
+        unknown = await c.post("/v1/chat/completions", json=chat("ad-zz"))
+        assert hidden.status_code == unknown.status_code == 404
+        assert hidden.json()["error"]["message"].replace("ad-b", "X") == unknown.json()["error"][
+            "message"
+        ].replace("ad-zz", "X")
+        assert (await c.get("/v1/models/ad-b")).status_code == 404
+        assert (await c.post("/v1/chat/completions", json=chat("base:ad-b"))).status_code == 404
+    async with client(gw, "sk-b") as c:
+        r = await c.post("/v1/chat/completions", json=chat("base:ad-b"))
+        assert r.status_code == 200
+        assert r.json()["model"] == "ad-b"
+
+
+async def test_adapter_under_the_wrong_base_or_unknown_is_404(
+    adapter_dir: Path, tmp_path: Path
+) -> None:
+    gw = await lora_gateway(adapter_dir, tmp_path)
+    async with client(gw, "sk-b") as c:
+        for asked in ["other:ad-a", "base:nope", "nope", "base:../dir/found", "../found"]:
+            r = await c.post("/v1/chat/completions", json=chat(asked))
+            assert r.status_code == 404, asked
+            assert r.json()["error"]["type"] == "NotFoundError"
+
+
+async def test_fake_engine_refuses_an_unknown_adapter_like_vllm(tmp_path: Path) -> None:
+    model = parse_spec(
+        {"models": [{"name": "m", "source": "x", "adapters": [{"name": "a", "source": "org/a"}]}]}
+    ).models[0]
+    engine = FakeEngine(
+        EngineConfig.from_spec(model, model_path="fake", settings=SETTINGS, kind="fake")
+    )
+    await engine.start()
+    gw = Gateway(
+        [ModelRoute("m", 64)],
+        ApiKeyTable(model_tenants={"m": None, "a": None, "b": None}),
+        LocalModelClient({"m": engine}),
+    )
+    # the ingress believes in 'b'; the engine does not
+    gw.adapters = AdapterTable({"a": "m", "b": "m"}, {})
+    async with client(gw, "") as c:
+        assert (await c.post("/v1/chat/completions", json=chat("a"))).status_code == 200
+        r = await c.post("/v1/chat/completions", json=chat("b"))
+        assert r.status_code == 404
+        assert r.json()["error"] == {
+            "message": "The model `b` does not exist.",
+            "type": "NotFoundError",
+            "param": None,
+            "code": 404,
+        }
+
+
+# --------------------------------------------------------------------------- body splice
+
+
+def test_splice_replaces_only_the_model_token() -> None:
+    body = (
+        b'{"messages":[{"role":"user","content":"say \\"model\\": \\"m:a\\""}],'
+        b'  "model" :  "m:a","n":1.50}'
+    )
+    out = splice_model(body, json.loads(body), "a")
+    assert out == body.replace(b'"model" :  "m:a"', b'"model" :  "a"')
+    assert json.loads(out)["model"] == "a"
+
+
+def test_splice_re_encodes_when_the_token_is_ambiguous() -> None:
+    body = b'{"model":"m:a","tools":[{"function":{"parameters":{"model":"m:a"}}}]}'
+    out = json.loads(splice_model(body, json.loads(body), "a"))
+    assert out["model"] == "a"
+    assert out["tools"][0]["function"]["parameters"]["model"] == "m:a"
