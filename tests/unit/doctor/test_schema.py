@@ -141,3 +141,27 @@ def test_only_needed_crds_are_parsed(crds_dir: Path) -> None:
     schemas = CrdSchemas.from_dir(crds_dir, {("ray.io", "RayJob")})
     assert list(schemas.versions) == [("ray.io", "RayJob")]
     assert len(CrdSchemas.from_dir(crds_dir).versions) == 6
+
+
+_POD_TEMPLATE = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: driver}
+spec:
+  nodeSelector: {pool: spark}
+  tolerations: [{key: spark, operator: Exists, effect: NoSchedule}]
+"""
+
+
+def test_spark_pod_template_files_need_no_containers(tmp_path: Path) -> None:
+    template = tmp_path / "driver-pod-template.yaml"
+    template.write_text(_POD_TEMPLATE, encoding="utf-8")
+    assert validate_schemas(load_paths([template]), None).findings == []
+    # Wrong fields still count in a template; and a plain Pod file needs its containers.
+    template.write_text(_POD_TEMPLATE + "  restartPolicy: 3\n", encoding="utf-8")
+    [wrong] = validate_schemas(load_paths([template]), None).findings
+    assert wrong.path == "spec.restartPolicy"
+    pod = tmp_path / "driver.yaml"
+    pod.write_text(_POD_TEMPLATE, encoding="utf-8")
+    [missing] = validate_schemas(load_paths([pod]), None).findings
+    assert "'containers' is a required property" in missing.message

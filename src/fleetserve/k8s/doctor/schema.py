@@ -509,6 +509,11 @@ class CoreValidator:
             return None
         out = []
         errors = sorted(validator.iter_errors(m.body), key=lambda e: list(e.absolute_path))
+        if _is_pod_template_file(m):
+            # A Spark/Flink pod template (``spark.kubernetes.driver.podTemplateFile``) is a
+            # partial Pod the job merges its own containers into, never applied as is: its
+            # missing required fields are by design; wrong and unknown fields still count.
+            errors = [e for e in errors if e.validator != "required"]
         for err in errors[:_MAX_ERRORS_PER_OBJECT]:
             path = ""
             for part in err.absolute_path:
@@ -531,6 +536,13 @@ class CoreValidator:
                 )
             )
         return out
+
+
+def _is_pod_template_file(m: Manifest) -> bool:
+    """A ``kind: Pod`` read from a file named as a pod template (``*pod-template*.yaml``,
+    ``*podtemplate*``, ``*pod_template*``)."""
+    name = Path(m.file).name.lower().replace("_", "-")
+    return m.kind == "Pod" and ("pod-template" in name or "podtemplate" in name)
 
 
 def _minor(version: str) -> tuple[int, int]:
