@@ -146,7 +146,9 @@ def test_health_and_ready(fleetserve_url: str) -> None:
 
 
 def _engine_stats(url: str) -> dict[str, int]:
-    return httpx.get(f"{url}/ready", timeout=30).json()["models"][MODEL]  # type: ignore[no-any-return]
+    # ?engine=1: the engines' counters (plain probes never ask the replicas).
+    r = httpx.get(f"{url}/ready?engine=1", timeout=30)
+    return r.json()["models"][MODEL]  # type: ignore[no-any-return]
 
 
 def test_client_disconnect_mid_stream_aborts_the_engine_request(fleetserve_url: str) -> None:

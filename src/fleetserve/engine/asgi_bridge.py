@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 from fleetserve.engine.protocol import EngineRequest, ResponseHead
+
+logger = logging.getLogger(__name__)
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -150,6 +153,9 @@ class AsgiBridge:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await task
+                elif not task.cancelled() and task.exception() is not None:
+                    # The app raised after answering (Starlette re-raises after its 500).
+                    logger.warning("engine app error: %r", task.exception())
 
 
 def _head(message: Message) -> ResponseHead:

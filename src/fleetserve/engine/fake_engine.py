@@ -137,6 +137,9 @@ class FakeEngine:
             return _error(400, f"invalid JSON body: {e}", "BadRequestError", None)
         except _BadRequest as e:
             return _error(e.status, e.message, e.err_type, e.param)
+        except (TypeError, AttributeError, ValueError) as e:
+            # A field of the wrong type: vLLM's pydantic request models answer 400.
+            return _error(400, f"invalid request: {e}", "BadRequestError", None)
         if params["stream"]:
             return StreamingResponse(
                 self._stream(params, chat=chat), media_type="text/event-stream"
