@@ -6,7 +6,8 @@ config.json (no weights, no tokenizer). For one model of every family we check t
 the longest accepted one (the limit passes, limit + 1 is refused), the per-layer KV head
 size (MLA: the 576-wide latent) and which TP degrees pass
 ``ModelConfig.verify_with_parallel_config``; and the quantization methods' minimum
-capabilities and activation dtypes. Llama 4 is left out: vLLM inspects its
+capabilities and activation dtypes; and the KV-head split against vLLM's QKVParallelLinear.
+Llama 4 is left out: vLLM inspects its
 multimodal class, which needs torchvision (not installed here).
 """
 
@@ -121,3 +122,48 @@ def test_quantization_capabilities_are_vllms(vllm_config: Any, method: str) -> N
     assert config.get_min_capability() == QUANT_MIN_CAPABILITY[method]
     dtypes = {str(d).removeprefix("torch.") for d in config.get_supported_act_dtypes()}
     assert dtypes == set(QUANT_ACT_DTYPES.get(method, ("bfloat16", "float16")))
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads"), [(32, 8), (28, 4), (40, 10), (14, 2), (64, 8), (24, 3), (8, 1)]
+)
+def test_kv_head_split_is_vllms_qkv_parallel_linear(
+    vllm_config: Any, monkeypatch: pytest.MonkeyPatch, heads: int, kv_heads: int
+) -> None:
+    """vLLM's QKVParallelLinear, built on the meta device with a faked TP world size: it
+    asserts the head splits first ('x is not divisible by y'); a split that passes goes on
+    to need the (absent) TP process group."""
+    torch = pytest.importorskip("torch")
+    linear = pytest.importorskip("vllm.model_executor.layers.linear")
+    raw = {
+        "model_type": "llama",
+        "vocab_size": 1000,
+        "hidden_size": heads * 64,
+        "intermediate_size": 64 * 16 * 3,
+        "num_hidden_layers": 1,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+    }
+    ours = parse_config(raw, "x")
+    for tp in range(1, 17):
+        monkeypatch.setattr(linear, "get_tensor_model_parallel_world_size", lambda tp=tp: tp)
+        monkeypatch.setattr(linear, "get_tensor_model_parallel_rank", lambda: 0)
+        try:
+            with torch.device("meta"):
+                linear.QKVParallelLinear(
+                    hidden_size=heads * 64,
+                    head_size=64,
+                    total_num_heads=heads,
+                    total_num_kv_heads=kv_heads,
+                    bias=False,
+                    params_dtype=torch.bfloat16,
+                )
+            split = True
+        except AssertionError as e:
+            split = "is not divisible by" not in str(e)
+        refused = [
+            r
+            for r in model_refusals(ModelSpec(name="m", source="m", tensor_parallel=tp), ours)
+            if "heads" in r.reason
+        ]
+        assert split == (not refused), (heads, kv_heads, tp)
