@@ -17,6 +17,12 @@ slice) therefore cannot share a template, and neither can a TP=4 model and a TP=
   pool, so the Serve autoscaler (min/max replicas from the spec) and the pod autoscaler agree
   by construction (pitfall ``serve-replicas-exceed-workers``).
 
+A replica whose pipeline stages cross nodes (the plan's ``replicas[].nodes``) is one pod per
+node, each with that node's whole cards (one or more whole tensor-parallel groups, never a
+HAMi slice): the group's replicas count pods (Serve replicas x pods per replica), and each
+pod advertises one unit of the model resource per card, which the replica's ``{GPU: 1}``
+bundles take (serveconfig).
+
 HAMi then packs several such pods onto one physical card (its scheduler sees their
 gpumem/gpucores), which is what the planner planned. A model whose replicas the plans put
 on several pools gets a group on each, all advertising the same model resource - allowed
@@ -56,10 +62,13 @@ class PodShape:
     """What one replica's pod holds (identical for every replica of a worker group)."""
 
     gpus: int
+    """Cards of one pod (for a replica spanning nodes: of one of its nodes)."""
     memory_mb: int
     cores_percent: int
     card_memory_mb: int
     engine: EngineSettings
+    nodes: int = 1
+    """Pods (nodes) one replica spans: > 1 when its pipeline stages cross nodes."""
 
     @property
     def sliced(self) -> bool:
@@ -84,6 +93,18 @@ class WorkerGroup:
     cpu: int
     memory_gib: int
     ray_resource: str
+
+    @property
+    def pods_per_replica(self) -> int:
+        """Pods one Serve replica takes (its pipeline stages across nodes, one pod each)."""
+        return self.shape.nodes
+
+    @property
+    def ray_units(self) -> int:
+        """Units of ``ray_resource`` one pod advertises: 1 (one replica per pod), or its
+        cards when a replica spans pods - each of the replica's ``{GPU: 1}`` bundles then
+        takes one unit, so its bundles land only on pods cut for this model."""
+        return self.shape.gpus if self.shape.nodes > 1 else 1
 
 
 def _check_feasible(plan: PlanResult, label: str) -> None:
@@ -113,13 +134,16 @@ def _shape(placement: ReplicaPlacement, pool: PoolSpec) -> PodShape:
         cores_percent=placement.cores_percent,
         card_memory_mb=_card_memory_mb(placement, pool),
         engine=placement.engine,
+        nodes=len(placement.spans),
     )
 
 
 def _describe(pool: str, shape: PodShape) -> str:
+    nodes = f" on each of {shape.nodes} nodes" if shape.nodes > 1 else ""
     return (
-        f"pool {pool}: {shape.gpus} card(s), {shape.memory_mb} MiB/{shape.cores_percent}% "
-        f"per card, gpu_memory_utilization {shape.engine.gpu_memory_utilization:g}"
+        f"pool {pool}: {shape.gpus} card(s){nodes}, {shape.memory_mb} MiB/"
+        f"{shape.cores_percent}% per card, gpu_memory_utilization "
+        f"{shape.engine.gpu_memory_utilization:g}"
     )
 
 
@@ -130,11 +154,14 @@ def _model_shape(
     shapes: dict[str, PodShape] = {}
     for placement in placements:
         shape = _shape(placement, pools[placement.pool])
-        if shape.gpus not in (0, model.gpus_per_replica):
+        uneven = len({len(n.gpus) for n in placement.spans}) > 1
+        if uneven or shape.gpus * shape.nodes not in (0, model.gpus_per_replica):
             raise RenderError(
                 f"model '{model.name}' replica {placement.index}: the plan gives it "
-                f"{shape.gpus} card(s) but tensor_parallel ({model.tensor_parallel}) x "
-                f"pipeline_parallel ({model.pipeline_parallel}) = {model.gpus_per_replica}",
+                f"{placement.gpus_total} card(s)"
+                + (f" on {shape.nodes} nodes" if shape.nodes > 1 else "")
+                + f" but tensor_parallel ({model.tensor_parallel}) x pipeline_parallel "
+                f"({model.pipeline_parallel}) = {model.gpus_per_replica}",
                 hint="re-run the planner with this spec",
             )
         shapes.setdefault(placement.pool, shape)
@@ -185,10 +212,12 @@ def plan_worker_groups(
     min_count = Counter((p.model, p.pool) for p in plan_min.replicas)
     max_count = Counter((p.model, p.pool) for p in plan_max.replicas)
 
-    # Pods per node of the max plan: the node sizes every pod must fit.
+    # Pods per node of the max plan: the node sizes every pod must fit (a replica over
+    # several nodes has a pod on each).
     pods_on_node: dict[tuple[str, int], list[ReplicaPlacement]] = defaultdict(list)
     for placement in plan_max.replicas:
-        pods_on_node[(placement.pool, placement.node)].append(placement)
+        for share in placement.spans:
+            pods_on_node[(placement.pool, share.node)].append(placement)
     busiest = Counter[str]()
     for (pool, _node), items in pods_on_node.items():
         busiest[pool] = max(busiest[pool], len(items))
@@ -205,7 +234,9 @@ def plan_worker_groups(
             pool_spec = pools[pool_name]
             cpu, memory = _pod_size(model, shape, pool_spec, busiest[pool_name] or 1)
             sizes[model.name + "@" + pool_name] = (cpu, memory)
-            low = min_count[(model.name, pool_name)]
+            # KubeRay counts pods: a replica over k nodes is k pods of the group
+            low = min_count[(model.name, pool_name)] * shape.nodes
+            high = max_count[(model.name, pool_name)] * shape.nodes
             groups.append(
                 WorkerGroup(
                     name=group_name(pool_name, model.name),
@@ -213,7 +244,7 @@ def plan_worker_groups(
                     model=model,
                     shape=shape,
                     min_replicas=low,
-                    max_replicas=max(low, max_count[(model.name, pool_name)], 1),
+                    max_replicas=max(low, high, shape.nodes),
                     cpu=cpu,
                     memory_gib=memory,
                     ray_resource=model_resource(model.name),

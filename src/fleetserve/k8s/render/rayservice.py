@@ -101,8 +101,9 @@ def rayservice(
             "minReplicas": group.min_replicas,
             "maxReplicas": group.max_replicas,
             "rayStartParams": {},
-            # One unit of the model's resource per pod: only that model's replicas fit.
-            "resources": {group.ray_resource: "1"},
+            # The model's resource: only that model's replicas (or, for a replica over
+            # several pods, its GPU bundles: one unit per card) fit.
+            "resources": {group.ray_resource: str(group.ray_units)},
             "template": worker_template(spec, group, hami=hami, secrets=secrets),
         }
         for group in groups

@@ -17,7 +17,10 @@ model:
   to its worker group), and its GPUs - ``num_gpus`` = the pod's cards for one card, or, for
   tensor/pipeline parallelism, a STRICT_PACK placement group with one ``{GPU: 1}`` bundle per
   rank (the replica actor itself holds none; vLLM's Ray executor starts one worker per GPU
-  bundle), so tensor_parallel x pipeline_parallel = GPUs by construction.
+  bundle), so tensor_parallel x pipeline_parallel = GPUs by construction. A replica whose
+  pipeline stages cross nodes gets the same one-bundle-per-rank group under PACK over its
+  pods (see :func:`replica_options`) and ``distributed_executor_backend: ray`` in its
+  engine args.
 
 What must stay true: ``http_options.port`` is the pods' ``serve`` container port, and the
 config is JSON-able and deterministic (dicts in a fixed order).
@@ -28,6 +31,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from fleetserve.errors import RenderError
 from fleetserve.k8s.render.groups import WorkerGroup
 from fleetserve.k8s.render.secrets import spec_for_cluster
 from fleetserve.serve.deployment_options import replica_count_options, request_router_options
@@ -56,6 +60,23 @@ def replica_options(model: ModelSpec, group: WorkerGroup) -> dict[str, Any]:
     cpu = _number(model.resources.cpu)
     pin = {group.ray_resource: 1}
     gpus = group.shape.gpus
+    if group.pods_per_replica > 1:
+        # Pipeline stages across pods: vLLM's Ray executor wants one {GPU: 1} bundle per
+        # rank (it refuses bundles of more) and sorts its workers by node, so each pod's
+        # ranks - whole tensor-parallel groups - stay together. PACK (Ray Serve LLM's
+        # default) fills one pod before the next; STRICT_PACK would need one node, and
+        # STRICT_SPREAD one node per GPU. Every bundle takes one unit of the model's
+        # resource (its pods advertise one per card), so bundles land only on its pods;
+        # the replica actor (vLLM's driver, which must share a node with a bundle) sits
+        # in bundle 0.
+        total = gpus * group.pods_per_replica
+        ranks: list[dict[str, Any]] = [{"CPU": cpu, "GPU": 1, **pin}]
+        ranks += [{"GPU": 1, **pin} for _ in range(total - 1)]
+        return {
+            "ray_actor_options": {"num_cpus": cpu, "num_gpus": 0, "resources": pin},
+            "placement_group_bundles": ranks,
+            "placement_group_strategy": "PACK",
+        }
     if gpus > 1:
         bundles: list[dict[str, Any]] = [{"CPU": cpu, "GPU": 1, **pin}]
         bundles += [{"GPU": 1} for _ in range(gpus - 1)]
@@ -68,6 +89,30 @@ def replica_options(model: ModelSpec, group: WorkerGroup) -> dict[str, Any]:
     if gpus == 1:
         options["num_gpus"] = 1
     return {"ray_actor_options": options}
+
+
+def _with_ray_executor(
+    data: dict[str, Any], spec: FleetSpec, groups: dict[str, WorkerGroup]
+) -> dict[str, Any]:
+    """The app's spec with ``distributed_executor_backend: ray`` in the engine args of
+    every model whose replica spans pods: vLLM's multiprocessing executor keeps all ranks
+    on one node, its Ray executor places them on the placement group's bundles. Stated
+    rather than left to vLLM's default (which picks Ray inside a placement group), so
+    the manifest says how the engine runs."""
+    for i, model in enumerate(spec.models):
+        group = groups.get(model.name)
+        if group is None or group.pods_per_replica == 1:
+            continue
+        backend = model.engine_args.get("distributed_executor_backend", "ray")
+        if backend != "ray":
+            raise RenderError(
+                f"models[{i}].engine_args.distributed_executor_backend of '{model.name}' is "
+                f"{backend!r}, but its replica spans {group.pods_per_replica} pods (pipeline "
+                "stages across nodes): only vLLM's Ray executor runs ranks on other nodes",
+                hint="remove it (render sets 'ray') or set it to 'ray'",
+            )
+        data["models"][i].setdefault("engine_args", {})["distributed_executor_backend"] = "ray"
+    return data
 
 
 def engine_settings(group: WorkerGroup, *, hami: bool) -> dict[str, Any]:
@@ -100,7 +145,8 @@ def serve_config(
     pods_max: dict[str, int] = {}
     for group in groups:
         first_group.setdefault(group.model.name, group)
-        pods_max[group.model.name] = pods_max.get(group.model.name, 0) + group.max_replicas
+        replicas_max = group.max_replicas // group.pods_per_replica
+        pods_max[group.model.name] = pods_max.get(group.model.name, 0) + replicas_max
     deployments = []
     engine = {}
     for model in spec.models:
@@ -131,7 +177,11 @@ def serve_config(
     }
     if runtime_pip:
         app["runtime_env"] = {"pip": list(runtime_pip)}
-    app["args"] = {"spec": spec_for_cluster(spec), "engine": "vllm", "engine_settings": engine}
+    app["args"] = {
+        "spec": _with_ray_executor(spec_for_cluster(spec), spec, first_group),
+        "engine": "vllm",
+        "engine_settings": engine,
+    }
     app["deployments"] = deployments
     return {
         "proxy_location": "EveryNode",
