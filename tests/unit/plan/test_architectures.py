@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from fleetserve.errors import SpecError
+from fleetserve.plan import plan_fleet
 from fleetserve.plan.catalogue import MODEL_CATALOGUE
 from fleetserve.plan.memory import (
     MiB,
@@ -27,6 +28,7 @@ from fleetserve.plan.memory import (
     pp_stage_layers,
     weight_bytes,
 )
+from fleetserve.spec import FleetSpec, parse_spec
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "plan" / "configs"
 
@@ -283,3 +285,33 @@ def test_parameter_count_equals_transformers_on_the_meta_device(name: str) -> No
     expected = sum(p.numel() for p in model.parameters())
     buffers = 58 * 256 if name == "deepseek-v3" else 0
     assert load_model_config(name).num_params() == expected + buffers
+
+
+def test_a_planned_deepseek_v2_lite_replica_holds_its_real_weights() -> None:
+    """Issue #10's fleet: DeepSeek-V2-Lite was sized as a dense 2.7B (5,127 MiB of weights,
+    7x the KV); it needs ~30 GiB of weights and one 576-wide latent per token and layer."""
+
+    def spec(gpu: str) -> FleetSpec:
+        return parse_spec(
+            {
+                "models": [
+                    {
+                        "name": "lite",
+                        "source": "deepseek-ai/DeepSeek-V2-Lite-Chat",
+                        "max_model_len": 8192,
+                        "concurrency": 8,
+                    }
+                ],
+                "pools": [{"name": "p", "gpu": {"type": gpu, "count": 2}}],
+            }
+        )
+
+    (placed,) = plan_fleet(spec("A100-80GB")).replicas
+    cfg = load_model_config("deepseek-v2-lite")
+    kv_mib = 8 * kv_bytes_per_sequence(cfg, 8192, in_flight_tokens=4096) / MiB
+    assert kv_mib == pytest.approx(8 * 8192 * 27 * 576 * 2 / MiB)
+    assert placed.need_mb > 29_957 + kv_mib
+    assert placed.need_mb < 29_957 + kv_mib + 3_000  # + activation, runtime, graphs
+    (left_out,) = plan_fleet(spec("L4")).unplaced  # 22.5 GiB cards: weights alone do not fit
+    assert left_out.resource == "gpu_memory"
+    assert any(f.startswith("tensor_parallel: 2") for f in left_out.fixes)
