@@ -115,6 +115,13 @@ class ModelGate:
                 self.release(tenant, cost, 0)
             raise
 
+    def set_capacity(self, capacity: int) -> None:
+        """Follow the model's running replicas (autoscaling); more room wakes waiters at
+        once, less lets the requests in service finish (none is cut)."""
+        if capacity != self.state.limits.capacity:
+            self.state.limits = GateLimits(capacity, self.state.limits.queue_limit)
+            self._wake()
+
     def release(self, tenant: str, cost: int, used: int | None) -> None:
         """A request ended (``used`` tokens; None: unknown, the reservation counts):
         charge its tenant and wake the next waiter."""

@@ -135,11 +135,18 @@ class Gateway:
         self.quota_guard = quota_guard
         if quota_guard is not None and quota_guard.on_rejection is None:
             quota_guard.on_rejection = self.metrics.record_rejection
+        if quota_guard is not None and quota_guard.running_replicas is None:
+            quota_guard.running_replicas = self._running_replicas
         self.in_flight = 0
         self.draining = False
         self.created = int(time.time())
 
     # ------------------------------------------------------------------ models
+
+    def _running_replicas(self, model: str) -> int | None:
+        """Running replicas of ``model`` in the probes' fleet view (None: not known yet)."""
+        health = self.probes.models.get(model)
+        return None if health is None else health.running
 
     def _caller(self, request: Request) -> str | None:
         return self.keys.tenant(request.headers.get("authorization"))

@@ -83,11 +83,17 @@ class TenantPolicy:
 
 @dataclass(frozen=True)
 class ModelPolicy:
-    """A model's admission numbers and context length."""
+    """A model's admission numbers and context length.
+
+    ``capacity`` is every replica the deployment may run at ``max_ongoing_requests``; an
+    autoscaled model (``per_replica`` set) admits ``running replicas x per_replica`` as the
+    fleet view reports them (at least one replica's worth, so a request can still wake a
+    model scaled to zero)."""
 
     capacity: int
     queue_limit: int
     max_model_len: int
+    per_replica: int | None = None
 
 
 @dataclass(frozen=True)
@@ -104,11 +110,13 @@ class GuardConfig:
     def from_spec(cls, spec: FleetSpec, max_model_lens: Mapping[str, int]) -> GuardConfig:
         models = {
             m.name: ModelPolicy(
-                # Every replica the deployment may run, each at max_ongoing_requests; with
-                # min == max this is the exact capacity (see docs/design.md for autoscaling).
+                # Every replica the deployment may run, each at max_ongoing_requests.
                 capacity=m.replicas.max * m.replicas.max_ongoing_requests,
                 queue_limit=m.replicas.max_queued_requests,
                 max_model_len=max_model_lens[m.name],
+                per_replica=(
+                    m.replicas.max_ongoing_requests if m.replicas.min != m.replicas.max else None
+                ),
             )
             for m in spec.models
         }
@@ -149,6 +157,7 @@ class GuardConfig:
                     "capacity": p.capacity,
                     "queue_limit": p.queue_limit,
                     "max_model_len": p.max_model_len,
+                    "per_replica": p.per_replica,
                 }
                 for n, p in self.models.items()
             },
@@ -200,6 +209,9 @@ class TenantGuard:
         self.config = config
         self.store = store
         self.on_rejection = on_rejection
+        #: Running replicas of a model as the fleet view knows them (None: unknown); the
+        #: gateway points it at its probes' view. Sizes autoscaled models' gates.
+        self.running_replicas: Callable[[str], int | None] | None = None
         weights = {n: t.weight for n, t in config.tenants.items()}
         self.gates = {
             name: ModelGate(name, GateLimits(p.capacity, p.queue_limit), weights)
@@ -258,6 +270,7 @@ class TenantGuard:
                 self._reject(model, tenant, "quota")
                 return rate_limited(decision)
         settle = _Settlement(self, decision, model, tenant or "", tokens)
+        self._follow_replicas(model, mp)
         try:
             async with asyncio.timeout(self.config.queue_timeout_s):
                 await self.gates[model].acquire(tenant or "", tokens)
@@ -291,6 +304,15 @@ class TenantGuard:
             settle.finish(used=None, served=True)
             raise
         return settle.wrap(response, strip_usage=inject)
+
+    def _follow_replicas(self, model: str, policy: ModelPolicy) -> None:
+        """An autoscaled model's gate admits what its running replicas can take."""
+        if policy.per_replica is None or self.running_replicas is None:
+            return
+        running = self.running_replicas(model)
+        if running is not None:
+            capacity = min(policy.capacity, max(1, running) * policy.per_replica)
+            self.gates[model].set_capacity(capacity)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)

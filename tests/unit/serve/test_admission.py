@@ -148,3 +148,23 @@ async def test_a_slot_handed_to_a_leaving_waiter_is_passed_on() -> None:
     await asyncio.wait_for(second, 1)  # c gets it
     assert gate.state.in_service == 1
     assert gate.state.waiting == 0
+
+
+async def test_more_replicas_wake_waiters_fewer_cut_nothing() -> None:
+    gate = ModelGate("m", GateLimits(capacity=1, queue_limit=4))
+    await gate.acquire("a", 1)
+    waiter = asyncio.create_task(gate.acquire("b", 1))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    gate.set_capacity(2)  # the autoscaler added a replica
+    await asyncio.wait_for(waiter, 1)
+    assert gate.state.in_service == 2
+    gate.set_capacity(1)  # one went away: both requests keep running
+    assert gate.state.in_service == 2
+    late = asyncio.create_task(gate.acquire("c", 1))
+    await asyncio.sleep(0)
+    gate.release("a", 1, 1)
+    await asyncio.sleep(0)
+    assert not late.done()  # still at capacity 1 with b in service
+    gate.release("b", 1, 1)
+    await asyncio.wait_for(late, 1)

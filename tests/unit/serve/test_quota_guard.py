@@ -337,3 +337,26 @@ async def test_a_request_waits_in_the_queue_no_longer_than_the_request_timeout()
     assert "waited 0.2 s" in r.json()["error"]["message"]
     assert gw.quota_guard is not None
     assert gw.quota_guard.gates["m"].state.waiting == 0
+
+
+async def test_an_autoscaled_model_admits_what_its_running_replicas_take() -> None:
+    gw, _ = await make(
+        [],
+        replicas={"min": 1, "max": 4, "max_ongoing_requests": 2, "target_ongoing_requests": 1},
+        token_delay_s=0.02,
+    )
+    guard = gw.quota_guard
+    assert guard is not None
+    running = {"m": 1}
+    guard.running_replicas = running.get
+    async with client(gw) as c:
+        tasks = [
+            asyncio.create_task(c.post("/v1/chat/completions", json=chat(10))) for _ in range(5)
+        ]
+        await asyncio.sleep(0.05)
+        assert guard.gates["m"].state.in_service == 2  # one replica's worth, not 4 x 2
+        assert guard.gates["m"].state.waiting == 3
+        running["m"] = 3  # the autoscaler brought two more up
+        extra = await c.post("/v1/chat/completions", json=chat(1))
+        assert extra.status_code == 200
+        assert all(r.status_code == 200 for r in await asyncio.gather(*tasks))
