@@ -159,6 +159,8 @@ def _plan_cpu(spec: FleetSpec, host: LocalHost) -> PlanResult:
             quantization=model.quantization,
             kv_cache_dtype=model.kv_cache_dtype,
             device="cpu",
+            max_loras=model.max_loras if model.lora_enabled else 0,
+            max_lora_rank=model.max_lora_rank,
         )
         need = memory.total_mb
         fraction = math.ceil((need + margin_mb(need)) / host.memory_mb * 1000) / 1000

@@ -31,6 +31,11 @@ and that sum (per card under tensor parallelism) is its slice. Each term:
 * activation: vLLM's profile run pushes ``max_num_batched_tokens`` through the model and
   samples ``max_num_seqs`` logits in fp32; the peak is the widest MLP/attention
   intermediate of that batch plus the logits.
+* LoRA slots (a model with adapters): vLLM preallocates, for every layer's qkv, o,
+  gate_up and down projections, ``max_loras`` A (rank x in) and B (out x rank) matrices
+  of ``max_lora_rank`` in the model dtype, whatever an adapter targets
+  (vllm/lora/layers, ``create_lora_weights``); column-parallel layers shard B's out,
+  row-parallel ones A's in under TP.
 * non-torch and CUDA graphs: vLLM measures them; we use stated estimates (constants below)
   in line with the figures vLLM logs ("non-torch memory", "Graph capturing ... took").
 
@@ -286,11 +291,20 @@ class ReplicaMemory:
     runtime: int
     """Non-torch memory (CUDA context, NCCL) or, on CPU, the process's other RSS."""
     cuda_graphs: int
+    lora: int = 0
+    """vLLM's preallocated LoRA slots (0: LoRA off)."""
 
     @property
     def total(self) -> int:
         """Bytes one card must give this replica."""
-        return self.weights + self.kv_cache + self.activation + self.runtime + self.cuda_graphs
+        return (
+            self.weights
+            + self.kv_cache
+            + self.activation
+            + self.runtime
+            + self.cuda_graphs
+            + self.lora
+        )
 
     @property
     def total_mb(self) -> int:
@@ -316,8 +330,13 @@ def estimate_replica(
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
     device: Literal["cuda", "cpu"] = "cuda",
+    max_loras: int = 0,
+    max_lora_rank: int = 0,
 ) -> ReplicaMemory:
-    """Per-card memory of one replica holding ``concurrency`` x ``max_model_len`` tokens."""
+    """Per-card memory of one replica holding ``concurrency`` x ``max_model_len`` tokens.
+
+    ``max_loras`` > 0 adds the LoRA slots of a replica started with ``--enable-lora``.
+    """
     tp, pp = tensor_parallel, pipeline_parallel
     seqs = max_num_seqs or concurrency
     weights = weight_bytes_per_card(
@@ -348,7 +367,48 @@ def estimate_replica(
         activation=act,
         runtime=runtime,
         cuda_graphs=graphs,
+        lora=math.ceil(
+            lora_slot_bytes(config, max_loras, max_lora_rank, dtype, tensor_parallel=tp)
+            * stage_layers
+            / config.num_layers
+        ),
     )
+
+
+def lora_slot_bytes(
+    config: ModelConfig,
+    max_loras: int,
+    max_lora_rank: int,
+    dtype: Dtype = "auto",
+    *,
+    tensor_parallel: int = 1,
+) -> int:
+    """Bytes vLLM preallocates for ``max_loras`` adapters of rank ``max_lora_rank``, per card.
+
+    Per layer and slot: qkv (hidden -> q + 2 kv heads) and gate_up (hidden -> 2 x
+    intermediate) are column-parallel (B's out is sharded), o and down row-parallel (A's in
+    is sharded). A MoE layer's experts take no slots here (vLLM's fused-MoE LoRA is
+    opt-in); its shared expert, when present, counts as the dense MLP.
+    """
+    if max_loras <= 0 or max_lora_rank <= 0:
+        return 0
+    tp = tensor_parallel
+    unit = _DTYPE_BYTES[resolve_dtype(config, dtype)]
+    hidden = config.hidden_size
+    q_out = config.num_heads * config.head_dim
+    qkv_out = q_out + 2 * config.num_kv_heads * config.head_dim
+    o_in = config.num_heads * config.v_head_dim
+    mlp = (
+        config.intermediate_size
+        if config.num_experts == 0
+        else (config.shared_expert_intermediate_size)
+    )
+    # (A's in, B's out) per module, each already divided as TP shards it
+    modules = [(hidden, qkv_out / tp), (o_in / tp, hidden)]
+    if mlp:
+        modules += [(hidden, 2 * mlp / tp), (mlp / tp, hidden)]
+    per_layer = sum(a_in + b_out for a_in, b_out in modules) * max_lora_rank * max_loras
+    return math.ceil(per_layer * config.num_layers * unit)
 
 
 def max_model_len_within(

@@ -169,6 +169,8 @@ def size_replica(
             kv_cache_dtype=model.kv_cache_dtype,
             tensor_parallel=model.tensor_parallel,
             pipeline_parallel=model.pipeline_parallel,
+            max_loras=model.max_loras if model.lora_enabled else 0,
+            max_lora_rank=model.max_lora_rank,
         )
         need = memory.total_mb
         if whole:
