@@ -5,7 +5,8 @@ Design note. Three steps. (1) Size every model on every pool it may use
 (:mod:`fleetserve.plan.sizing`): the slice, cores and engine settings, or why it cannot go
 there; a replica with more cards (tensor_parallel x pipeline_parallel) than a node has spans
 nodes as vLLM's Ray executor runs it (:func:`node_span`: TP groups within a node, pipeline
-stages across; per-card memory of the fullest stage, host RAM and CPUs on every node). (2) Pack the replicas (:mod:`fleetserve.plan.packer` first, then the exact
+stages across; per-card memory of the fullest stage, host RAM and CPUs on every node).
+(2) Pack the replicas (:mod:`fleetserve.plan.packer` first, then the exact
 :mod:`fleetserve.plan.milp` when the instance is small enough and the heuristic is not
 already proven optimal by the bounds). The objective is lexicographic
 (:data:`~fleetserve.plan.problem.OBJECTIVES`): most replicas placed, then cost (when pools
@@ -379,6 +380,8 @@ def _unplaced_reason(
                 *within,
                 f"a pool with {worst.shortfall + biggest.shape.cards_per_node:g} cards per node",
             ]
+        elif worst.resource in ("memory", "cpu"):
+            fixes = _node_size_fixes(model, worst, biggest, spec)
         reason = f"fits no allowed pool; on '{biggest.spec.name}': {worst.reason}"
         given: tuple[str, ...] = tuple(getattr(worst, "fixes", ()) or ())
         if given:
@@ -452,6 +455,35 @@ def _span_rejection(
             f"a pool with {tp * pp} cards per node",
         ),
     )
+
+
+def _node_size_fixes(
+    model: ModelSpec, worst: Rejection, pool: PoolCard, spec: FleetSpec
+) -> list[str]:
+    """Fixes for a replica (or, spanning nodes, its share of one node) that needs more host
+    RAM or CPUs than a node of ``pool`` has at all."""
+    assert pool.shape is not None
+    shape = pool.shape
+    p_i = next(i for i, p in enumerate(spec.pools) if p.name == shape.name)
+    m_i = next(i for i, m in enumerate(spec.models) if m.name == model.name)
+    if worst.resource == "memory":
+        need_gib = math.ceil((shape.ram_mb + worst.shortfall) / 1024)
+        fixes = [
+            f"raise pools[{p_i}].memory_gb of '{shape.name}' to {need_gib} "
+            f"(now {pool.spec.memory_gb:g})"
+        ]
+        if model.resources.memory_gb is not None:
+            fixes.append(
+                f"lower models[{m_i}].resources.memory_gb of '{model.name}' to at most "
+                f"{math.floor(shape.ram_mb / 1024)} (now {model.resources.memory_gb:g})"
+            )
+        return fixes
+    return [
+        f"raise pools[{p_i}].cpu of '{shape.name}' to {math.ceil(model.resources.cpu)} "
+        f"(now {shape.cpu:g})",
+        f"lower models[{m_i}].resources.cpu of '{model.name}' to at most {shape.cpu:g} "
+        f"(now {model.resources.cpu:g})",
+    ]
 
 
 def _fallback_fixes(
@@ -537,9 +569,10 @@ def _slots(item: Item, packing: Packing, problem: Problem) -> list[_Blocked]:
     cards: dict[tuple[str, int, int], list[Item]] = {}
     nodes: dict[tuple[str, int], list[Item]] = {}
     for k, a in packing.assigned.items():
-        nodes.setdefault((a.pool, a.node), []).append(items[k])
-        for c in a.cards:
-            cards.setdefault((a.pool, a.node, c), []).append(items[k])
+        for n, node_cards in a.parts:
+            nodes.setdefault((a.pool, n), []).append(items[k])
+            for c in node_cards:
+                cards.setdefault((a.pool, n, c), []).append(items[k])
     out: list[_Blocked] = []
     for pool_name, d in item.demands.items():
         pool = problem.pool(pool_name)
@@ -681,7 +714,7 @@ def _diagnose(
         mine = [
             k
             for k, a in packing.assigned.items()
-            if (a.pool, a.node) == (best.pool, best.node) and k[0] == model.name
+            if a.pool == best.pool and best.node in {n for n, _ in a.parts} and k[0] == model.name
         ]
         others = problem.pool(best.pool).ram_mb - best.ram_left
         others -= sum(items[k].demands[best.pool].ram_mb for k in mine)
@@ -749,14 +782,15 @@ def _card_use(problem: Problem, packing: Packing, nodes: set[tuple[str, int]]) -
     used = total = 0
     seen: set[tuple[str, int, int]] = set()
     for k, a in packing.assigned.items():
-        if (a.pool, a.node) not in nodes:
-            continue
         pool = problem.pool(a.pool)
-        for c in a.cards:
-            used += items[k].demands[a.pool].mem_mb
-            if (a.pool, a.node, c) not in seen:
-                seen.add((a.pool, a.node, c))
-                total += pool.card_mb
+        for n, node_cards in a.parts:
+            if (a.pool, n) not in nodes:
+                continue
+            for c in node_cards:
+                used += items[k].demands[a.pool].mem_mb
+                if (a.pool, n, c) not in seen:
+                    seen.add((a.pool, n, c))
+                    total += pool.card_mb
     return used / total if total else 0.0
 
 

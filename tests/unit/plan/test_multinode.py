@@ -172,6 +172,20 @@ def test_a_node_too_small_for_one_share_is_refused_per_node() -> None:
     (u, _) = plan_fleet(spec).unplaced
     assert u.resource == "memory"
     assert "on each of its nodes" in u.reason
+    assert u.fixes == [
+        "raise pools[0].memory_gb of 'h100' to 120 (now 100)",
+        "lower models[0].resources.memory_gb of 'm' to at most 100 (now 120)",
+    ]
+
+
+def test_a_second_spanning_replica_without_two_free_nodes_is_a_capacity_limit() -> None:
+    # three nodes: the first replica takes two, the second needs two more
+    spec = fleet([{**BIG, "replicas": {"min": 2, "max": 2}}], [{**H100, "max_nodes": 3}])
+    result = plan_fleet(spec)
+    (u,) = result.unplaced
+    assert u.resource == "capacity"
+    assert "raise pools[0].max_nodes of 'h100' (now 3)" in u.fixes
+    assert result.optimal == ["replicas", "gpus", "nodes"]  # one replica is the most
 
 
 def test_heuristic_and_milp_agree_on_spanning_replicas() -> None:
