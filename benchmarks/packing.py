@@ -216,9 +216,10 @@ def metrics(problem: Problem, packing: Packing, need: dict[tuple[str, int], int]
     card_mem = sum(problem.pool(p).card_mb for p, _n, _c in used)
     items = {it.key: it for it in problem.items}
     sliced = sum(
-        items[k].demands[a.pool].mem_mb * len(a.cards) for k, a in packing.assigned.items()
+        items[k].demands[a.pool].mem_mb * sum(len(c) for _, c in a.parts)
+        for k, a in packing.assigned.items()
     )
-    needed = sum(need[k] * len(a.cards) for k, a in packing.assigned.items())
+    needed = sum(need[k] * sum(len(c) for _, c in a.parts) for k, a in packing.assigned.items())
     n = len(packing.assigned)
     return {
         "gpus": len(used),
@@ -271,12 +272,12 @@ def reference(exact_time_limit: float) -> dict[str, Any]:
         "search_limit": result.search_limit,
         "seconds": round(seconds, 2),
         "slice_memory_use": round(
-            sum(r.memory_mb * len(r.gpus) for r in result.replicas)
+            sum(r.memory_mb * r.gpus_total for r in result.replicas)
             / sum(p.card_memory_mb * p.gpus_used for p in result.pools),
             3,
         ),
         "engine_memory_use": round(
-            sum(r.need_mb * len(r.gpus) for r in result.replicas)
+            sum(r.need_mb * r.gpus_total for r in result.replicas)
             / sum(p.card_memory_mb * p.gpus_used for p in result.pools),
             3,
         ),
