@@ -232,13 +232,18 @@ class ResourceSpec(StrictModel):
     """Ray logical resources of one model replica (GPUs come from the plan)."""
 
     cpu: float = Field(
-        default=1, gt=0, le=1024, description="Logical CPUs the replica actor reserves."
+        default=1,
+        gt=0,
+        le=1024,
+        description="Logical CPUs the replica actor reserves (on each of its nodes when its "
+        "pipeline stages cross nodes).",
     )
     memory_gb: float | None = Field(
         default=None,
         gt=0,
         le=16_384,
-        description="Host memory the replica reserves (GiB, 2^30 bytes, like every memory_gb).",
+        description="Host memory the replica reserves (GiB, 2^30 bytes, like every memory_gb; "
+        "on each of its nodes when its pipeline stages cross nodes).",
     )
 
 
@@ -349,7 +354,13 @@ class ModelSpec(StrictModel):
         default=None, ge=16, le=10_000_000, description="vLLM max_num_batched_tokens."
     )
     tensor_parallel: int = Field(default=1, ge=1, le=64, description="GPUs per replica (TP).")
-    pipeline_parallel: int = Field(default=1, ge=1, le=64, description="Pipeline stages.")
+    pipeline_parallel: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Pipeline stages. TP x PP above a node's GPUs spans nodes: TP groups "
+        "within a node, stages across (vLLM's Ray executor).",
+    )
     replicas: ReplicaSpec = Field(default_factory=ReplicaSpec, description="Replica counts.")
     routing: RoutingSpec = Field(
         default_factory=RoutingSpec, description="How requests pick a replica."
