@@ -118,3 +118,37 @@ def test_token_auth_of_the_cluster_behind_an_ingress_counts() -> None:
     [(severity, message)] = _behind_ingress(8265, NO_ENV, "  authOptions: {mode: token}")
     assert severity == "warning"
     assert "token authentication is on" in message
+
+
+NGINX_VALUES = """\
+---
+controller:
+  service:
+    annotations:
+      service.beta.kubernetes.io/aws-load-balancer-scheme: {scheme}
+    targetPorts: {{http: http, https: http}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("scheme", "cls", "severity"),
+    [
+        ("internal", "nginx", "warning"),  # the controller behind the Ingress is internal
+        ("internet-facing", "nginx", "error"),
+        ("internal", "alb", "error"),  # another controller serves this Ingress
+    ],
+)
+def test_ingress_nginx_values_decide_the_reach(scheme: str, cls: str, severity: str) -> None:
+    text = INGRESS.format(annotations="    team: ml", cls=cls) + NGINX_VALUES.format(scheme=scheme)
+    inv = load_text(text)
+    assert [h.chart for h in inv.helm_values] == ["ingress-nginx"]
+    [f] = run_rules(inv, {"dashboard-exposed"})
+    assert f.severity == severity
+    if severity == "warning":
+        assert "from inside the VPC" in f.message
+        assert "the nginx controller's Service" in f.message
+
+
+def test_other_charts_with_a_controller_key_are_not_ingress_nginx() -> None:
+    karpenter_like = "controller:\n  resources: {requests: {cpu: 1}}\n  env: []\n"
+    assert load_text(karpenter_like).helm_values == ()

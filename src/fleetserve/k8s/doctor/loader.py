@@ -326,4 +326,18 @@ def _detect_chart(data: dict[str, Any]) -> HelmChart:
         return "hami"
     if keys & _KUBERAY_KEYS:
         return "kuberay-operator"
+    if _is_ingress_nginx(data.get("controller")):
+        return "ingress-nginx"
     return "unknown"
+
+
+def _is_ingress_nginx(controller: Any) -> bool:
+    """The ingress-nginx chart's ``controller`` block, told apart from the many charts that
+    also have a ``controller`` key (Karpenter, Argo...) by keys only ingress-nginx has."""
+    if not isinstance(controller, dict):
+        return False
+    service = controller.get("service")
+    return bool(
+        {"ingressClassResource", "admissionWebhooks", "publishService"} & set(controller)
+        or (isinstance(service, dict) and "targetPorts" in service)
+    )

@@ -346,9 +346,31 @@ _INTERNAL_INGRESS_ANNOTATIONS: dict[str, tuple[str, ...]] = {
 _INTERNAL_INGRESS_CLASSES = frozenset({"gce-internal"})
 
 
-def _ingress_reach(m: Manifest) -> tuple[str, bool]:
+def _nginx_controller_reach(inv: Inventory, m: Manifest) -> tuple[str, bool] | None:
+    """Reach of an Ingress served by an ingress-nginx controller whose chart values are in the
+    input: the controller's own Service decides (an internal load balancer serves the VPC)."""
+    cls = m.get("spec.ingressClassName") or as_dict(m.get("metadata.annotations")).get(
+        "kubernetes.io/ingress.class"
+    )
+    for values in inv.charts("ingress-nginx"):
+        name = values.get("controller.ingressClassResource.name") or "nginx"
+        if cls != name:
+            continue
+        where, private = _reach(
+            values.get("controller.service.type") or "LoadBalancer",
+            values.get("controller.service.annotations"),
+        )
+        if private:
+            return f"{where}; the {name} controller's Service ({values.file})", True
+    return None
+
+
+def _ingress_reach(inv: Inventory, m: Manifest) -> tuple[str, bool]:
     """(from where an Ingress is reachable, whether only a private network): an internal load
     balancer serves the VPC/VNet only, anything else is taken as internet-facing."""
+    by_controller = _nginx_controller_reach(inv, m)
+    if by_controller is not None:
+        return by_controller
     ann = as_dict(m.get("metadata.annotations"))
     for key, values in _INTERNAL_INGRESS_ANNOTATIONS.items():
         if str(ann.get(key, "")).strip().lower() in values:
@@ -606,7 +628,7 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
                 backend = node.get("name")
             if hit:
                 reach = (
-                    _ingress_reach(m)
+                    _ingress_reach(inv, m)
                     if m.kind == "Ingress"
                     else ("from outside the cluster", False)
                 )
