@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-_RULE_MODULES = ("scheduling", "kuberay", "serve", "hami", "observability")
+_RULE_MODULES = ("scheduling", "kuberay", "serve", "hami", "observability", "lora")
 
 for _name in _RULE_MODULES:
     _full = f"{__name__}.{_name}"

@@ -20,6 +20,7 @@ finding points at the line that sets it.
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -64,6 +65,10 @@ _ARG_ALIASES: dict[str, tuple[str, ...]] = {
     "quantization": ("quantization",),
     "kv_cache_dtype": ("kv_cache_dtype",),
     "distributed_executor_backend": ("distributed_executor_backend",),
+    "enable_lora": ("enable_lora",),
+    "max_loras": ("max_loras",),
+    "max_cpu_loras": ("max_cpu_loras",),
+    "max_lora_rank": ("max_lora_rank",),
 }
 _INT_ARGS = {
     "tensor_parallel_size",
@@ -71,9 +76,19 @@ _INT_ARGS = {
     "max_model_len",
     "max_num_seqs",
     "max_num_batched_tokens",
+    "max_loras",
+    "max_cpu_loras",
+    "max_lora_rank",
 }
 _FLOAT_ARGS = {"gpu_memory_utilization"}
-_BOOL_ARGS = {"enable_chunked_prefill"}
+_BOOL_ARGS = {"enable_chunked_prefill", "enable_lora"}
+#: vLLM boolean flags (BooleanOptionalAction / store_true): no value unless "=x" is given.
+_BOOL_FLAGS = {
+    "--enable-chunked-prefill": ("enable_chunked_prefill", True),
+    "--no-enable-chunked-prefill": ("enable_chunked_prefill", False),
+    "--enable-lora": ("enable_lora", True),
+    "--no-enable-lora": ("enable_lora", False),
+}
 
 
 @dataclass(frozen=True, eq=False)
@@ -390,7 +405,7 @@ def _fleetserve_replicas(
             if settings is not None:
                 try:
                     config = EngineConfig.from_spec(
-                        model, model_path=model.source, settings=settings
+                        model, model_path=model.source or model.config_ref, settings=settings
                     )
                     engine, _ = parse_vllm_cli(config.vllm_cli_args(), "")
                 except (ValidationError, FleetServeError, TypeError, ValueError):
@@ -544,6 +559,9 @@ _CLI_FLAGS: dict[str, str] = {
     "-q": "quantization",
     "--kv-cache-dtype": "kv_cache_dtype",
     "--distributed-executor-backend": "distributed_executor_backend",
+    "--max-loras": "max_loras",
+    "--max-cpu-loras": "max_cpu_loras",
+    "--max-lora-rank": "max_lora_rank",
 }
 
 
@@ -560,13 +578,19 @@ def parse_vllm_cli(
         if not eq and n + 1 < len(pairs):
             value, where = pairs[n + 1]
         found = _CLI_FLAGS.get(flag)
-        if found is None and flag in ("--no-enable-chunked-prefill", "--enable-chunked-prefill"):
+        if found is None and flag in _BOOL_FLAGS:
             # A boolean flag (BooleanOptionalAction): it consumes no value unless "=x" is given.
-            on = flag == "--enable-chunked-prefill"
+            key, on = _BOOL_FLAGS[flag]
             if eq:
                 on = on and value.strip().lower() in ("1", "true", "yes")
-            engine["enable_chunked_prefill"] = on
-            paths["enable_chunked_prefill"] = word_path
+            engine[key] = on
+            paths[key] = word_path
+            continue
+        if flag == "--lora-modules":
+            # nargs="+": every following word up to the next option is one adapter
+            rest = itertools.takewhile(lambda p: not p[0].startswith("-"), pairs[n + 1 :])
+            engine["lora_modules"] = [w for w, _ in rest]
+            paths["lora_modules"] = word_path
             continue
         if found is None and word == "serve" and n + 1 < len(pairs):
             nxt = pairs[n + 1][0]
