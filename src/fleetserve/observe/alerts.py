@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleetserve.observe import metrics as m
-from fleetserve.observe.dashboard import ENGINE_CONTAINER
+from fleetserve.observe.dashboard import ENGINE_CONTAINER, engine_pod_models
 from fleetserve.observe.promql import STATUS_5XX, series
 
 Severity = Literal["critical", "warning", "info"]
@@ -128,7 +128,7 @@ def alert_rules(
     limit = f"sum by (namespace, pod) ({s(m.HAMI_VGPU_MEMORY_LIMIT.name, ctr)})"
     used = f"sum by (namespace, pod) ({s(m.HAMI_VGPU_MEMORY_USED.name, ctr)})"
     cores = f"max by (namespace, pod) ({s(m.HAMI_CONTAINER_CORE_UTILIZATION.name, ctr)})"
-    model_of = f"group by (namespace, pod, model_name) ({s(m.VLLM_KV_CACHE_USAGE.name)})"
+    model_of = engine_pod_models(s)
     kv_peak = (
         f"max by (namespace, pod, model_name) "
         f"(max_over_time({s(m.VLLM_KV_CACHE_USAGE.name)}[{t.for_sizing}]))"

