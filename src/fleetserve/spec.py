@@ -314,10 +314,12 @@ class ModelSpec(StrictModel):
     name: str = Field(
         pattern=_MODEL_ID, max_length=128, description="OpenAI model id clients send."
     )
-    source: str = Field(
+    source: str | None = Field(
+        default=None,
         min_length=1,
         description=(
-            "Weights: 'builtin:gemma-3-270m', a local HF-format directory, or a HF repo id."
+            "Weights: 'builtin:gemma-3-270m', a local HF-format directory, or a HF repo id. "
+            "Needed where weights load (serve, render); plan works without it from config."
         ),
     )
     config: str | None = Field(
@@ -433,6 +435,11 @@ class ModelSpec(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelSpec:
+        if self.source is None and self.config is None:
+            raise ValueError(
+                "set source (the weights) or config (a catalogue entry or config.json: "
+                "enough to plan)"
+            )
         seqs = self.max_num_seqs
         if seqs is not None and seqs < self.concurrency:
             raise ValueError(
@@ -457,7 +464,7 @@ class ModelSpec(StrictModel):
     def _check_adapters(self) -> None:
         _unique("adapters", [a.name for a in self.adapters])
         served = None
-        base_dir = self.config or self.source
+        base_dir = self.config_ref
         if Path(base_dir).expanduser().is_dir():
             served = lora_files.base_config(Path(base_dir).expanduser())
         elif base_dir.endswith(".json") and Path(base_dir).expanduser().is_file():
@@ -481,6 +488,13 @@ class ModelSpec(StrictModel):
                     f"adapters[{i}] ('{adapter.name}') does not fit model '{self.name}': "
                     f"{mismatch}"
                 )
+
+    @property
+    def config_ref(self) -> str:
+        """Where the architecture is read from: ``config``, else ``source``."""
+        ref = self.config or self.source
+        assert ref is not None  # _consistent: one of them is set
+        return ref
 
     @property
     def lora_enabled(self) -> bool:
@@ -799,6 +813,22 @@ class FleetSpec(StrictModel):
             _check_adapter_owners(i, model, tenants)
         _unique_model_ids(self.models)
         return self
+
+    def require_weights(self, action: str) -> dict[str, str]:
+        """Each model's ``source``; refuses a plan-only spec (``action``: "serve", "render").
+
+        ``source`` is optional so that ``plan`` can size models one does not have (config
+        from the catalogue); every command that starts or describes replicas calls this.
+        """
+        missing = [
+            f"models[{i}].source: required to {action} model '{m.name}' (the weights: "
+            "'builtin:...', a local directory or a HF repo id); only plan works without it"
+            for i, m in enumerate(self.models)
+            if m.source is None
+        ]
+        if missing:
+            raise SpecError("\n".join(missing))
+        return {m.name: m.source for m in self.models if m.source is not None}
 
     def model(self, name: str) -> ModelSpec:
         """The model with OpenAI id ``name`` (KeyError if absent)."""

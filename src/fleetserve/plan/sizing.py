@@ -55,7 +55,7 @@ def model_config_for(model: ModelSpec, base_dir: Path | None = None) -> ModelCon
     name that matches nothing says so; a config.json that exists but is broken or not
     understood reports its own error (JSON line:column, the key at fault).
     """
-    ref = model.config or model.source
+    ref = model.config_ref
     where = "config" if model.config else "source"
     try:
         return load_model_config(ref, base_dir)

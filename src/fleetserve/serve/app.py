@@ -92,12 +92,13 @@ class BuildArgs(BaseModel):
 
 def resolve_model_paths(spec: FleetSpec, engine: EngineKind) -> dict[str, str]:
     """Local weights for every model (prepares built-in models on first use)."""
+    sources = spec.require_weights("serve")
     if engine == "fake":
-        return {m.name: m.source for m in spec.models}
+        return sources
     from fleetserve.modelstore.store import ModelStore  # noqa: PLC0415 - heavy, vllm only
 
     store = ModelStore()
-    return {m.name: store.resolve(m.source) for m in spec.models}
+    return {name: store.resolve(source) for name, source in sources.items()}
 
 
 def build_application(
@@ -213,6 +214,7 @@ def build_app(args: dict[str, Any]) -> Application:
     except ValidationError as e:
         raise SpecError(format_validation_error(e, "build_app args")) from e
     spec = parsed.load_spec()
+    spec.require_weights("serve")  # a plan-only spec (no source) cannot start replicas
     gpu = _gpu_cluster()
     # Without settings from the plan, plan for the machine this builder runs on.
     settings = parsed.engine_settings or engine_settings(

@@ -72,6 +72,7 @@ def _check_port(host: str, port: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec) if args.spec else default_fleet()
+    spec.require_weights("serve")  # before Ray starts: a plan-only spec has no weights
     host = args.host or spec.server.host
     port = args.port if args.port is not None else spec.server.port
     if args.fake_token_delay < 0:

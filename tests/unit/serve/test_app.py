@@ -73,7 +73,11 @@ def test_keys_travel_as_digests_only(monkeypatch: pytest.MonkeyPatch) -> None:
     [
         ({"spek": {}}, "spek: unknown key"),
         ({"spec": {"models": []}, "spec_path": "x.yaml"}, "not both"),
-        ({"spec": {"models": [{"name": "m"}]}}, r"args\.spec: models\[0\]\.source"),
+        ({"spec": {"models": [{"name": "m"}]}}, r"args\.spec: models\[0\]: set source"),
+        (
+            {"spec": {"models": [{"name": "m", "config": "qwen2.5-0.5b"}]}},
+            r"models\[0\]\.source: required to serve",
+        ),
         ({"engine": "tgi"}, "engine"),
         (
             {"spec": SPEC, "engine": "fake", "engine_settings": {"fixed": SETTINGS}},

@@ -50,6 +50,7 @@ def _labels(pairs: list[str]) -> dict[str, str] | None:
 
 def _handle(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
+    spec.require_weights("render")  # the rendered app loads the weights from source
     try:
         options = RenderOptions(
             monitoring_labels=_labels(args.monitoring_label),

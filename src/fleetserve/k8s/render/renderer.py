@@ -69,6 +69,7 @@ def render(
 ) -> list[dict[str, Any]]:
     """Every Kubernetes object of the fleet, as plain dicts."""
     opts = options or RenderOptions()
+    spec.require_weights("render")  # the RayService's replicas load the weights from source
     groups = plan_worker_groups(spec, plan_min, plan_max)
     check_pool_selectors(spec, groups)
     hami = use_hami(plan_max, opts)
