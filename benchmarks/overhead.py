@@ -561,6 +561,9 @@ def main() -> None:
         serve_rayllm(args.port, args.engine_config)
         return
 
+    # A SIGTERM (e.g. from `timeout`) unwinds through the finally below, so the servers
+    # (own sessions, not in our process group) are stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     config = engine_config()
