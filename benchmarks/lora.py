@@ -1,0 +1,234 @@
+"""Many LoRA adapters on one replica vs the base model alone, same load (issue #14).
+
+Design note. Two ``fleetserve serve`` processes on the default model, started one after
+the other (engine compilation would otherwise fight for the CPUs): ``base`` without LoRA,
+and ``lora`` with ``max_loras`` = the largest N, ``max_cpu_loras`` = N + 1, and N adapters
+made here with ``peft`` (rank 8 on q/v, fixed seeds, no download). Each phase sends the same
+load - ``concurrency`` closed-loop clients x ``requests`` streaming completions with
+``ignore_eos`` and fixed ``max_tokens`` - to the base server's model, then to the LoRA
+server with requests spread round-robin over its first N adapters (N in ``--adapters``).
+Reported per phase: output tok/s (from ``usage``) and TTFT p50, as ratios to the base
+server's phase. Cold adapter: after the phases, a new adapter directory is copied into
+``adapter_dir`` and its first request (vLLM resolves and loads it) is timed against the
+next, warm, request of the same adapter.
+
+    .venv/bin/python benchmarks/lora.py --adapters 1 4 16 --concurrency 8 --requests 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from fleetserve.modelstore.store import ModelStore
+from fleetserve.spec import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE
+
+START_TIMEOUT_S = 1800.0
+
+
+def make_adapter(base_path: str, out: Path, seed: int) -> None:
+    """A rank-8 LoRA on q/v with random non-zero A and B (peft, fixed seed)."""
+    import torch  # noqa: PLC0415 - heavy
+    from peft import LoraConfig, get_peft_model  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    config = LoraConfig(
+        r=8, lora_alpha=32, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
+    peft_model = get_peft_model(model, config)
+    peft_model.save_pretrained(str(out))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """``fleetserve serve SPEC`` in its own process group."""
+
+    def __init__(self, spec: dict[str, Any], work: Path, name: str) -> None:
+        self.port = free_port()
+        spec_file = work / f"{name}.yaml"
+        spec_file.write_text(yaml.safe_dump(spec))
+        self.log = (work / f"{name}.log").open("wb")
+        argv = [
+            sys.executable,
+            "-m",
+            "fleetserve.cli",
+            "serve",
+            str(spec_file),
+            "--port",
+            str(self.port),
+        ]
+        self.proc = subprocess.Popen(
+            argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait(self) -> float:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < START_TIMEOUT_S:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"server exited with {self.proc.returncode}; see {self.log.name}")
+            try:
+                if httpx.get(self.url + "/ready", timeout=5).status_code == 200:
+                    return time.monotonic() - t0
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        raise SystemExit("server not ready in time")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+        self.log.close()
+
+
+async def one(
+    client: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: int
+) -> tuple[float, int]:
+    """(TTFT s, output tokens) of one streaming completion."""
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    t0 = time.perf_counter()
+    ttft, out = -1.0, 0
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if ttft < 0 and chunk.get("choices") and chunk["choices"][0].get("text"):
+                ttft = time.perf_counter() - t0
+            if chunk.get("usage"):
+                out = int(chunk["usage"]["completion_tokens"])
+    return ttft, out
+
+
+async def phase(
+    url: str, models: list[str], concurrency: int, requests: int, tokens: int
+) -> dict[str, float]:
+    ttfts: list[float] = []
+    total = 0
+
+    async def worker(w: int) -> None:
+        nonlocal total
+        async with httpx.AsyncClient(timeout=600) as client:
+            for i in range(requests):
+                model = models[(w * requests + i) % len(models)]
+                ttft, out = await one(
+                    client, url, model, f"Request {w}-{i}: tell me a story about", tokens
+                )
+                ttfts.append(ttft)
+                total += out
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    wall = time.perf_counter() - t0
+    return {"tok_s": total / wall, "ttft_p50_s": statistics.median(ttfts), "wall_s": wall}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--adapters", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=4, help="requests per client per phase")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/fleetserve-lora-bench"))
+    args = ap.parse_args()
+    work: Path = args.workdir
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "dir").mkdir(parents=True)
+    base_path = ModelStore().resolve(DEFAULT_MODEL_SOURCE)
+    n_max = max(args.adapters)
+    names = [f"ad-{i}" for i in range(n_max)]
+    t0 = time.monotonic()
+    make_adapter(base_path, work / "seed", 1000)
+    for name in names:  # the same weights under N ids: vLLM loads each as its own adapter
+        shutil.copytree(work / "seed", work / name)
+    print(f"adapters made in {time.monotonic() - t0:.1f} s", flush=True)
+    model: dict[str, Any] = {
+        "name": DEFAULT_MODEL_NAME,
+        "source": DEFAULT_MODEL_SOURCE,
+        "max_model_len": 1024,
+        "concurrency": args.concurrency,
+        "max_num_seqs": max(args.concurrency, 8),
+    }
+    lora_model = {
+        **model,
+        "max_loras": n_max,
+        "max_cpu_loras": n_max + 1,
+        "max_lora_rank": 8,
+        "adapter_dir": str(work / "dir"),
+        "adapters": [{"name": n, "source": str(work / n)} for n in names],
+    }
+    load = (args.concurrency, args.requests, args.max_tokens)
+    results: dict[str, Any] = {
+        "load": dict(zip(("concurrency", "requests", "max_tokens"), load, strict=True))
+    }
+    for label, spec_model in (("base", model), ("lora", lora_model)):
+        server = Server({"models": [spec_model]}, work, label)
+        try:
+            results[f"{label}_start_s"] = server.wait()
+            asyncio.run(phase(server.url, [DEFAULT_MODEL_NAME], 2, 1, 8))  # warm-up
+            if label == "base":
+                results["base"] = asyncio.run(phase(server.url, [DEFAULT_MODEL_NAME], *load))
+                continue
+            results["base_on_lora_engine"] = asyncio.run(
+                phase(server.url, [DEFAULT_MODEL_NAME], *load)
+            )
+            for n in args.adapters:
+                asyncio.run(phase(server.url, names[:n], 1, n, 2))  # each adapter loaded once
+                results[f"adapters_{n}"] = asyncio.run(phase(server.url, names[:n], *load))
+            shutil.copytree(work / "seed", work / "dir" / "cold")
+            cold = asyncio.run(phase(server.url, ["cold"], 1, 1, 1))
+            warm = asyncio.run(phase(server.url, ["cold"], 1, 1, 1))
+            results["cold_first_request_s"] = cold["wall_s"]
+            results["warm_request_s"] = warm["wall_s"]
+        finally:
+            server.stop()
+    base = results["base"]
+    for row in list(results.values()):
+        if isinstance(row, dict) and "tok_s" in row:
+            row["throughput_ratio"] = round(row["tok_s"] / base["tok_s"], 3)
+            row["ttft_ratio"] = round(row["ttft_p50_s"] / base["ttft_p50_s"], 3)
+    digest = hashlib.sha256(json.dumps(results["load"]).encode()).hexdigest()[:8]
+    (work / f"result-{digest}.json").write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
