@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from overhead import free_port, one_request  # same directory: run as a script
+from overhead import free_port, one_request, process_tree  # same directory: run as a script
 
 MODEL = "fake-model"
 
@@ -45,24 +45,6 @@ class PathRun:
     tokens: int
     wall_s: float
     cpu_s: dict[str, float]
-
-
-def process_tree(root: int) -> list[int]:
-    children: dict[int, list[int]] = defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        children[int(stat.rsplit(")", 1)[1].split()[1])].append(int(entry))
-    out, stack = [], [root]
-    while stack:
-        pid = stack.pop()
-        out.append(pid)
-        stack.extend(children.get(pid, []))
-    return out
 
 
 def cpu_by_process(pids: list[int]) -> dict[int, tuple[str, float]]:
