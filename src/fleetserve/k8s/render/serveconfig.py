@@ -35,6 +35,7 @@ from fleetserve.errors import RenderError
 from fleetserve.k8s.render.groups import WorkerGroup
 from fleetserve.k8s.render.secrets import spec_for_cluster
 from fleetserve.serve.deployment_options import replica_count_options, request_router_options
+from fleetserve.serve.limits import serve_request_timeout_s
 from fleetserve.spec import FleetSpec, ModelSpec
 
 #: Import path of fleetserve's Serve application builder.
@@ -188,7 +189,8 @@ def serve_config(
         "http_options": {
             "host": "0.0.0.0",
             "port": spec.server.port,
-            "request_timeout_s": _number(spec.server.request_timeout_s),
+            # A backstop behind the gateway's own deadline (which answers with an SSE error).
+            "request_timeout_s": _number(serve_request_timeout_s(spec.server.request_timeout_s)),
         },
         "applications": [app],
     }
