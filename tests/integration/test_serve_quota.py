@@ -143,6 +143,39 @@ def test_admitted_tokens_stay_within_the_limit_under_50_concurrent_clients(fleet
     assert sum(used) >= TPM // 3, (sum(used), len(used))
 
 
+def test_a_flooding_tenant_does_not_delay_a_light_one(fleet: Fleet) -> None:
+    """Model `one` serves one request at a time (0.2 s each). `heavy` queues 10 at once;
+    `light` then sends 3 one after another. Fair queuing serves each of light's requests
+    after at most about one of heavy's; FIFO would put light's first behind all ten."""
+    url = f"{fleet.url}/v1/chat/completions"
+    heavy_done: list[float] = []
+    t0 = time.monotonic()
+
+    def heavy() -> None:
+        r = httpx.post(
+            url, json=chat(20, "one"), headers={"Authorization": "Bearer sk-heavy"}, timeout=120
+        )
+        assert r.status_code == 200
+        heavy_done.append(time.monotonic() - t0)
+
+    threads = [threading.Thread(target=heavy) for _ in range(10)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    light = []
+    for _ in range(3):
+        s = time.monotonic()
+        r = httpx.post(
+            url, json=chat(20, "one"), headers={"Authorization": "Bearer sk-light"}, timeout=120
+        )
+        assert r.status_code == 200
+        light.append(time.monotonic() - s)
+    for t in threads:
+        t.join()
+    # Heavy's backlog takes ~2 s to drain; each light request waits about one service.
+    assert max(light) < 0.5 * max(heavy_done), (light, sorted(heavy_done))
+
+
 def _ingress_pids(session: int) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
