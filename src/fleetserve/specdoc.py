@@ -23,6 +23,7 @@ _SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("Model", S.ModelSpec, "models[]"),
     ("Replicas", S.ReplicaSpec, "models[].replicas"),
     ("Replica resources", S.ResourceSpec, "models[].resources"),
+    ("Routing", S.RoutingSpec, "models[].routing"),
     ("LoRA adapter", S.AdapterSpec, "models[].adapters[]"),
     ("Pool", S.PoolSpec, "pools[]"),
     ("Pool GPU", S.GpuSpec, "pools[].gpu"),
