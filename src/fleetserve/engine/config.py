@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleetserve.plan.result import EngineSettings
+from fleetserve.engine.settings import EngineSettings
 from fleetserve.spec import ModelSpec, SecretRef
 
 EngineKind = Literal["vllm", "fake"]

@@ -6,10 +6,10 @@ Public API: :func:`plan_fleet` (a fleet onto its pools), :func:`plan_local` with
 ``kv_bytes_per_token``, ``estimate_replica``).
 """
 
+from fleetserve.engine.settings import EngineSettings
 from fleetserve.plan.local import LocalHost, plan_local
 from fleetserve.plan.planner import plan_fleet
 from fleetserve.plan.result import (
-    EngineSettings,
     PlanResult,
     PoolUsage,
     ReplicaPlacement,

@@ -18,12 +18,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleetserve.engine.settings import EngineSettings
 from fleetserve.plan.gpus import GpuType
 from fleetserve.plan.memory import MiB, estimate_replica
 from fleetserve.plan.planner import PoolCard, build_problem, compose_result, solve
 from fleetserve.plan.problem import DEVICE_SPLIT_COUNT, PoolShape
-from fleetserve.plan.result import EngineSettings, PlanResult, PoolUsage, ReplicaPlacement, Unplaced
-from fleetserve.plan.sizing import default_max_model_len, margin_mb, model_config_for
+from fleetserve.plan.result import PlanResult, PoolUsage, ReplicaPlacement, Unplaced
+from fleetserve.plan.sizing import margin_mb, model_config_for, resolved_limits
 from fleetserve.plan.vllm_rules import model_refusals
 from fleetserve.spec import FleetSpec, GpuSpec, PoolSpec
 from fleetserve.units import mib_to_gib
@@ -145,16 +146,14 @@ def _plan_cpu(spec: FleetSpec, host: LocalHost) -> PlanResult:
                     )
                 )
             continue
-        max_len = default_max_model_len(model, config)
-        seqs = model.max_num_seqs or model.concurrency
-        # vLLM CPU's OpenAI-server default (vllm/engine/arg_utils.py), never below max_num_seqs
-        tokens = max(model.max_num_batched_tokens or 2048, seqs)
+        # vLLM CPU's OpenAI-server defaults (the engine's one derivation)
+        limits = resolved_limits(model, config)
         memory = estimate_replica(
             config,
-            max_model_len=max_len,
+            max_model_len=limits.max_model_len,
             concurrency=model.concurrency,
-            max_num_seqs=seqs,
-            max_num_batched_tokens=tokens,
+            max_num_seqs=limits.max_num_seqs,
+            max_num_batched_tokens=limits.max_num_batched_tokens,
             dtype=model.dtype,
             quantization=model.quantization,
             kv_cache_dtype=model.kv_cache_dtype,
@@ -199,10 +198,10 @@ def _plan_cpu(spec: FleetSpec, host: LocalHost) -> PlanResult:
                     cores_percent=0,
                     engine=EngineSettings(
                         gpu_memory_utilization=fraction,
-                        max_num_seqs=seqs,
-                        max_model_len=max_len,
-                        max_num_batched_tokens=tokens,
-                        kv_cache_tokens=model.concurrency * max_len,
+                        max_num_seqs=limits.max_num_seqs,
+                        max_model_len=limits.max_model_len,
+                        max_num_batched_tokens=limits.max_num_batched_tokens,
+                        kv_cache_tokens=limits.kv_cache_tokens,
                     ),
                     tenant=model.tenant,
                     need_mb=need,

@@ -10,30 +10,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# The engine owns its settings; the plan contract carries them (ReplicaPlacement.engine).
+from fleetserve.engine.settings import EngineSettings
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class EngineSettings(_Frozen):
-    """vLLM settings that follow from a replica's slice."""
-
-    gpu_memory_utilization: float = Field(
-        gt=0, le=1, description="Fraction of the WHOLE card (host RAM on a CPU host)."
-    )
-    max_num_seqs: int = Field(ge=1, description="vLLM max_num_seqs.")
-    max_model_len: int = Field(ge=1, description="vLLM max_model_len.")
-    max_num_batched_tokens: int = Field(ge=1, description="vLLM max_num_batched_tokens.")
-    slice_memory_utilization: float | None = Field(
-        default=None,
-        gt=0,
-        le=1,
-        description="Fraction of the HAMi slice, for engines that run under HAMi's CUDA hook "
-        "(it reports the slice as the card's total memory). None for whole cards and CPU.",
-    )
-    kv_cache_tokens: int = Field(
-        default=0, ge=0, description="Tokens the planned KV cache holds (concurrency x len)."
-    )
 
 
 class ReplicaNode(_Frozen):

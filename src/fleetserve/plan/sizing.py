@@ -14,6 +14,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetserve.engine.settings import (
+    DEFAULT_BATCHED_TOKENS,
+    EngineLimits,
+    EngineSettings,
+    engine_limits,
+)
 from fleetserve.errors import SpecError
 from fleetserve.plan.gpus import GPU_CATALOGUE, GpuType
 from fleetserve.plan.memory import (
@@ -24,7 +30,6 @@ from fleetserve.plan.memory import (
     load_model_config,
     max_model_len_within,
 )
-from fleetserve.plan.result import EngineSettings
 from fleetserve.plan.vllm_rules import engine_refusals, model_refusals, tp_splits
 from fleetserve.spec import ModelSpec
 
@@ -45,7 +50,7 @@ DEFAULT_HOST_RAM_MB = 4096
 CUDA_VISIBLE_FRACTION = 143155 / 143771
 #: max_num_batched_tokens vLLM's OpenAI server defaults to (vllm/engine/arg_utils.py):
 #: 8192 on >= 70 GB cards other than A100, 16384 on >= 160 GB, else 2048.
-SLICE_BATCHED_TOKENS = 2048
+SLICE_BATCHED_TOKENS = DEFAULT_BATCHED_TOKENS
 
 
 def model_config_for(model: ModelSpec, base_dir: Path | None = None) -> ModelConfig:
@@ -70,7 +75,15 @@ def model_config_for(model: ModelSpec, base_dir: Path | None = None) -> ModelCon
 
 def default_max_model_len(model: ModelSpec, config: ModelConfig) -> int:
     """The context a replica runs with: the spec's, else what vLLM derives from the config."""
-    return model.max_model_len or config.default_max_model_len
+    return resolved_limits(model, config).max_model_len
+
+
+def resolved_limits(
+    model: ModelSpec, config: ModelConfig, batched_tokens: int | None = None
+) -> EngineLimits:
+    """``model``'s engine limits with unset fields resolved from its config
+    (:func:`fleetserve.engine.settings.engine_limits`, the one derivation)."""
+    return engine_limits(model, context=config.default_max_model_len, batched_tokens=batched_tokens)
 
 
 def margin_mb(need_mb: int) -> int:
@@ -90,7 +103,7 @@ def default_batched_tokens(card_mb: int, gpu_name: str, whole: bool) -> int:
         return 16384
     if gib >= 70 and "a100" not in gpu_name.lower():
         return 8192
-    return 2048
+    return DEFAULT_BATCHED_TOKENS
 
 
 @dataclass(frozen=True)
@@ -150,20 +163,17 @@ def size_replica(
     if card_mb <= 0:
         return Rejection("gpu_memory", 0, f"{gpu.name} has no memory ({card_mb} MiB)")
     cards = model.tensor_parallel * model.pipeline_parallel
-    max_len = default_max_model_len(model, config)
-    seqs = model.max_num_seqs or model.concurrency
 
     def attempt(whole: bool) -> tuple[ReplicaMemory, int, EngineSettings]:
-        tokens = model.max_num_batched_tokens or batched_tokens
-        if tokens is None:
-            tokens = default_batched_tokens(card_mb, gpu.name, whole)
-        tokens = max(tokens, seqs)
+        limits = resolved_limits(
+            model, config, batched_tokens or default_batched_tokens(card_mb, gpu.name, whole)
+        )
         memory = estimate_replica(
             config,
-            max_model_len=max_len,
+            max_model_len=limits.max_model_len,
             concurrency=model.concurrency,
-            max_num_seqs=seqs,
-            max_num_batched_tokens=tokens,
+            max_num_seqs=limits.max_num_seqs,
+            max_num_batched_tokens=limits.max_num_batched_tokens,
             dtype=model.dtype,
             quantization=model.quantization,
             kv_cache_dtype=model.kv_cache_dtype,
@@ -181,11 +191,11 @@ def size_replica(
             slice_util = math.floor(need / (need + margin_mb(need)) * 10_000) / 10_000
         engine = EngineSettings(
             gpu_memory_utilization=min(1.0, max(util, 0.0001)),  # checked below
-            max_num_seqs=seqs,
-            max_model_len=max_len,
-            max_num_batched_tokens=tokens,
+            max_num_seqs=limits.max_num_seqs,
+            max_model_len=limits.max_model_len,
+            max_num_batched_tokens=limits.max_num_batched_tokens,
             slice_memory_utilization=slice_util,
-            kv_cache_tokens=model.concurrency * max_len,
+            kv_cache_tokens=limits.kv_cache_tokens,
         )
         return memory, need, engine
 
@@ -270,17 +280,16 @@ def suggest_fixes(
         found = fits(model.model_copy(update={"kv_cache_dtype": "fp8"}))
         if found is not None:
             fixes.append(f"kv_cache_dtype: fp8 ({found.need_mb:,} MiB per card)")
-    max_len = default_max_model_len(model, config)
+    limits = resolved_limits(model, config)
+    max_len = limits.max_model_len
     budget = math.floor(whole_card_utilization(card_mb) * card_mb) * MiB
     longest = max_model_len_within(
         config,
         budget,
         upper=max_len,
         concurrency=model.concurrency,
-        max_num_seqs=model.max_num_seqs or model.concurrency,
-        max_num_batched_tokens=max(
-            model.max_num_batched_tokens or 2048, model.max_num_seqs or model.concurrency
-        ),
+        max_num_seqs=limits.max_num_seqs,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
         dtype=model.dtype,
         quantization=model.quantization,
         kv_cache_dtype=model.kv_cache_dtype,

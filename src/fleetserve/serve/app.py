@@ -34,8 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ray.serve.deployment import Application
 
 from fleetserve.engine.config import EngineConfig, EngineKind
+from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import SpecError
-from fleetserve.plan.result import EngineSettings
 from fleetserve.serve.api_keys import ApiKeyTable
 from fleetserve.serve.deployment_options import replica_count_options, request_router_options
 from fleetserve.serve.ingress import Ingress

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import CapacityError
-from fleetserve.plan.result import EngineSettings
 from fleetserve.spec import FleetSpec, ModelSpec
 from fleetserve.units import bytes_to_gib, gib_to_bytes
 

@@ -41,8 +41,8 @@ from typing import Any
 from rich.console import Console
 
 from fleetserve.engine.config import EngineKind
+from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import ServeError
-from fleetserve.plan.result import EngineSettings
 from fleetserve.serve.api_keys import ApiKeyTable
 from fleetserve.serve.app import APP_NAME, build_application, resolve_model_paths
 from fleetserve.serve.limits import RequestLimits, serve_request_timeout_s, transport_env

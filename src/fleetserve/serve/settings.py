@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 
-from fleetserve.errors import CapacityError
+from fleetserve.engine.settings import EngineSettings, engine_limits
+from fleetserve.errors import CapacityError, SpecError
 from fleetserve.plan.local import LocalHost, plan_local
-from fleetserve.plan.result import EngineSettings
+from fleetserve.plan.sizing import model_config_for
 from fleetserve.spec import FleetSpec, ModelSpec
 
 #: Host RAM one replica may use on a CPU host (GiB). vLLM's CPU backend reads
@@ -27,10 +28,6 @@ CPU_REPLICA_MEMORY_GIB = 4.0
 CPU_MAX_FRACTION = 0.5
 #: Fraction of a whole card for a replica that owns its GPU(s).
 GPU_MEMORY_FRACTION = 0.9
-#: Context length when neither the spec nor a plan gives one.
-DEFAULT_MAX_MODEL_LEN = 4096
-#: Floor of ``max_num_batched_tokens`` (vLLM's own default for the OpenAI server).
-DEFAULT_BATCHED_TOKENS = 2048
 
 
 def host_memory_bytes() -> int:
@@ -47,20 +44,33 @@ def cpu_memory_fraction(total_bytes: int) -> float:
 def derived_settings(
     model: ModelSpec, *, gpu_host: bool, host_memory: int | None = None
 ) -> EngineSettings:
-    """Conservative settings from the spec alone (no plan)."""
-    max_model_len = model.max_model_len or DEFAULT_MAX_MODEL_LEN
-    max_num_seqs = model.max_num_seqs or model.concurrency
-    batched = model.max_num_batched_tokens or max(DEFAULT_BATCHED_TOKENS, max_num_seqs)
+    """Conservative settings from the spec alone (no plan).
+
+    The limits (context, sequences, batched tokens) are resolved exactly as the planner
+    resolves them (:func:`fleetserve.engine.settings.engine_limits` with the model config's
+    context), so a joined cluster runs the numbers local planning would.
+    """
+    limits = engine_limits(model, context=_config_context(model))
     return EngineSettings(
         gpu_memory_utilization=(
             GPU_MEMORY_FRACTION
             if gpu_host
             else cpu_memory_fraction(host_memory or host_memory_bytes())
         ),
-        max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len,
-        max_num_batched_tokens=batched,
+        max_num_seqs=limits.max_num_seqs,
+        max_model_len=limits.max_model_len,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        kv_cache_tokens=limits.kv_cache_tokens,
     )
+
+
+def _config_context(model: ModelSpec) -> int | None:
+    """The config's default context, or None when there is no readable config (the fake
+    engine's made-up sources, a hub repo id outside the catalogue: vLLM reads it there)."""
+    try:
+        return model_config_for(model).default_max_model_len
+    except SpecError:
+        return None
 
 
 def engine_settings(

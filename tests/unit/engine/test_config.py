@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fleetserve.engine.config import EngineConfig, secret_env_name
-from fleetserve.plan.result import EngineSettings
+from fleetserve.engine.settings import EngineSettings
 from fleetserve.spec import ModelSpec, SecretRef
 
 SETTINGS = EngineSettings(

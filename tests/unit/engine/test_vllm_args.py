@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from fleetserve.engine.config import EngineConfig
+from fleetserve.engine.settings import EngineSettings
 from fleetserve.engine.vllm_engine import parse_vllm_args
 from fleetserve.errors import EngineError
-from fleetserve.plan.result import EngineSettings
 from fleetserve.spec import ModelSpec
 
 SETTINGS = EngineSettings(

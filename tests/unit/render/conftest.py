@@ -16,7 +16,8 @@ import jsonschema
 import pytest
 import yaml
 
-from fleetserve.plan.result import EngineSettings, PlanResult, ReplicaPlacement
+from fleetserve.engine.settings import EngineSettings
+from fleetserve.plan.result import PlanResult, ReplicaPlacement
 from fleetserve.spec import FleetSpec, parse_spec
 
 REPO = Path(__file__).resolve().parents[3]

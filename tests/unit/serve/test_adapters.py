@@ -15,8 +15,8 @@ import pytest
 
 from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.fake_engine import FakeEngine
+from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import SpecError
-from fleetserve.plan.result import EngineSettings
 from fleetserve.serve.adapters import AdapterTable, splice_model
 from fleetserve.serve.api_keys import ApiKeyTable
 from fleetserve.serve.gateway import Gateway, ModelRoute, create_api

@@ -18,7 +18,7 @@ from starlette.types import Message
 from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.fake_engine import FakeEngine
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
-from fleetserve.plan.result import EngineSettings
+from fleetserve.engine.settings import EngineSettings
 from fleetserve.serve.api_keys import ApiKeyTable
 from fleetserve.serve.gateway import Gateway, ModelRoute, create_api
 from fleetserve.serve.limits import (

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.fake_engine import FakeEngine
-from fleetserve.plan.result import EngineSettings
+from fleetserve.engine.settings import EngineSettings
 from fleetserve.serve.api_keys import ApiKeyTable
 from fleetserve.serve.gateway import Gateway, ModelRoute, create_api
 from fleetserve.serve.limits import RequestLimits

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import CapacityError
-from fleetserve.plan.result import EngineSettings
 from fleetserve.serve.resources import (
     INGRESS_CPUS,
     ClusterCapacity,

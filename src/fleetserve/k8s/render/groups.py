@@ -43,9 +43,10 @@ import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import RenderError
 from fleetserve.k8s.render.naming import group_name, model_resource
-from fleetserve.plan.result import EngineSettings, PlanResult, ReplicaPlacement
+from fleetserve.plan.result import PlanResult, ReplicaPlacement
 from fleetserve.spec import FleetSpec, ModelSpec, PoolSpec
 from fleetserve.units import gib_ceil, gib_to_mib_floor
 

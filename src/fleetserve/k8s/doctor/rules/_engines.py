@@ -29,11 +29,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from fleetserve.engine.config import EngineConfig
+from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import FleetServeError
 from fleetserve.k8s.doctor.inventory import Manifest
 from fleetserve.k8s.doctor.ray_objects import GroupView, serve_apps, serve_config
 from fleetserve.plan.catalogue import catalogue_entry
-from fleetserve.plan.result import EngineSettings
 from fleetserve.spec import parse_spec
 
 #: Normalised engine argument -> accepted spellings in env vars (upper case) besides its own.

@@ -1,0 +1,54 @@
+"""Unset model fields resolve to the same engine limits wherever they are resolved:
+local planning (``serve`` on this machine), a joined cluster (settings from the spec) and
+the fleet planner."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetserve.plan.local import LocalHost
+from fleetserve.plan.planner import plan_fleet
+from fleetserve.serve import settings as serve_settings
+from fleetserve.serve.settings import engine_settings
+from fleetserve.spec import parse_spec
+
+LIMITS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens")
+
+# Nothing set but concurrency: context, sequences and batched tokens are all defaults.
+SPEC = parse_spec(
+    {
+        "models": [{"name": "q", "source": "x", "config": "qwen2.5-0.5b", "concurrency": 4}],
+        "pools": [{"name": "p", "gpu": {"type": "L4", "count": 1}}],
+    }
+)
+
+
+@pytest.fixture
+def big_cpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    host = LocalHost(cpus=16, memory_mb=128 * 1024)
+    monkeypatch.setattr(serve_settings.LocalHost, "detect", classmethod(lambda cls: host))
+
+
+@pytest.mark.usefixtures("big_cpu_host")
+def test_local_planning_and_a_joined_cluster_resolve_the_same_limits() -> None:
+    local = engine_settings(SPEC, local=True)["q"]
+    joined = engine_settings(SPEC, local=False, gpu_host=False)["q"]
+    assert {k: getattr(joined, k) for k in LIMITS} == {k: getattr(local, k) for k in LIMITS}
+    # the model config's context (what vLLM itself uses), not a made-up default
+    assert local.max_model_len == 32768
+    assert local.max_num_seqs == 4
+    assert local.kv_cache_tokens == 4 * 32768
+
+
+def test_the_fleet_planner_resolves_them_the_same_way() -> None:
+    planned = plan_fleet(SPEC, scenario="min").replicas[0].engine
+    joined = engine_settings(SPEC, local=False, gpu_host=True)["q"]
+    # an L4 is a < 70 GB card: vLLM's batched-tokens default there is the CPU one
+    assert {k: getattr(joined, k) for k in LIMITS} == {k: getattr(planned, k) for k in LIMITS}
+
+
+def test_without_a_readable_config_the_fallback_is_stated() -> None:
+    spec = parse_spec({"models": [{"name": "f", "source": "not-a-model", "concurrency": 2}]})
+    joined = engine_settings(spec, local=False)["f"]
+    assert joined.max_model_len == 4096  # engine.settings.FALLBACK_MAX_MODEL_LEN
+    assert joined.max_num_batched_tokens == 2048
