@@ -8,7 +8,6 @@ import pytest
 
 from fleetserve.plan.local import LocalHost
 from fleetserve.plan.planner import plan_fleet
-from fleetserve.serve import settings as serve_settings
 from fleetserve.serve.settings import engine_settings
 from fleetserve.spec import parse_spec
 
@@ -26,7 +25,7 @@ SPEC = parse_spec(
 @pytest.fixture
 def big_cpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
     host = LocalHost(cpus=16, memory_mb=128 * 1024)
-    monkeypatch.setattr(serve_settings.LocalHost, "detect", classmethod(lambda cls: host))
+    monkeypatch.setattr(LocalHost, "detect", classmethod(lambda cls: host))
 
 
 @pytest.mark.usefixtures("big_cpu_host")
