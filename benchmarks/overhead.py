@@ -395,6 +395,8 @@ try:
     os.setpriority(os.PRIO_PROCESS, 0, 0)  # normal priority even under a niced parent
 except OSError:
     pass
+sys.stdout.write("r")  # spinning from here: the phase starts under load, not under startup
+sys.stdout.flush()
 x = 0
 while time.monotonic() < deadline and os.getppid() == parent:
     for _ in range(200_000):  # ~10 ms of work between checks
@@ -410,10 +412,14 @@ def background_load(n: int, max_s: float) -> Iterator[None]:
         subprocess.Popen(
             [sys.executable, "-c", _BUSY, str(os.getpid()), str(max_s)],
             stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
         )
         for _ in range(n)
     ]
     try:
+        for p in procs:
+            assert p.stdout is not None
+            p.stdout.read(1)  # wait until it spins (or "" if it died)
         yield
     finally:
         for p in procs:
@@ -424,6 +430,8 @@ def background_load(n: int, max_s: float) -> Iterator[None]:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(10)
+            if p.stdout is not None:
+                p.stdout.close()
 
 
 # --------------------------------------------------------------------------- processes
