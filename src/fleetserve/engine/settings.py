@@ -22,6 +22,9 @@ FALLBACK_MAX_MODEL_LEN = 4096
 #: max_num_batched_tokens vLLM's OpenAI server defaults to on CPUs, HAMi slices and cards
 #: under 70 GB (vllm/engine/arg_utils.py); bigger cards pass their own default.
 DEFAULT_BATCHED_TOKENS = 2048
+#: Largest ``gpu_memory_utilization`` one vLLM CPU replica is given: there it is a fraction of
+#: host RAM that vLLM allocates eagerly, and the OS, Ray and the proxy need the rest.
+CPU_MAX_MEMORY_FRACTION = 0.9
 
 
 class EngineSettings(BaseModel):
@@ -81,6 +84,7 @@ def engine_limits(
 
 
 __all__ = [
+    "CPU_MAX_MEMORY_FRACTION",
     "DEFAULT_BATCHED_TOKENS",
     "FALLBACK_MAX_MODEL_LEN",
     "EngineLimits",

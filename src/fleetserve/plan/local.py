@@ -14,13 +14,11 @@ fractions of all replicas together must fit what the host can spare.
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import dataclass, field
-from pathlib import Path
 
-from fleetserve.engine.settings import EngineSettings
+from fleetserve.engine.settings import CPU_MAX_MEMORY_FRACTION, EngineSettings
+from fleetserve.host import HostFacts
 from fleetserve.plan.gpus import GpuType
-from fleetserve.plan.memory import MiB, estimate_replica
+from fleetserve.plan.memory import estimate_replica
 from fleetserve.plan.planner import PoolCard, build_problem, compose_result, solve
 from fleetserve.plan.problem import DEVICE_SPLIT_COUNT, PoolShape
 from fleetserve.plan.result import PlanResult, PoolUsage, ReplicaPlacement, Unplaced
@@ -31,58 +29,9 @@ from fleetserve.units import mib_to_gib
 
 #: Host RAM kept for the OS, Ray (GCS, raylet, dashboard) and the HTTP proxy on a CPU host.
 CPU_HOST_RESERVE_MB = 3072
-#: Upper bound on any one CPU replica's fraction (vLLM CPU allocates its KV cache eagerly).
-CPU_MAX_FRACTION = 0.9
-
-
-@dataclass(frozen=True)
-class LocalHost:
-    """This machine: logical CPUs, RAM and the memory of each GPU (MiB)."""
-
-    cpus: int
-    memory_mb: int
-    gpu_memory_mb: list[int] = field(default_factory=list)
-
-    @classmethod
-    def detect(cls) -> LocalHost:
-        """CPUs this process may use, total RAM, and CUDA cards (none without CUDA)."""
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except AttributeError:  # not on Linux
-            cpus = os.cpu_count() or 1
-        memory = _engine_visible_memory() // MiB
-        gpus: list[int] = []
-        try:
-            import torch  # noqa: PLC0415 - heavy; only needed when detecting
-
-            if torch.cuda.is_available():
-                for i in range(torch.cuda.device_count()):
-                    gpus.append(int(torch.cuda.get_device_properties(i).total_memory // MiB))
-        except ImportError:
-            pass
-        return cls(cpus=cpus, memory_mb=memory, gpu_memory_mb=gpus)
-
-
-def _engine_visible_memory() -> int:
-    """Host RAM as vLLM CPU measures it, since its fraction applies to this figure:
-    NUMA node 0's MemTotal, clamped to the cgroup limit (mirrors
-    vllm/utils/cpu_resource_utils.py ``get_memory_node_info``); else physical RAM."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    node = Path("/sys/devices/system/node/node0/meminfo")
-    try:
-        for line in node.read_text().splitlines():
-            parts = line.split()
-            if len(parts) >= 4 and parts[2] == "MemTotal:":
-                total = int(parts[3]) * 1024
-    except (OSError, ValueError):
-        pass
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit.isdigit():
-            total = min(total, int(limit))
-    except OSError:
-        pass
-    return total
+#: The planner's view of this machine is the host probe's (fleetserve.host): the same
+#: CPUs and RAM ``serve`` gives Ray and the engines.
+LocalHost = HostFacts
 
 
 def plan_local(spec: FleetSpec, host: LocalHost) -> PlanResult:
@@ -166,7 +115,7 @@ def _plan_cpu(spec: FleetSpec, host: LocalHost) -> PlanResult:
         share = math.ceil(fraction * host.memory_mb)  # what the engine may hold (MiB)
         for index in range(max(1, model.replicas.min)):
             short: tuple[str, float] | None = None
-            if fraction > CPU_MAX_FRACTION or used_mb + share > budget:
+            if fraction > CPU_MAX_MEMORY_FRACTION or used_mb + share > budget:
                 short = ("memory", used_mb + share - budget)
             elif model.resources.cpu > cpus_left + 1e-9:
                 short = ("cpu", model.resources.cpu - cpus_left)

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
-import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -43,6 +41,7 @@ from rich.console import Console
 from fleetserve.engine.config import EngineKind
 from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import ServeError
+from fleetserve.host import HostFacts, probe
 from fleetserve.serve.api_keys import ApiKeyTable
 from fleetserve.serve.app import APP_NAME, build_application, resolve_model_paths
 from fleetserve.serve.limits import RequestLimits, serve_request_timeout_s, transport_env
@@ -104,25 +103,14 @@ class ServeOptions:
     verbose: bool = False
 
 
-def local_capacity() -> ClusterCapacity:
-    """This host, as a Ray cluster started here would see it."""
-    cpus = float(os.cpu_count() or 1)
-    gpus = float(_local_gpu_count())
+def local_capacity(host: HostFacts) -> ClusterCapacity:
+    """This host, as the Ray cluster started here sees it (:meth:`FleetServer._start_ray`
+    gives Ray exactly ``host.cpus``: the CPUs the local plan was made for)."""
+    cpus = float(host.cpus)
+    gpus = float(len(host.gpu_memory_mb))
     return ClusterCapacity(
         cpus=cpus, gpus=gpus, node_cpus=cpus, node_gpus=gpus, description="this host"
     )
-
-
-def _local_gpu_count() -> int:
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
 class FleetServer:
@@ -136,6 +124,7 @@ class FleetServer:
         self._stop = threading.Event()
         self._interrupts = 0
         self._handle_signals = False
+        self._host: HostFacts | None = None
 
     # ------------------------------------------------------------------ start
 
@@ -143,13 +132,15 @@ class FleetServer:
         """Everything refusable before start (keys, settings, fit on this host)."""
         spec = self.options.spec
         keys = ApiKeyTable.from_spec(spec)
-        capacity = local_capacity()
+        # Measured once: the local plan, the capacity check and Ray all use these figures.
+        self._host = host = probe()
+        capacity = local_capacity(host)
         if self.options.address is not None:
             capacity = self._connect_ray()
         # The local planner sizes real engines on this machine; a joined cluster or the
         # fake engine (no model config to size) gets settings derived from the spec.
         local = self.options.address is None and self.options.engine == "vllm"
-        settings = engine_settings(spec, local=local, gpu_host=capacity.gpus > 0)
+        settings = engine_settings(spec, local=local, gpu_host=capacity.gpus > 0, host=host)
         plan = fit_resources(spec, settings, capacity)
         for warning in plan.warnings:
             self.console.print(f"[yellow]warning:[/] {warning}")
@@ -212,9 +203,10 @@ class FleetServer:
     def _start_ray(self) -> None:
         import ray  # noqa: PLC0415
 
-        self.console.print(f"fleetserve: starting Ray ({os.cpu_count()} CPUs)")
+        cpus = (self._host or probe()).cpus  # what check() planned and fitted for
+        self.console.print(f"fleetserve: starting Ray ({cpus} CPUs)")
         kwargs: dict[str, Any] = {
-            "num_cpus": os.cpu_count(),
+            "num_cpus": cpus,
             "include_dashboard": False,
             "log_to_driver": self.options.verbose,
             "configure_logging": self.options.verbose,

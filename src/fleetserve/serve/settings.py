@@ -10,11 +10,10 @@ cluster that fleetserve only joins, where this machine's memory says nothing,
 
 from __future__ import annotations
 
-import os
-
-from fleetserve.engine.settings import EngineSettings, engine_limits
+from fleetserve.engine.settings import CPU_MAX_MEMORY_FRACTION, EngineSettings, engine_limits
 from fleetserve.errors import CapacityError, SpecError
-from fleetserve.plan.local import LocalHost, plan_local
+from fleetserve.host import HostFacts, engine_visible_memory, probe
+from fleetserve.plan.local import plan_local
 from fleetserve.plan.sizing import model_config_for
 from fleetserve.spec import FleetSpec, ModelSpec
 
@@ -24,21 +23,14 @@ from fleetserve.spec import FleetSpec, ModelSpec
 #: KV cache; a flat fraction such as 0.1 fails on a 24 GiB host ("requested memory for kv
 #: (-0.25 GiB)"), so the budget is absolute and converted per host.
 CPU_REPLICA_MEMORY_GIB = 4.0
-#: Upper bound of that fraction on small hosts.
-CPU_MAX_FRACTION = 0.5
 #: Fraction of a whole card for a replica that owns its GPU(s).
 GPU_MEMORY_FRACTION = 0.9
-
-
-def host_memory_bytes() -> int:
-    """Physical RAM of this host."""
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def cpu_memory_fraction(total_bytes: int) -> float:
     """``gpu_memory_utilization`` giving one CPU replica its RAM budget on this host."""
     fraction = CPU_REPLICA_MEMORY_GIB * 2**30 / max(total_bytes, 1)
-    return round(min(CPU_MAX_FRACTION, fraction), 4)
+    return round(min(CPU_MAX_MEMORY_FRACTION, fraction), 4)
 
 
 def derived_settings(
@@ -55,7 +47,7 @@ def derived_settings(
         gpu_memory_utilization=(
             GPU_MEMORY_FRACTION
             if gpu_host
-            else cpu_memory_fraction(host_memory or host_memory_bytes())
+            else cpu_memory_fraction(host_memory or engine_visible_memory())
         ),
         max_num_seqs=limits.max_num_seqs,
         max_model_len=limits.max_model_len,
@@ -74,16 +66,18 @@ def _config_context(model: ModelSpec) -> int | None:
 
 
 def engine_settings(
-    spec: FleetSpec, *, local: bool = True, gpu_host: bool = False
+    spec: FleetSpec, *, local: bool = True, gpu_host: bool = False, host: HostFacts | None = None
 ) -> dict[str, EngineSettings]:
     """Engine settings for every model of ``spec``, by model name.
 
     ``local``: plan on this machine (CapacityError with the planner's reasons when a
     replica cannot be placed); else derive from the spec for a GPU or CPU cluster.
+    ``host``: this machine as already probed (:func:`fleetserve.host.probe`), so that the
+    plan and the Ray started afterwards see the same CPUs; probed here when not given.
     """
     if not local:
         return {m.name: derived_settings(m, gpu_host=gpu_host) for m in spec.models}
-    plan = plan_local(spec, LocalHost.detect())
+    plan = plan_local(spec, host or probe())
     if not plan.feasible or plan.unplaced:
         reasons = "; ".join(f"{u.model} (replica {u.index}): {u.reason}" for u in plan.unplaced)
         raise CapacityError(f"the fleet does not fit this machine: {reasons or 'infeasible'}")

@@ -4,9 +4,7 @@ the fleet planner."""
 
 from __future__ import annotations
 
-import pytest
-
-from fleetserve.plan.local import LocalHost
+from fleetserve.host import HostFacts
 from fleetserve.plan.planner import plan_fleet
 from fleetserve.serve.settings import engine_settings
 from fleetserve.spec import parse_spec
@@ -22,15 +20,8 @@ SPEC = parse_spec(
 )
 
 
-@pytest.fixture
-def big_cpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    host = LocalHost(cpus=16, memory_mb=128 * 1024)
-    monkeypatch.setattr(LocalHost, "detect", classmethod(lambda cls: host))
-
-
-@pytest.mark.usefixtures("big_cpu_host")
 def test_local_planning_and_a_joined_cluster_resolve_the_same_limits() -> None:
-    local = engine_settings(SPEC, local=True)["q"]
+    local = engine_settings(SPEC, local=True, host=HostFacts(cpus=16, memory_mb=128 * 1024))["q"]
     joined = engine_settings(SPEC, local=False, gpu_host=False)["q"]
     assert {k: getattr(joined, k) for k in LIMITS} == {k: getattr(local, k) for k in LIMITS}
     # the model config's context (what vLLM itself uses), not a made-up default

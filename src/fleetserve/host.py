@@ -1,0 +1,124 @@
+"""This machine, measured once: the CPUs, RAM and GPUs a local fleet may use.
+
+Design note. ``fleetserve serve`` plans on this machine (:mod:`fleetserve.plan.local`) and
+then starts Ray here (:mod:`fleetserve.serve.runner`). Both must see the same machine, or
+Ray is given more CPUs than the planner planned for (a container pinned to 2 CPUs of a
+64-CPU host: ``os.cpu_count()`` says 64). So every host fact comes from :func:`probe`:
+
+* CPUs: the CPUs this process may run on (``sched_getaffinity``), capped by the cgroup v2
+  CPU quota (``cpu.max``: quota / period, rounded up to a whole CPU).
+* memory: RAM as vLLM CPU measures it, because its ``gpu_memory_utilization`` is a fraction
+  of that figure: NUMA node 0's MemTotal clamped to the cgroup limit (mirrors
+  vllm/utils/cpu_resource_utils.py ``get_memory_node_info``); else physical RAM.
+* GPUs: each visible CUDA card's total memory (MiB), from torch when CUDA is available
+  (it honours CUDA_VISIBLE_DEVICES, as Ray and vLLM do).
+
+Paths are module constants so tests can point them at fixtures.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: cgroup v2 files (the unified hierarchy as mounted in a container).
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")
+NUMA_NODE0_MEMINFO = Path("/sys/devices/system/node/node0/meminfo")
+#: Present wherever the NVIDIA driver is loaded (also inside GPU containers).
+NVIDIA_CONTROL_DEVICE = Path("/dev/nvidiactl")
+
+_MiB = 2**20
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What a fleet on this machine may use."""
+
+    cpus: int
+    """Logical CPUs this process may use (affinity, cgroup quota)."""
+    memory_mb: int
+    """RAM as vLLM CPU measures it (MiB)."""
+    gpu_memory_mb: list[int] = field(default_factory=list)
+    """Total memory of each visible CUDA card (MiB); empty without CUDA."""
+
+    @classmethod
+    def detect(cls) -> HostFacts:
+        """Probe this machine (:func:`probe`)."""
+        return probe()
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on, capped by the cgroup CPU quota (at least 1)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        cpus = min(cpus, quota)
+    return max(1, cpus)
+
+
+def _cgroup_cpu_quota() -> int | None:
+    """``cpu.max`` as whole CPUs ("max 100000": no quota -> None)."""
+    try:
+        parts = CGROUP_CPU_MAX.read_text().split()
+    except OSError:
+        return None
+    if len(parts) != 2 or parts[0] == "max":
+        return None
+    try:
+        quota, period = int(parts[0]), int(parts[1])
+    except ValueError:
+        return None
+    if quota <= 0 or period <= 0:
+        return None
+    return max(1, math.ceil(quota / period))
+
+
+def engine_visible_memory() -> int:
+    """Host RAM (bytes) as vLLM CPU measures it (see the module note)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        for line in NUMA_NODE0_MEMINFO.read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 4 and parts[2] == "MemTotal:":
+                total = int(parts[3]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = CGROUP_MEMORY_MAX.read_text().strip()
+        if limit.isdigit():
+            total = min(total, int(limit))
+    except OSError:
+        pass
+    return int(total)
+
+
+def gpu_memory_mb() -> list[int]:
+    """Total memory (MiB) of each visible CUDA card; empty without torch or CUDA."""
+    if not NVIDIA_CONTROL_DEVICE.exists():
+        return []  # no NVIDIA driver: skip importing torch (seconds) on CPU hosts
+    try:
+        import torch  # noqa: PLC0415 - heavy; only needed when probing
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    return [
+        int(torch.cuda.get_device_properties(i).total_memory // _MiB)
+        for i in range(torch.cuda.device_count())
+    ]
+
+
+def probe() -> HostFacts:
+    """This machine's CPUs, RAM and GPUs (the one measurement every command uses)."""
+    return HostFacts(
+        cpus=usable_cpus(), memory_mb=engine_visible_memory() // _MiB, gpu_memory_mb=gpu_memory_mb()
+    )
+
+
+__all__ = ["HostFacts", "engine_visible_memory", "gpu_memory_mb", "probe", "usable_cpus"]

@@ -1,0 +1,61 @@
+"""One host probe: the planner and the Ray that ``serve`` starts see the same CPUs, in a
+container pinned to few CPUs (affinity) or given a CPU quota (cgroup v2 ``cpu.max``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+from fleetserve import host
+from fleetserve.plan.local import LocalHost
+from fleetserve.serve import runner
+from fleetserve.serve.runner import FleetServer, ServeOptions, local_capacity
+from fleetserve.spec import default_fleet
+
+
+@pytest.fixture
+def pinned(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A 64-CPU machine; this process may use CPUs 0-3; no cgroup quota yet; no GPU."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("max 100000\n")
+    monkeypatch.setattr(host, "CGROUP_CPU_MAX", cpu_max)
+    monkeypatch.setattr(host, "NVIDIA_CONTROL_DEVICE", tmp_path / "no-nvidiactl")
+    return cpu_max
+
+
+def test_affinity_bounds_the_cpus(pinned: Path) -> None:
+    assert host.usable_cpus() == 4
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "cpus"), [("150000 100000", 2), ("50000 100000", 1), ("800000 100000", 4)]
+)
+def test_the_cgroup_quota_bounds_the_cpus(pinned: Path, cpu_max: str, cpus: int) -> None:
+    pinned.write_text(cpu_max + "\n")
+    assert host.usable_cpus() == cpus
+
+
+def test_ray_gets_no_more_cpus_than_the_plan_was_made_for(
+    pinned: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pinned.write_text("200000 100000\n")  # 2 CPUs of quota
+    planned = LocalHost.detect()
+    assert planned.cpus == 2
+    assert local_capacity(planned).cpus == 2
+
+    started: dict[str, Any] = {}
+    monkeypatch.setattr(ray, "init", lambda **kwargs: started.update(kwargs))
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # _start_ray sets Serve env vars
+    server = FleetServer(
+        ServeOptions(spec=default_fleet(), host="127.0.0.1", port=8000, engine="fake")
+    )
+    server.check()
+    monkeypatch.setattr(runner, "probe", lambda: pytest.fail("Ray must reuse check()'s probe"))
+    server._start_ray()
+    assert started["num_cpus"] == planned.cpus == 2
