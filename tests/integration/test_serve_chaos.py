@@ -1,0 +1,182 @@
+"""Chaos on real Ray Serve (fake engine): kill the ingress replica; and the ways
+`fleetserve serve` can end, each followed by a process-tree check - no engine process (the
+fake engine's core, like vLLM's EngineCore) may outlive the server.
+
+Every process of a test server carries a marker in its environment (Ray's workers inherit
+the environment of the process that starts Ray), which is how the checks find them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from fleetserve.engine.fake_engine import FAKE_CORE
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
+
+MARK_VAR = "FLEETSERVE_TEST_TREE"
+
+
+def spec_text(model: str, *, direct_ingress: bool) -> str:
+    return f"""
+models:
+  - name: {model}
+    source: fake
+    max_model_len: 4096
+    resources: {{cpu: 0.5}}
+server:
+  drain_timeout_s: 5
+  direct_ingress: {str(direct_ingress).lower()}
+"""
+
+
+class Fleet:
+    def __init__(self, server: Any, url: str, mark: str, model: str) -> None:
+        self.server = server
+        self.url = url
+        self.mark = mark
+        self.model = model
+
+    def processes(self) -> dict[int, str]:
+        """PID -> command line of every live process of this server."""
+        out: dict[int, str] = {}
+        needle = f"{MARK_VAR}={self.mark}".encode()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needle not in f.read():
+                        continue
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                        continue
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    out[int(entry)] = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+        return out
+
+    def find(self, text: str) -> list[int]:
+        return [pid for pid, cmd in self.processes().items() if text in cmd]
+
+    def engines(self) -> list[int]:
+        """The fake engine cores (and any vLLM engine process) of this server."""
+        return [
+            pid
+            for pid, cmd in self.processes().items()
+            if FAKE_CORE.splitlines()[0] in cmd or "VLLM::" in cmd
+        ]
+
+    def chat(self, max_tokens: int = 2, **extra: Any) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": max_tokens,
+            **extra,
+        }
+
+    def post(self, timeout: float = 30, **extra: Any) -> httpx.Response:
+        return httpx.post(
+            f"{self.url}/v1/chat/completions", json=self.chat(**extra), timeout=timeout
+        )
+
+    def kill_everything(self) -> None:
+        for pid in self.processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def start_fleet(tmp: Path, servers: Any, *, direct_ingress: bool = True) -> Fleet:
+    mark = uuid.uuid4().hex[:12]
+    model = f"chaos-{mark[:6]}"
+    spec = tmp / "fleet.yaml"
+    spec.write_text(spec_text(model, direct_ingress=direct_ingress))
+    port = servers.free_port()
+    argv = servers.fleetserve_argv(
+        str(spec), "--port", str(port), "--engine", "fake", "--fake-token-delay", "0.02"
+    )
+    server = servers.Process("fleetserve (chaos)", argv, tmp / "serve.log", env={MARK_VAR: mark})
+    url = f"http://127.0.0.1:{port}"
+    server.wait_ready(f"{url}/ready", timeout_s=600, log_line=servers.ready_line)
+    return Fleet(server, url, mark, model)
+
+
+def wait_until(check: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[Fleet]:
+    # Behind Serve's proxy: with direct ingress (the default) a killed ingress replica does
+    # not come back on Ray 2.60 (its replacement finds no free port in the one-port range;
+    # a known limit, docs/design.md), so the recovery test runs with the proxy.
+    f = start_fleet(tmp_path_factory.mktemp("chaos"), servers, direct_ingress=False)
+    yield f
+    f.server.stop()
+    f.kill_everything()
+
+
+# ---------------------------------------------------------------- chaos under load
+
+
+def test_killing_the_ingress_replica_recovers(fleet: Fleet) -> None:
+    ingress = fleet.find("ServeReplica:fleetserve:ingress")
+    assert len(ingress) == 1
+    os.kill(ingress[0], signal.SIGKILL)
+
+    def serves() -> bool:
+        try:
+            return fleet.post(timeout=10).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(serves, 120, "a request succeeds after the ingress was killed")
+
+
+# ---------------------------------------------------------------- every way to stop
+
+
+STOPS: dict[str, Callable[[Fleet], None]] = {
+    "sigint-pid": lambda f: f.server.proc.send_signal(signal.SIGINT),
+    "sigterm-pid": lambda f: f.server.proc.send_signal(signal.SIGTERM),
+    "sigkill-pid": lambda f: f.server.proc.send_signal(signal.SIGKILL),
+    "sigkill-group": lambda f: os.killpg(f.server.proc.pid, signal.SIGKILL),
+}
+
+
+@pytest.mark.parametrize("how", list(STOPS))
+def test_no_engine_outlives_the_server(how: str, tmp_path: Path, servers: Any) -> None:
+    f = start_fleet(tmp_path, servers)
+    try:
+        assert f.post().status_code == 200
+        assert len(f.engines()) == 1
+        STOPS[how](f)
+        # Engines go with the server (or with their replica, when the raylet dies).
+        wait_until(lambda: not f.engines(), 60, f"no engine process left after {how}")
+        if how != "raylet-killed":
+            wait_until(lambda: f.server.proc.poll() is not None, 90, "the server exited")
+            wait_until(
+                lambda: not f.find("ServeReplica") and not f.find("engine-reaper"),
+                30,
+                "no replica or watchdog left",
+            )
+    finally:
+        f.server.stop()
+        leftover = f.processes()
+        f.kill_everything()
+    assert not [c for c in leftover.values() if "VLLM::" in c or "ServeReplica" in c], leftover
