@@ -216,8 +216,14 @@ def test_request_at_zero_replicas_waits_and_is_answered(fleet: Fleet) -> None:
     wait_scaled_to_zero(fleet, "model-sleepy")
     models = httpx.get(f"{fleet.url}/v1/models", timeout=30).json()["data"]
     assert "sleepy" in {m["id"] for m in models}
-    ready = httpx.get(f"{fleet.url}/ready", timeout=30)
-    assert ready.status_code == 200, ready.text  # min 0: scaled to zero is not "not ready"
+    stop = time.monotonic() + 30  # the probes' view of the fleet refreshes every second
+    while True:
+        ready = httpx.get(f"{fleet.url}/ready", timeout=30)
+        assert ready.status_code == 200, ready.text  # min 0: scaled to zero is ready
+        if ready.json()["models"]["sleepy"].get("scaled_to_zero") or time.monotonic() > stop:
+            break
+        time.sleep(0.5)
+    assert ready.json()["models"]["sleepy"]["scaled_to_zero"] is True
     start = time.monotonic()
     r = fleet.chat("sleepy", [{"role": "user", "content": "wake up"}])
     cold_start_s = time.monotonic() - start
