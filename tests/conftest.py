@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from fleetserve.errors import ModelPreparationError
 from fleetserve.modelstore import ModelStore
@@ -27,6 +28,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Nor the CRDs of a KubeRay release (doctor validates with schemas by default; the doctor tests
 # serve them from ../shared/k8s/crds, the download is tested against 127.0.0.1).
 os.environ.setdefault("FLEETSERVE_OFFLINE", "1")
+
+# Property tests judge correctness, never speed (speed lives in benchmarks/): Hypothesis'
+# per-example deadline and too-slow health check fail on a loaded 2-core CI host.
+settings.register_profile("fleetserve", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("fleetserve")
 
 
 @pytest.fixture(scope="session")
