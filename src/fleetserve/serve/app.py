@@ -27,7 +27,6 @@ outside ``[A-Za-z0-9_.-]`` in the name become ``-``).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -37,7 +36,12 @@ from fleetserve.engine.config import EngineConfig, EngineKind
 from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import SpecError
 from fleetserve.serve.api_keys import ApiKeyTable
-from fleetserve.serve.deployment_options import replica_count_options, request_router_options
+from fleetserve.serve.deployment_options import (
+    INGRESS_DEPLOYMENT,
+    deployment_name,
+    replica_count_options,
+    request_router_options,
+)
 from fleetserve.serve.ingress import Ingress
 from fleetserve.serve.limits import RequestLimits
 from fleetserve.serve.model_server import ModelServer
@@ -47,15 +51,8 @@ from fleetserve.serve.resources import ResourcePlan, plan_resources
 from fleetserve.serve.settings import engine_settings
 from fleetserve.spec import FleetSpec, default_fleet, format_validation_error, load_spec, parse_spec
 
-#: Serve application name used by ``fleetserve serve``.
-APP_NAME = "fleetserve"
 #: Ingress requests at once; it only relays, so the models' limits are what bind.
 _INGRESS_MIN_ONGOING = 1000
-
-
-def deployment_name(model: str) -> str:
-    """The Serve deployment name of ``model``'s replicas."""
-    return "model-" + re.sub(r"[^A-Za-z0-9_.-]", "-", model)
 
 
 class BuildArgs(BaseModel):
@@ -171,7 +168,7 @@ def build_application(
     app: Application = (
         _deployment(Ingress)
         .options(
-            name="ingress",
+            name=INGRESS_DEPLOYMENT,
             ray_actor_options=resources.ingress.ray_actor_options(),
             max_ongoing_requests=ingress_ongoing,
             graceful_shutdown_timeout_s=spec.server.drain_timeout_s,
@@ -235,4 +232,4 @@ def build_app(args: dict[str, Any]) -> Application:
     )
 
 
-__all__ = ["APP_NAME", "BuildArgs", "build_app", "build_application", "deployment_name"]
+__all__ = ["BuildArgs", "build_app", "build_application"]

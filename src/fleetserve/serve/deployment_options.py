@@ -1,5 +1,6 @@
 """The Ray Serve options of a model deployment that come from its spec: replicas,
-autoscaling (fleetserve's LLM policy) and the request router.
+autoscaling (fleetserve's LLM policy) and the request router; and the Serve names
+(application, ingress, model deployments) that clients, probes and ``top`` look up.
 
 One source for both places that configure a deployment - the app's code
 (``serve.app``) and the RayService's ``serveConfigV2`` (``k8s.render.serveconfig``) - so a
@@ -9,14 +10,25 @@ rendering must not need Ray.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fleetserve.spec import ModelSpec
+
+#: The Serve application's name (``fleetserve serve`` and the RayService's serveConfigV2).
+APP_NAME = "fleetserve"
+#: The ingress deployment's name.
+INGRESS_DEPLOYMENT = "ingress"
 
 #: Import path of fleetserve's request router (``serve.routing.router.FleetRouter``).
 ROUTER_CLASS = "fleetserve.serve.routing.router:FleetRouter"
 #: Import path of fleetserve's autoscaling policy (``serve.autoscaling``).
 POLICY_CLASS = "fleetserve.serve.autoscaling:LLMAutoscalingPolicy"
+
+
+def deployment_name(model: str) -> str:
+    """The Serve deployment name of ``model``'s replicas."""
+    return "model-" + re.sub(r"[^A-Za-z0-9_.-]", "-", model)
 
 
 def _number(value: float) -> float | int:

@@ -43,7 +43,8 @@ from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import ServeError
 from fleetserve.host import HostFacts, probe
 from fleetserve.serve.api_keys import ApiKeyTable
-from fleetserve.serve.app import APP_NAME, build_application, resolve_model_paths
+from fleetserve.serve.app import build_application, resolve_model_paths
+from fleetserve.serve.deployment_options import APP_NAME, INGRESS_DEPLOYMENT
 from fleetserve.serve.limits import RequestLimits, serve_request_timeout_s, transport_env
 from fleetserve.serve.resources import ClusterCapacity, ResourcePlan, fit_resources
 from fleetserve.serve.settings import engine_settings
@@ -383,7 +384,7 @@ class FleetServer:
 
         timeout = self.options.spec.server.drain_timeout_s
         try:
-            ingress = serve.get_deployment_handle("ingress", app_name=APP_NAME)
+            ingress = serve.get_deployment_handle(INGRESS_DEPLOYMENT, app_name=APP_NAME)
             left = int(ingress.begin_drain.remote().result(timeout_s=10))
         except Exception as e:
             self.console.print(f"fleetserve: cannot drain ({e}); stopping now")

@@ -28,30 +28,22 @@ config is JSON-able and deterministic (dicts in a fixed order).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from fleetserve.errors import RenderError
 from fleetserve.k8s.render.groups import WorkerGroup
 from fleetserve.k8s.render.secrets import spec_for_cluster
-from fleetserve.serve.deployment_options import replica_count_options, request_router_options
+from fleetserve.serve.deployment_options import (
+    APP_NAME,
+    deployment_name,
+    replica_count_options,
+    request_router_options,
+)
 from fleetserve.serve.limits import serve_request_timeout_s
 from fleetserve.spec import FleetSpec, ModelSpec
 
 #: Import path of fleetserve's Serve application builder.
 APP_IMPORT_PATH = "fleetserve.serve.app:build_app"
-APP_NAME = "fleetserve"
-
-
-def deployment_name(model_name: str) -> str:
-    """Name of the Serve deployment that runs ``model_name``'s replicas.
-
-    Must equal ``fleetserve.serve.app.deployment_name`` (a test holds them together; that
-    module imports Ray Serve, which rendering does not need).
-    """
-    return "model-" + re.sub(r"[^A-Za-z0-9_.-]", "-", model_name)
-
-
 def _number(value: float) -> float | int:
     return int(value) if float(value).is_integer() else value
 
