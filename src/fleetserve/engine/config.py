@@ -9,13 +9,12 @@ run identical engines (the parity test relies on this).
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleetserve.engine.settings import EngineSettings
-from fleetserve.spec import ModelSpec, SecretRef
+from fleetserve.spec import ModelSpec
 
 EngineKind = Literal["vllm", "fake"]
 
@@ -115,7 +114,7 @@ class EngineConfig(BaseModel):
             kv_cache_dtype=model.kv_cache_dtype,
             engine_args=dict(model.engine_args),
             fake_token_delay_s=fake_token_delay_s,
-            hf_token_env=secret_env_name(model.hf_token) if model.hf_token else None,
+            hf_token_env=model.hf_token.env_name if model.hf_token else None,
             lora=LoraSettings.from_spec(model),
         )
 
@@ -151,17 +150,6 @@ class EngineConfig(BaseModel):
         for key, value in sorted(self.engine_args.items()):
             args += _cli_option(key, value)
         return args
-
-
-def secret_env_name(ref: SecretRef) -> str:
-    """The env var a secret reference is read from at serve time.
-
-    ``${VAR}`` is ``VAR``; ``{secret: NAME, key: KEY}`` is ``FLEETSERVE_SECRET_<NAME>_<KEY>``
-    (upper case, other characters as ``_``), the variable the Kubernetes rendering mounts.
-    """
-    if ref.env is not None:
-        return ref.env
-    return re.sub(r"[^A-Za-z0-9_]", "_", f"FLEETSERVE_SECRET_{ref.secret}_{ref.key}").upper()
 
 
 def _num(value: float) -> str:

@@ -33,7 +33,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetserve.engine.config import secret_env_name
 from fleetserve.errors import SpecError
 from fleetserve.spec import FleetSpec
 
@@ -134,7 +133,7 @@ class ApiKeyTable:
         files: dict[str, str] = {}
         for ti, tenant in enumerate(spec.tenants):
             for ki, ref in enumerate(tenant.api_keys):
-                var = secret_env_name(ref)
+                var = ref.env_name
                 value = env.get(var, "")
                 if not value.strip():
                     raise SpecError(
@@ -233,4 +232,4 @@ class ApiKeyTable:
         )
 
 
-__all__ = ["ApiKeyTable", "AuthError", "digest", "parse_key_file", "secret_env_name"]
+__all__ = ["ApiKeyTable", "AuthError", "digest", "parse_key_file"]

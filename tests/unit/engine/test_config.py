@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleetserve.engine.config import EngineConfig, secret_env_name
+from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.settings import EngineSettings
 from fleetserve.spec import ModelSpec, SecretRef
 
@@ -66,4 +66,4 @@ def test_hf_token_reference_is_passed_by_env_name_only() -> None:
     ],
 )
 def test_secret_env_names(ref: dict[str, str], env: str) -> None:
-    assert secret_env_name(SecretRef.model_validate(ref)) == env
+    assert SecretRef.model_validate(ref).env_name == env

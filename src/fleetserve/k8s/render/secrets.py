@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetserve.errors import RenderError
-from fleetserve.serve.api_keys import secret_env_name
 from fleetserve.spec import FleetSpec, SecretRef
 
 
@@ -46,7 +45,7 @@ def env_secret_name(instance: str) -> str:
 def secret_env(ref: SecretRef, instance: str) -> SecretEnv:
     """Where one reference is read from in the cluster."""
     if ref.secret is not None and ref.key is not None:
-        return SecretEnv(env=secret_env_name(ref), secret=ref.secret, key=ref.key)
+        return SecretEnv(env=ref.env_name, secret=ref.secret, key=ref.key)
     assert ref.env is not None  # SecretRef guarantees env or secret
     return SecretEnv(env=ref.env, secret=env_secret_name(instance), key=ref.env)
 
