@@ -90,6 +90,18 @@ class SecretRef(StrictModel):
             raise ValueError(f"secret '{self.secret}' needs a 'key'")
         return self
 
+    @property
+    def env_name(self) -> str:
+        """The env var the secret is read from at serve time.
+
+        ``${VAR}`` is ``VAR``; ``{secret: NAME, key: KEY}`` is
+        ``FLEETSERVE_SECRET_<NAME>_<KEY>`` (upper case, other characters as ``_``), the
+        variable the Kubernetes rendering mounts.
+        """
+        if self.env is not None:
+            return self.env
+        return re.sub(r"[^A-Za-z0-9_]", "_", f"FLEETSERVE_SECRET_{self.secret}_{self.key}").upper()
+
 
 # --------------------------------------------------------------------------- models
 
