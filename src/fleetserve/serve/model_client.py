@@ -118,8 +118,9 @@ class HandleModelClient:
             app = status.applications.get(handle.app_name)
             dep = app.deployments.get(handle.deployment_name) if app is not None else None
             if dep is None:
-                out[model] = ModelHealth(running=0, status="MISSING")
-                continue
+                # The controller restarting answers with no applications: that says
+                # nothing about the replicas, so keep the last view (the caller does).
+                raise RuntimeError(f"serve.status() has no deployment for model '{model}'")
             states = {str(getattr(k, "value", k)): n for k, n in dep.replica_states.items()}
             out[model] = ModelHealth(
                 running=int(states.get("RUNNING", 0)),
