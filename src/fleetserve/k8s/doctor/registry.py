@@ -14,6 +14,7 @@ output is sorted and de-duplicated so two runs over the same input print the sam
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -40,8 +41,12 @@ COMPONENT_NAMES: dict[Component, str] = {
 #: A range that covers every version.
 ALL = "all"
 
-#: Where the rule catalogue is published; a rule's page is ``#<rule id>`` on it.
-CATALOGUE_URL = "https://github.com/fleetserve/fleetserve/blob/main/docs/rules.md"
+#: Where the rule catalogue (docs/rules.md) is published; a rule's page is ``#<rule id>`` on
+#: it. Teams that mirror fleetserve point SARIF links at their own copy with
+#: ``FLEETSERVE_RULES_URL``; read once at import so one report never mixes two homes.
+CATALOGUE_URL = os.environ.get(
+    "FLEETSERVE_RULES_URL", "https://github.com/fleetserve/fleetserve/blob/main/docs/rules.md"
+)
 #: The id of schema-validation findings (not a registered rule, but a catalogue page).
 SCHEMA_RULE = "schema"
 
