@@ -1,6 +1,6 @@
-"""Chaos on real Ray Serve (fake engine): kill the ingress replica; and the ways
-`fleetserve serve` can end, each followed by a process-tree check - no engine process (the
-fake engine's core, like vLLM's EngineCore) may outlive the server.
+"""Chaos on real Ray Serve (fake engine): kill a model replica under load, the ingress
+replica; and the ways `fleetserve serve` can end, each followed by a process-tree check -
+no engine process (the fake engine's core, like vLLM's EngineCore) may outlive the server.
 
 Every process of a test server carries a marker in its environment (Ray's workers inherit
 the environment of the process that starts Ray), which is how the checks find them.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ from fleetserve.engine.fake_engine import FAKE_CORE
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
 
 MARK_VAR = "FLEETSERVE_TEST_TREE"
+INTERNALS = ("ServeReplica", "actor", "Actor", "ray::", "ReplicaID")
 
 
 def spec_text(model: str, *, direct_ingress: bool) -> str:
@@ -132,6 +134,60 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[Fl
 
 
 # ---------------------------------------------------------------- chaos under load
+
+
+def test_killing_the_model_replica_fails_fast_and_recovers(fleet: Fleet) -> None:
+    replica = fleet.find(f"ServeReplica:fleetserve:model-{fleet.model}")
+    engines = fleet.engines()
+    assert len(replica) == 1
+    assert len(engines) == 1
+    events: list[str] = []
+    first = threading.Event()
+
+    def consume() -> None:
+        with httpx.stream(
+            "POST",
+            f"{fleet.url}/v1/chat/completions",
+            json=fleet.chat(2000, stream=True),
+            timeout=120,
+        ) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    first.set()
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    assert first.wait(30)
+    os.kill(replica[0], signal.SIGKILL)
+    killed = time.monotonic()
+    reader.join(60)
+    # The in-flight stream ends with an error event, not a silent cut, and names no internals.
+    assert events[-1] == "[DONE]"
+    assert '"error"' in events[-2]
+    assert not any(s in events[-2] for s in INTERNALS), events[-2]
+    # The killed replica's engine core does not outlive it.
+    wait_until(lambda: not set(engines) & set(fleet.engines()), 15, "orphaned engine reaped")
+    # Until a new replica runs, requests are refused at once (503 + Retry-After), never
+    # held for the whole restart; then they succeed again.
+    answers: list[tuple[int, float]] = []
+    while time.monotonic() - killed < 120:
+        start = time.monotonic()
+        r = fleet.post(timeout=60)
+        took = time.monotonic() - start
+        answers.append((r.status_code, took))
+        if r.status_code == 200:
+            break
+        assert r.status_code == 503, r.text
+        assert "retry-after" in r.headers
+        assert not any(s in r.text for s in INTERNALS), r.text
+        time.sleep(0.2)
+    assert answers[-1][0] == 200, answers
+    # The first may wait until Serve notices the dead replica (its health check, every
+    # 10 s for model replicas); after that every answer is immediate.
+    assert answers[0][1] < 12, answers
+    assert all(took < 2 for _, took in answers[1:]), answers
+    assert len(fleet.engines()) == 1  # the new replica's engine
 
 
 def test_killing_the_ingress_replica_recovers(fleet: Fleet) -> None:
