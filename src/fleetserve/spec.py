@@ -235,8 +235,7 @@ class RoutingSpec(StrictModel):
         default=2,
         gt=0,
         le=600,
-        description="How often each replica reports its cached prefixes and load to the "
-        "routers.",
+        description="How often each replica reports its cached prefixes and load to the routers.",
     )
 
 
@@ -497,8 +496,7 @@ class ModelSpec(StrictModel):
             mismatch = lora_files.architecture_mismatch(found, served) if served else None
             if mismatch is not None:
                 raise ValueError(
-                    f"adapters[{i}] ('{adapter.name}') does not fit model '{self.name}': "
-                    f"{mismatch}"
+                    f"adapters[{i}] ('{adapter.name}') does not fit model '{self.name}': {mismatch}"
                 )
 
     @property

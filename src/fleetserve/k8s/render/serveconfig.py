@@ -44,6 +44,8 @@ from fleetserve.spec import FleetSpec, ModelSpec
 
 #: Import path of fleetserve's Serve application builder.
 APP_IMPORT_PATH = "fleetserve.serve.app:build_app"
+
+
 def _number(value: float) -> float | int:
     return int(value) if float(value).is_integer() else value
 
