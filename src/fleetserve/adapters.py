@@ -44,6 +44,16 @@ def valid_adapter_id(name: str) -> bool:
     return len(name) <= 128 and _ADAPTER_ID.match(name) is not None
 
 
+def is_local_source(source: str) -> bool:
+    """Whether an adapter ``source`` names a directory rather than a HF repo id.
+
+    Decided by its spelling, not by this machine's disk (render runs where the pods' paths
+    do not exist): a HF repo id never starts with '/', '.' or '~'; anything that exists
+    here is a directory too.
+    """
+    return source.startswith(("/", ".", "~")) or Path(source).expanduser().exists()
+
+
 def read_adapter_config(directory: Path) -> AdapterConfig:
     """The LoRA config of a PEFT adapter directory; ValueError says what is wrong."""
     path = directory / ADAPTER_CONFIG

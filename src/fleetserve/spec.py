@@ -767,6 +767,72 @@ class ServerSpec(StrictModel):
     )
 
 
+#: Render's own volume in every pod: Ray's temp directory (a spec volume may not shadow it).
+RAY_TMP_VOLUME = "ray-tmp"
+RAY_TMP_MOUNT = "/tmp/ray"
+
+
+class VolumeSpec(StrictModel):
+    """A volume every Ray pod mounts at one path (where local adapter paths live)."""
+
+    name: DnsLabel = Field(description="Volume name in the pods (a DNS label).")
+    mount_path: str = Field(
+        min_length=1,
+        description="Absolute path the volume appears at in every Ray pod.",
+    )
+    claim: DnsLabel | None = Field(
+        default=None,
+        description=(
+            "An existing PersistentVolumeClaim in the namespace (ReadOnlyMany or "
+            "ReadWriteMany: head and workers mount it, possibly on several nodes)."
+        ),
+    )
+    host_path: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "A directory on every node that runs Ray pods (single-node/dev clusters; the "
+            "'restricted' Pod Security profile warns about hostPath)."
+        ),
+    )
+    read_only: bool = Field(
+        default=True,
+        description="Mount read-only (replicas only read adapters; new ones come from outside).",
+    )
+
+    @field_validator("host_path")
+    @classmethod
+    def _absolute_host_path(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"'{value}' must be an absolute path on the node")
+        return value
+
+    @field_validator("mount_path")
+    @classmethod
+    def _plain_mount_path(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"'{value}' must be an absolute path")
+        parts = value.split("/")
+        if ".." in parts or "." in parts:
+            raise ValueError(f"'{value}' must not contain '.' or '..' components")
+        path = "/" + "/".join(p for p in parts if p)
+        if path == "/":
+            raise ValueError("'/' cannot be a mount path")
+        if path == RAY_TMP_MOUNT or path.startswith(RAY_TMP_MOUNT + "/"):
+            raise ValueError(f"'{value}' is Ray's temp directory ({RAY_TMP_MOUNT})")
+        return path
+
+    @model_validator(mode="after")
+    def _one_source(self) -> VolumeSpec:
+        if (self.claim is None) == (self.host_path is None):
+            raise ValueError("set exactly one of claim (a PVC) or host_path")
+        return self
+
+    def holds(self, path: str) -> bool:
+        """Whether the absolute ``path`` lies inside this volume's mount."""
+        return path == self.mount_path or path.startswith(self.mount_path.rstrip("/") + "/")
+
+
 class KubernetesSpec(StrictModel):
     """How the fleet is rendered for KubeRay."""
 
@@ -784,6 +850,29 @@ class KubernetesSpec(StrictModel):
         default_factory=lambda: {"release": "kube-prometheus-stack"},
         description="Labels the Prometheus CR selects monitors/rules by.",
     )
+    volumes: list[VolumeSpec] = Field(
+        default_factory=list,
+        description=(
+            "Volumes mounted in every Ray pod; render requires each local adapter path "
+            "(adapter_dir, adapters[].source) to lie inside one."
+        ),
+    )
+
+    @field_validator("volumes")
+    @classmethod
+    def _distinct_volumes(cls, value: list[VolumeSpec]) -> list[VolumeSpec]:
+        _unique("volumes", [v.name for v in value])
+        paths: dict[str, int] = {}
+        for i, volume in enumerate(value):
+            if volume.mount_path in paths:
+                raise ValueError(
+                    f"volumes[{i}].mount_path '{volume.mount_path}' is also "
+                    f"volumes[{paths[volume.mount_path]}]'s"
+                )
+            paths[volume.mount_path] = i
+            if volume.name == RAY_TMP_VOLUME:
+                raise ValueError(f"volumes[{i}].name '{RAY_TMP_VOLUME}' is render's own volume")
+        return value
 
 
 # --------------------------------------------------------------------------- root

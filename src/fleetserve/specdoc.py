@@ -34,6 +34,7 @@ _SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("Policy", S.Policy, "policy"),
     ("Server", S.ServerSpec, "server"),
     ("Kubernetes", S.KubernetesSpec, "kubernetes"),
+    ("Pod volume", S.VolumeSpec, "kubernetes.volumes[]"),
 )
 
 

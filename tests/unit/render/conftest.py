@@ -157,9 +157,33 @@ def whole_fleet() -> tuple[FleetSpec, PlanResult, PlanResult]:
     return spec, plan(reps[:1]), plan(reps)
 
 
+#: The whole-card fleet serving LoRA adapters from two volumes (a PVC and a hostPath) and
+#: one HF repo id (no volume).
+LORA_VOLUMES: list[dict[str, Any]] = [
+    {"name": "adapters", "claim": "lora-adapters", "mount_path": "/adapters"},
+    {"name": "scratch", "host_path": "/mnt/lora", "mount_path": "/scratch", "read_only": False},
+]
+LORA_ADAPTERS: list[dict[str, Any]] = [
+    {"name": "sql", "source": "/adapters/sql"},
+    {"name": "chat", "source": "acme/llama-70b-chat-lora"},
+]
+
+
+def lora_fleet() -> tuple[FleetSpec, PlanResult, PlanResult]:
+    """:func:`whole_fleet` with adapters on volumes."""
+    data = copy.deepcopy(WHOLE_SPEC)
+    data["kubernetes"]["volumes"] = copy.deepcopy(LORA_VOLUMES)
+    data["models"][0].update(
+        adapters=copy.deepcopy(LORA_ADAPTERS), adapter_dir="/scratch/llama", max_loras=2
+    )
+    _, plan_min, plan_max = whole_fleet()
+    return parse_spec(data), plan_min, plan_max
+
+
 FLEETS: dict[str, Callable[[], tuple[FleetSpec, PlanResult, PlanResult]]] = {
     "sliced": sliced_fleet,
     "whole-tp": whole_fleet,
+    "lora": lora_fleet,
 }
 
 
@@ -237,6 +261,8 @@ def kit() -> Any:
         WHOLE_SPEC=WHOLE_SPEC,
         sliced_fleet=sliced_fleet,
         whole_fleet=whole_fleet,
+        lora_fleet=lora_fleet,
+        LORA_VOLUMES=LORA_VOLUMES,
         place=place,
         plan=plan,
         crd_errors=crd_errors,

@@ -20,7 +20,7 @@ from fleetserve.k8s.render.writer import HEADER
 _UPDATE = os.environ.get("FLEETSERVE_UPDATE_GOLDEN") == "1"
 
 
-@pytest.mark.parametrize("fleet", ["sliced", "whole-tp"])
+@pytest.mark.parametrize("fleet", ["sliced", "whole-tp", "lora"])
 def test_render_matches_golden_files(kit: Any, fleet: str) -> None:
     files = manifest_files(render(*kit.FLEETS[fleet](), RenderOptions(with_nodepools=True)))
     golden: Path = kit.GOLDEN / fleet

@@ -13,6 +13,8 @@ What must stay true (each line is a pitfall of ``doctor`` or a Pod Security rule
 * ``restartPolicy: Never``: with autoscaler v2 a Ray pod must not be restarted in place;
   KubeRay replaces it instead;
 * secrets only as ``secretKeyRef`` env vars;
+* every pod mounts the spec's ``kubernetes.volumes`` at the same paths (adapters, see
+  :mod:`.volumes`), besides Ray's own temp directory;
 * CPU/memory requests equal limits and are whole CPUs, so Kubernetes and Ray see the same
   machine (Ray advertises the CPU limit).
 """
@@ -32,7 +34,8 @@ from fleetserve.k8s.render.naming import (
     common_labels,
 )
 from fleetserve.k8s.render.secrets import SecretEnv
-from fleetserve.spec import FleetSpec, PoolSpec
+from fleetserve.k8s.render.volumes import pod_volumes, volume_mounts
+from fleetserve.spec import RAY_TMP_MOUNT, RAY_TMP_VOLUME, FleetSpec, PoolSpec
 
 HAMI_SCHEDULER = "hami-scheduler"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -100,8 +103,16 @@ def _placement(pool: PoolSpec | None, gpu: bool) -> dict[str, Any]:
     return spec
 
 
-_TMP_VOLUME = {"name": "ray-tmp", "emptyDir": {}}
-_TMP_MOUNT = {"name": "ray-tmp", "mountPath": "/tmp/ray"}
+_TMP_VOLUME = {"name": RAY_TMP_VOLUME, "emptyDir": {}}
+_TMP_MOUNT = {"name": RAY_TMP_VOLUME, "mountPath": RAY_TMP_MOUNT}
+
+
+def _mounts(spec: FleetSpec) -> list[dict[str, Any]]:
+    return [dict(_TMP_MOUNT), *volume_mounts(spec)]
+
+
+def _volumes(spec: FleetSpec) -> list[dict[str, Any]]:
+    return [dict(_TMP_VOLUME), *pod_volumes(spec)]
 
 
 def head_template(
@@ -128,7 +139,7 @@ def head_template(
         ],
         "resources": {"limits": dict(resources), "requests": dict(resources)},
         "securityContext": container_security_context(),
-        "volumeMounts": [dict(_TMP_MOUNT)],
+        "volumeMounts": _mounts(spec),
     }
     if secrets:
         container["env"] = _env(secrets)
@@ -137,7 +148,7 @@ def head_template(
         "restartPolicy": "Never",
         "securityContext": pod_security_context(),
         "containers": [container],
-        "volumes": [dict(_TMP_VOLUME)],
+        "volumes": _volumes(spec),
     }
     return {
         "metadata": {"labels": {**common_labels(k8s.name), "fleetserve.io/role": "head"}},
@@ -170,7 +181,7 @@ def worker_template(
         ],
         "resources": {"limits": limits, "requests": requests},
         "securityContext": container_security_context(),
-        "volumeMounts": [dict(_TMP_MOUNT)],
+        "volumeMounts": _mounts(spec),
     }
     if secrets:
         container["env"] = _env(secrets)
@@ -183,7 +194,7 @@ def worker_template(
             "restartPolicy": "Never",
             "securityContext": pod_security_context(),
             "containers": [container],
-            "volumes": [dict(_TMP_VOLUME)],
+            "volumes": _volumes(spec),
         }
     )
     labels = {

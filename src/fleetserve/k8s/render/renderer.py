@@ -29,6 +29,7 @@ from fleetserve.k8s.render.options import RenderOptions
 from fleetserve.k8s.render.rayservice import rayservice
 from fleetserve.k8s.render.secrets import fleet_secret_envs
 from fleetserve.k8s.render.serveconfig import serve_config
+from fleetserve.k8s.render.volumes import check_adapter_volumes
 from fleetserve.plan.result import PlanResult
 from fleetserve.spec import FleetSpec, PoolSpec
 
@@ -70,6 +71,7 @@ def render(
     """Every Kubernetes object of the fleet, as plain dicts."""
     opts = options or RenderOptions()
     spec.require_weights("render")  # the RayService's replicas load the weights from source
+    check_adapter_volumes(spec)  # ... and their adapters from paths the pods must see
     groups = plan_worker_groups(spec, plan_min, plan_max)
     check_pool_selectors(spec, groups)
     hami = use_hami(plan_max, opts)

@@ -73,6 +73,10 @@ def spec_for_cluster(spec: FleetSpec) -> dict[str, Any]:
     """The spec as the Serve app receives it: JSON-able, each secret ref with its env var."""
     instance = spec.kubernetes.name
     data = spec.model_dump(mode="json", exclude_none=True)
+    if not spec.kubernetes.volumes:
+        # An empty list says nothing to the app; leaving it out keeps the serve config
+        # of a fleet without volumes as it was before volumes existed.
+        data["kubernetes"].pop("volumes", None)
 
     def ref_dict(ref: SecretRef) -> dict[str, Any]:
         # Only the env var: in the cluster the pod env is the one source (the Secret is
