@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import re
+import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,12 @@ ADAPTER_ID = r"^[A-Za-z0-9][A-Za-z0-9._@-]*$"
 _ADAPTER_ID = re.compile(ADAPTER_ID)
 #: config.json keys whose values must agree between an adapter's base and the served model.
 _ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "intermediate_size")
+#: The tensor file PEFT writes (``adapter_model.bin`` adapters are not shape-checked).
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+#: A safetensors header larger than this is not a LoRA adapter's (or a base shard's) header.
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+#: ``<module>.lora_A.weight`` / ``<module>.lora_B.weight`` in a PEFT adapter's tensor names.
+_LORA_TENSOR = re.compile(r"^(?P<module>.+)\.lora_(?P<half>[AB])\.weight$")
 
 
 @dataclass(frozen=True)
@@ -128,3 +136,118 @@ def architecture_mismatch(adapter: AdapterConfig, served: dict[str, Any]) -> str
         if a is not None and b is not None and a != b:
             return f"it was trained on {adapter.base} ({key} {a}), the served model has {key} {b}"
     return None
+
+
+#: Tensor name (from ``layers.`` on) -> shape: what a weights file says without its data.
+Shapes = dict[str, tuple[int, ...]]
+
+
+def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes from a safetensors file's header (the data is never read)."""
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise ValueError(f"{path}: not a safetensors file")
+        (size,) = struct.unpack("<Q", head)
+        if size > _MAX_HEADER_BYTES:
+            raise ValueError(f"{path}: not a safetensors file (header of {size} bytes)")
+        header = json.loads(f.read(size))
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: not a safetensors file")
+    return {
+        name: tuple(int(d) for d in meta["shape"])
+        for name, meta in header.items()
+        if isinstance(meta, dict) and isinstance(meta.get("shape"), list)
+    }
+
+
+def _layer_key(name: str) -> str | None:
+    """``...layers.3.self_attn.q_proj`` -> ``layers.3.self_attn.q_proj`` (None: no layer).
+
+    Base checkpoints and PEFT adapters prefix module names differently (``model.``,
+    ``base_model.model.model.``, ``language_model.``); from ``layers.`` on they agree.
+    """
+    at = name.find("layers.")
+    return name[at:] if at >= 0 else None
+
+
+def base_weight_shapes(model_dir: Path) -> Shapes | None:
+    """Per-layer linear weight shapes of a local HF model directory (None: unknown)."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        return None
+    out: Shapes = {}
+    try:
+        for file in files:
+            for name, shape in safetensors_shapes(file).items():
+                key = _layer_key(name)
+                if key is not None and key.endswith(".weight") and len(shape) == 2:
+                    out[key.removesuffix(".weight")] = shape
+    except (OSError, ValueError):
+        return None
+    return out
+
+
+def shape_mismatch(adapter_dir: Path, base: Shapes) -> str | None:
+    """Why the adapter's LoRA tensors do not fit the served weights, or None.
+
+    ``lora_A`` of a module is ``rank x in`` and ``lora_B`` is ``out x rank`` where the
+    base weight is ``out x in``: an adapter trained on another base has other ``in``/
+    ``out`` (vLLM would copy it into its preallocated slots and fail or serve garbage),
+    and one that targets a module the served model lacks has no base weight at all.
+    """
+    weights = adapter_dir / ADAPTER_WEIGHTS
+    if not weights.is_file():
+        return None
+    try:
+        tensors = safetensors_shapes(weights)
+    except (OSError, ValueError, json.JSONDecodeError) as e:
+        return f"cannot read {ADAPTER_WEIGHTS}: {e}"
+    for name, shape in sorted(tensors.items()):
+        match = _LORA_TENSOR.match(name)
+        key = _layer_key(match.group("module")) if match else None
+        if match is None or key is None or len(shape) != 2:
+            continue
+        served = base.get(key)
+        if served is None:
+            return f"it has LoRA weights for {key}, a module the served model does not have"
+        out_dim, in_dim = served
+        half = match.group("half")
+        got, want, what = (shape[1], in_dim, "in") if half == "A" else (shape[0], out_dim, "out")
+        if got != want:
+            return (
+                f"its {key} lora_{half} has {got} {what}-features, the served model's {key} "
+                f"has {want}: it was trained on another base model"
+            )
+    return None
+
+
+def load_problem(
+    adapter_dir: Path,
+    *,
+    max_lora_rank: int,
+    served_config: Mapping[str, Any] | None,
+    base_shapes: Shapes | None,
+) -> str | None:
+    """Why the replica must not load this adapter (a client error at its first request),
+    or None. The same checks as spec load, for an adapter that appeared after start, plus
+    its tensor shapes against the served weights when those are known."""
+    try:
+        found = read_adapter_config(adapter_dir)
+    except ValueError as e:
+        return str(e)
+    if found.rank > max_lora_rank:
+        return (
+            f"its rank {found.rank} is above this model's max_lora_rank ({max_lora_rank}); "
+            "raise max_lora_rank in the spec"
+        )
+    if served_config is not None:
+        mismatch = architecture_mismatch(found, dict(served_config))
+        if mismatch is not None:
+            return mismatch
+    return shape_mismatch(adapter_dir, base_shapes) if base_shapes is not None else None
+
+
+def refusal(adapter: str, base: str, problem: str) -> str:
+    """The client-facing 400 message for an adapter that ``base`` cannot serve."""
+    return f"LoRA adapter '{adapter}' cannot be served by model '{base}': {problem}"

@@ -10,6 +10,9 @@ caches must evict and reload), and checks:
 * interleaved requests over all adapters keep each adapter's own output (eviction and
   reload by vLLM's LRU are correct);
 * an adapter copied into ``adapter_dir`` after start is servable without a restart;
+* one copied there that does not fit the base (rank above ``max_lora_rank``, or trained on
+  a wider base: vLLM would copy it into its LoRA slots and lose the engine core) is a 400
+  in OpenAI shape saying why, and the replica keeps serving;
 * tenancy: another tenant's adapter answers 404 exactly like an unknown one;
 * ``/v1/models`` lists each adapter with its parent.
 
@@ -37,16 +40,32 @@ TOKENS = 4
 KEY_A, KEY_B = "sk-lora-team-a", "sk-lora-team-b"
 
 
-def make_adapter(base_path: str, out: Path, seed: int) -> None:
-    """A rank-8 LoRA on q/v projections with random A and B (B non-zero: it changes outputs)."""
+def make_adapter(base_path: str | None, out: Path, seed: int, rank: int = 8) -> None:
+    """A LoRA on q/v projections with random A and B (B non-zero: it changes outputs).
+
+    ``base_path`` None: trained on a made-up one-layer Gemma 3 with hidden size 1024 (the
+    default model's is 640), i.e. an adapter of another base model.
+    """
     import torch  # noqa: PLC0415 - heavy, only here
     from peft import LoraConfig, get_peft_model  # noqa: PLC0415
-    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig  # noqa: PLC0415
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    if base_path is None:
+        other = Gemma3TextConfig(
+            vocab_size=512,
+            hidden_size=1024,
+            intermediate_size=256,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=256,
+        )
+        model = AutoModelForCausalLM.from_config(other)  # type: ignore[no-untyped-call]
+    else:
+        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
     config = LoraConfig(
-        r=8, lora_alpha=32, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+        r=rank, lora_alpha=32, target_modules=["q_proj", "v_proj"], init_lora_weights=False
     )
     peft_model = get_peft_model(model, config)
     with torch.no_grad():
@@ -200,3 +219,25 @@ def test_adapters_of_other_tenants_and_unknown_adapters_are_404(
             greedy(a, model)
         errors.append(e.value.body["message"].replace(model, "X"))  # type: ignore[index]
     assert errors[0] == errors[1]
+
+
+def test_adapters_that_do_not_fit_the_base_are_400_and_the_replica_keeps_serving(
+    lora_fleet: dict[str, Any],
+) -> None:
+    root, c = lora_fleet["root"], sdk(lora_fleet)
+    make_adapter(lora_fleet["base_path"], root / "dir" / "rank-16", seed=7, rank=16)
+    make_adapter(None, root / "dir" / "other-base", seed=8)
+    for name, reason in [
+        ("rank-16", "its rank 16 is above this model's max_lora_rank (8)"),
+        ("other-base", "q_proj lora_A has 1024 in-features, the served model's"),
+    ]:
+        for asked in (name, f"{DEFAULT_MODEL_NAME}:{name}"):
+            with pytest.raises(openai.BadRequestError) as e:
+                greedy(c, asked)
+            body: Any = e.value.body
+            assert body["type"] == "BadRequestError", body
+            assert body["param"] == "model"
+            assert reason in body["message"], body
+    # the engine core is alive and the adapters that fit still give their own outputs
+    assert greedy(c, DEFAULT_MODEL_NAME) == lora_fleet["refs"]["base"]
+    assert greedy(c, "ad-1") == lora_fleet["refs"]["ad-1"]

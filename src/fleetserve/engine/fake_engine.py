@@ -5,7 +5,8 @@ It answers ``/v1/chat/completions`` and ``/v1/completions`` (streaming or not, `
 deterministic text ("tok0 tok1 ..."), one whitespace-separated word per token, and rejects
 what vLLM rejects with vLLM's error shape: an unknown ``model`` (404; LoRA adapters are
 known as vLLM knows them: static ones, and ``adapter_dir`` ones found on first request;
-the response's ``model`` is the adapter id, as vLLM's is), a prompt plus
+the response's ``model`` is the adapter id, as vLLM's is), an ``adapter_dir`` adapter that
+does not fit the base (400, the real replica's check), a prompt plus
 ``max_tokens`` over ``max_model_len`` (400, ``param: max_tokens``), bad sampling values
 (400). ``fake_token_delay_s`` slows generation so drain and disconnect can be observed.
 It runs behind the same :class:`~fleetserve.engine.asgi_bridge.AsgiBridge` as vLLM.
@@ -28,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from fleetserve.adapters import find_in
+from fleetserve.adapters import base_config, base_weight_shapes, find_in, load_problem, refusal
 from fleetserve.engine.asgi_bridge import AsgiBridge
 from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
@@ -172,6 +173,9 @@ class FakeEngine:
         model = body.get("model")
         if model is not None and not self._serves(model):  # vLLM: absent = served model
             raise _BadRequest(404, f"The model `{model}` does not exist.", "NotFoundError", None)
+        problem = self._adapter_problem(model)
+        if problem is not None:  # as the real replica's check_before_load answers
+            raise _BadRequest(400, problem, "BadRequestError", "model")
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
@@ -233,6 +237,26 @@ class FakeEngine:
         if model in lora.modules:
             return True
         return lora.adapter_dir is not None and find_in(Path(lora.adapter_dir), model) is not None
+
+    def _adapter_problem(self, model: object) -> str | None:
+        """Why an ``adapter_dir`` adapter does not fit the base (the real engine's check,
+        :func:`fleetserve.engine.lora.check_before_load`, with the same message)."""
+        lora = self._config.lora
+        if lora is None or lora.adapter_dir is None or not isinstance(model, str):
+            return None
+        if model == self._config.name or model in lora.modules:
+            return None
+        path = find_in(Path(lora.adapter_dir), model)
+        if path is None:
+            return None
+        weights = Path(self._config.model_path)
+        problem = load_problem(
+            path,
+            max_lora_rank=lora.max_lora_rank,
+            served_config=base_config(weights),
+            base_shapes=base_weight_shapes(weights),
+        )
+        return None if problem is None else refusal(model, self._config.name, problem)
 
     async def _text(self, max_tokens: int) -> str:
         words = []

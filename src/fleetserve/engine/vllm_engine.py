@@ -35,7 +35,7 @@ from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
 from fleetserve.engine.asgi_bridge import AsgiBridge
 from fleetserve.engine.config import EngineConfig
-from fleetserve.engine.lora import enable_adapter_dir
+from fleetserve.engine.lora import check_before_load, enable_adapter_dir
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
 from fleetserve.engine.reaper import EngineProcesses
 from fleetserve.engine.signals import SignalsHolder, vllm_signals_logger
@@ -115,6 +115,15 @@ class VllmEngine:
         supported_tasks = await self._engine.get_supported_tasks()
         app = build_app(args, supported_tasks, self._engine.model_config)
         await init_app_state(self._engine, app.state, args, supported_tasks)
+        if self._config.lora is not None:
+            # adapter_dir adapters that do not fit this model: a 400, not a dead engine core
+            check_before_load(
+                app.state.openai_serving_models,
+                self._config.lora,
+                base=self._config.name,
+                model_path=self._config.model_path,
+                hf_text_config=self._engine.model_config.hf_text_config.to_dict(),
+            )
         # vLLM's engine-dead handler flips ``state.server.should_exit`` (uvicorn's flag);
         # there is no uvicorn here - Serve's health check replaces the replica instead.
         app.state.server = types.SimpleNamespace()

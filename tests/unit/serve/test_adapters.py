@@ -378,3 +378,107 @@ def test_splice_re_encodes_when_the_token_is_ambiguous() -> None:
     out = json.loads(splice_model(body, json.loads(body), "a"))
     assert out["model"] == "a"
     assert out["tools"][0]["function"]["parameters"]["model"] == "m:a"
+
+
+# --------------------------------------------------------------------------- hot-add misfits
+
+
+def write_safetensors(path: Path, shapes: dict[str, list[int]]) -> None:
+    """A real safetensors file (zero data) with these tensor shapes."""
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, shape in shapes.items():
+        size = 4 * shape[0] * shape[1]
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(offset))
+
+
+def lora_tensors(hidden: int, q_out: int, v_out: int, rank: int = 8) -> dict[str, list[int]]:
+    prefix = "base_model.model.model.layers.0.self_attn"
+    return {
+        f"{prefix}.q_proj.lora_A.weight": [rank, hidden],
+        f"{prefix}.q_proj.lora_B.weight": [q_out, rank],
+        f"{prefix}.v_proj.lora_A.weight": [rank, hidden],
+        f"{prefix}.v_proj.lora_B.weight": [v_out, rank],
+    }
+
+
+@pytest.fixture
+def misfits(tmp_path: Path) -> tuple[Path, Path]:
+    """A base model directory (hidden 64) and an adapter_dir with one fitting adapter and
+    one of each misfit an operator can drop in after start."""
+    base = make_base(tmp_path / "base", hidden=64)
+    write_safetensors(
+        base / "model.safetensors",
+        {
+            "model.layers.0.self_attn.q_proj.weight": [64, 64],
+            "model.layers.0.self_attn.v_proj.weight": [32, 64],
+        },
+    )
+    other_base = make_base(tmp_path / "other-base", hidden=128)
+    d = tmp_path / "dir"
+    write_safetensors(
+        make_adapter(d / "fits") / "adapter_model.safetensors", lora_tensors(64, 64, 32)
+    )
+    write_safetensors(
+        make_adapter(d / "rank-32", rank=32) / "adapter_model.safetensors",
+        lora_tensors(64, 64, 32, rank=32),
+    )
+    write_safetensors(
+        make_adapter(d / "wider-base") / "adapter_model.safetensors", lora_tensors(128, 128, 32)
+    )
+    write_safetensors(
+        make_adapter(d / "narrower-out") / "adapter_model.safetensors", lora_tensors(64, 16, 32)
+    )
+    foreign = lora_tensors(64, 64, 32)
+    foreign["base_model.model.model.layers.0.self_attn.c_attn.lora_A.weight"] = [8, 64]
+    write_safetensors(make_adapter(d / "foreign-module") / "adapter_model.safetensors", foreign)
+    make_adapter(d / "other-arch", base=str(other_base))
+    (make_adapter(d / "broken") / "adapter_config.json").write_text("{not json")
+    return base, d
+
+
+@pytest.mark.parametrize(
+    ("adapter", "reason"),
+    [
+        ("rank-32", "its rank 32 is above this model's max_lora_rank (16)"),
+        ("wider-base", "q_proj lora_A has 128 in-features, the served model's"),
+        ("narrower-out", "q_proj lora_B has 16 out-features"),
+        ("foreign-module", "layers.0.self_attn.c_attn, a module the served model does not have"),
+        ("other-arch", "hidden_size 128), the served model has hidden_size 64"),
+        ("broken", "cannot read"),
+    ],
+)
+async def test_a_hot_added_adapter_that_does_not_fit_the_base_is_a_400(
+    misfits: tuple[Path, Path], adapter: str, reason: str
+) -> None:
+    base, adapter_dir = misfits
+    model = parse_spec(
+        {"models": [{"name": "m", "source": "x", "adapter_dir": str(adapter_dir)}]}
+    ).models[0]
+    engine = FakeEngine(
+        EngineConfig.from_spec(model, model_path=str(base), settings=SETTINGS, kind="fake")
+    )
+    await engine.start()
+    gw = Gateway(
+        [ModelRoute("m", 64, adapter_dir=str(adapter_dir))],
+        ApiKeyTable(model_tenants={"m": None}),
+        LocalModelClient({"m": engine}),
+    )
+    async with client(gw, "") as c:
+        for asked in (adapter, f"m:{adapter}"):
+            r = await c.post("/v1/chat/completions", json=chat(asked))
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["type"] == "BadRequestError"
+            assert error["param"] == "model"
+            assert error["code"] == 400
+            assert error["message"].startswith(
+                f"LoRA adapter '{adapter}' cannot be served by model 'm': "
+            )
+            assert reason in error["message"]
+        # the replica keeps serving: the base and an adapter that fits
+        for ok in ("m", "fits"):
+            assert (await c.post("/v1/chat/completions", json=chat(ok))).status_code == 200
