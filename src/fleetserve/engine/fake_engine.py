@@ -64,8 +64,13 @@ class FakeEngine:
         self._core_process = core_process
         self._core: subprocess.Popen[bytes] | None = None
         self._processes: EngineProcesses | None = None
+        # Adapters "loaded", oldest first: static ones at start, then by use (see _hold).
+        self._held: dict[str, None] = {}
 
     async def start(self) -> None:
+        if self._config.lora is not None:  # vLLM loads static adapters at start
+            for name in sorted(self._config.lora.modules):
+                self._hold(name)
         if self._core_process:
             # Like vLLM's engine core: a child process that does not watch its parent,
             # so only the reaper's watchdog stops it when the replica dies uncleanly.
@@ -176,6 +181,7 @@ class FakeEngine:
         problem = self._adapter_problem(model)
         if problem is not None:  # as the real replica's check_before_load answers
             raise _BadRequest(400, problem, "BadRequestError", "model")
+        self._hold(model)
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
@@ -237,6 +243,19 @@ class FakeEngine:
         if model in lora.modules:
             return True
         return lora.adapter_dir is not None and find_in(Path(lora.adapter_dir), model) is not None
+
+    def _hold(self, model: object) -> None:
+        """Note an adapter as loaded, LRU within max_cpu_loras (as vLLM's cache keeps it)."""
+        lora = self._config.lora
+        if lora is None or not isinstance(model, str) or model == self._config.name:
+            return
+        self._held.pop(model, None)
+        self._held[model] = None
+        while len(self._held) > (lora.max_cpu_loras or lora.max_loras):
+            del self._held[next(iter(self._held))]
+
+    async def adapters(self) -> tuple[str, ...]:
+        return tuple(sorted(self._held))
 
     def _adapter_problem(self, model: object) -> str | None:
         """Why an ``adapter_dir`` adapter does not fit the base (the real engine's check,

@@ -123,3 +123,14 @@ def check_before_load(
         return await resolve(lora_name)
 
     serving_models.resolve_lora = resolve_checked
+
+
+async def held_adapters(engine: Any, serving_models: Any) -> tuple[str, ...]:
+    """The adapter ids in vLLM's LoRA cache now (``max_cpu_loras`` LRU), sorted.
+
+    vLLM knows its cache by integer ids (``AsyncLLM.list_loras``, one RPC to the engine
+    core); ``OpenAIServingModels.lora_requests`` maps the names it resolved to those ids.
+    """
+    ids = await engine.list_loras()
+    requests = serving_models.lora_requests
+    return tuple(sorted(name for name, req in requests.items() if req.lora_int_id in ids))

@@ -73,5 +73,9 @@ class Engine(Protocol):
     def stats(self) -> EngineStats:
         """Current load (cheap; called per readiness probe)."""
 
+    async def adapters(self) -> tuple[str, ...]:
+        """LoRA adapter ids this replica holds loaded now (sorted; () without LoRA): a
+        request for one of them starts without loading it (routing by adapter)."""
+
     async def shutdown(self) -> None:
         """Release the engine (idempotent)."""

@@ -35,7 +35,7 @@ from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
 from fleetserve.engine.asgi_bridge import AsgiBridge
 from fleetserve.engine.config import EngineConfig
-from fleetserve.engine.lora import check_before_load, enable_adapter_dir
+from fleetserve.engine.lora import check_before_load, enable_adapter_dir, held_adapters
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
 from fleetserve.engine.reaper import EngineProcesses
 from fleetserve.engine.signals import SignalsHolder, vllm_signals_logger
@@ -70,6 +70,8 @@ class VllmEngine:
         self._processes: EngineProcesses | None = None
         # Latest scheduler signals (waiting, KV usage, prefix hits) for routing/autoscaling.
         self._signals = SignalsHolder()
+        # vLLM's OpenAIServingModels: the adapter names it resolved (see adapters()).
+        self._serving_models: Any = None
 
     async def start(self) -> None:
         # spawn, not fork: this process runs Ray's threads (vllm serve's CLI does the same).
@@ -131,6 +133,7 @@ class VllmEngine:
         # start-up heap out of the GC; run it for the engine's lifetime.
         self._lifespan = app.router.lifespan_context(app)
         await self._lifespan.__aenter__()
+        self._serving_models = app.state.openai_serving_models
         self._bridge = AsgiBridge(app)
         gc.collect()
         gc.freeze()
@@ -150,6 +153,11 @@ class VllmEngine:
             await self._engine.check_health()
         except Exception as e:
             raise EngineError(f"model '{self._config.name}': engine unhealthy: {e}") from None
+
+    async def adapters(self) -> tuple[str, ...]:
+        if self._config.lora is None or self._engine is None or self._serving_models is None:
+            return ()
+        return await held_adapters(self._engine, self._serving_models)
 
     def stats(self) -> EngineStats:
         bridge = self._bridge

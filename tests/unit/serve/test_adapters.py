@@ -482,3 +482,44 @@ async def test_a_hot_added_adapter_that_does_not_fit_the_base_is_a_400(
         # the replica keeps serving: the base and an adapter that fits
         for ok in ("m", "fits"):
             assert (await c.post("/v1/chat/completions", json=chat(ok))).status_code == 200
+
+
+# --------------------------------------------------------------------------- held adapters
+
+
+async def test_engine_reports_the_adapters_it_holds_lru_within_max_cpu_loras(
+    adapter_dir: Path, tmp_path: Path
+) -> None:
+    for name in ("d1", "d2", "d3"):
+        make_adapter(adapter_dir / name)
+    static = make_adapter(tmp_path / "static")
+    model = parse_spec(
+        {
+            "models": [
+                {
+                    "name": "m",
+                    "source": "x",
+                    "adapter_dir": str(adapter_dir),
+                    "adapters": [{"name": "s", "source": str(static)}],
+                    "max_loras": 1,
+                    "max_cpu_loras": 3,
+                }
+            ]
+        }
+    ).models[0]
+    engine = FakeEngine(
+        EngineConfig.from_spec(model, model_path="fake", settings=SETTINGS, kind="fake")
+    )
+    await engine.start()
+    gw = Gateway(
+        [ModelRoute("m", 64, adapters=("s",), adapter_dir=str(adapter_dir))],
+        ApiKeyTable(model_tenants={"m": None, "s": None}),
+        LocalModelClient({"m": engine}),
+    )
+    assert await engine.adapters() == ("s",)  # static adapters load at start
+    async with client(gw, "") as c:
+        for asked in ("m", "d1", "m:d2", "nope"):
+            await c.post("/v1/chat/completions", json=chat(asked))
+        assert await engine.adapters() == ("d1", "d2", "s")  # the base is no adapter
+        await c.post("/v1/chat/completions", json=chat("d3"))
+        assert await engine.adapters() == ("d1", "d2", "d3")  # 's' was least recently used
