@@ -11,7 +11,9 @@ which is also what ``vllm serve`` pays.
 
 Metrics: inside Ray, vLLM's Prometheus stat logger is replaced by
 ``RayPrometheusStatLogger`` so engine metrics flow through Ray's metrics agent (exported
-as ``ray_vllm_*`` on each node's metrics-export port, tagged with ``ReplicaId``).
+as ``ray_vllm_*`` on each node's metrics-export port, tagged with ``ReplicaId``) - our
+:class:`~fleetserve.engine.ray_stats.KeptRayStatLogger`, whose gauges stay exported while
+the engine is idle.
 """
 
 from __future__ import annotations
@@ -31,12 +33,12 @@ from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
-from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
 from fleetserve.engine.asgi_bridge import AsgiBridge
 from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.lora import check_before_load, enable_adapter_dir, held_adapters
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
+from fleetserve.engine.ray_stats import KeptRayStatLogger
 from fleetserve.engine.reaper import EngineProcesses
 from fleetserve.engine.signals import SignalsHolder, vllm_signals_logger
 from fleetserve.errors import EngineError
@@ -193,7 +195,7 @@ def _ray_stat_loggers() -> list[Any] | None:
     """vLLM's Ray metrics logger when running inside Ray, else vLLM's defaults."""
     if not ray.is_initialized():
         return None
-    return [RayPrometheusStatLogger]
+    return [KeptRayStatLogger]
 
 
 def _replica_placement_group(config: EngineConfig) -> Any:

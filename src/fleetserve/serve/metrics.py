@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetserve.observe import metrics as m
+from fleetserve.observe.keeper import KEEPER
 from fleetserve.observe.metrics import PromMetric
 from fleetserve.serve.usage import Usage
 
@@ -173,7 +174,9 @@ class RayMetricsSink:
         self._get(metric).observe(value, tags=dict(tags))
 
     def set(self, metric: PromMetric, tags: Mapping[str, str], value: float) -> None:
-        self._get(metric).set(value, tags=dict(tags))
+        # Ray forgets a gauge that is not set again: the keeper replays the last in-flight
+        # count, so an idle gateway still reports 0 (fleetserve.observe.keeper).
+        KEEPER.set(self._get(metric), value, tags)
 
 
 @dataclass(frozen=True)

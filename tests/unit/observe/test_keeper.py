@@ -1,0 +1,67 @@
+"""GaugeKeeper: gauges set only on change are replayed, so Ray keeps exporting them."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetserve.engine import ray_stats
+from fleetserve.observe.keeper import GaugeKeeper
+
+
+class RayLikeGauge:
+    """Records every set; refuses tag sets that are not its tag keys, as Ray's Gauge does."""
+
+    def __init__(self, *tag_keys: str) -> None:
+        self.tag_keys = set(tag_keys)
+        self.sets: list[tuple[dict[str, str], float]] = []
+
+    def set(self, value: float, tags: dict[str, str]) -> None:
+        if set(tags) != self.tag_keys:
+            raise ValueError(f"tags {sorted(tags)} are not {sorted(self.tag_keys)}")
+        self.sets.append((dict(tags), value))
+
+
+def test_refresh_replays_the_last_value_of_each_tag_set() -> None:
+    keeper = GaugeKeeper(background=False)
+    g = RayLikeGauge("model")
+    keeper.set(g, 3.0, {"model": "a"})
+    keeper.set(g, 0.0, {"model": "a"})
+    keeper.set(g, 1.0, {"model": "b"})
+    g.sets.clear()
+    assert keeper.refresh() == 2
+    assert sorted((t["model"], v) for t, v in g.sets) == [("a", 0.0), ("b", 1.0)]
+
+
+def test_a_refused_set_raises_and_is_not_replayed() -> None:
+    keeper = GaugeKeeper(background=False)
+    g = RayLikeGauge("model")
+    with pytest.raises(ValueError, match="tags"):
+        keeper.set(g, 1.0, {"tenant": "x"})
+    assert keeper.refresh() == 0
+    assert g.sets == []
+
+
+def test_one_failing_gauge_does_not_stop_the_others() -> None:
+    keeper = GaugeKeeper(background=False)
+    good, bad = RayLikeGauge("k"), RayLikeGauge("k")
+    keeper.set(bad, 1.0, {"k": "v"})
+    keeper.set(good, 2.0, {"k": "v"})
+    bad.tag_keys = {"other"}  # from now on every set of ``bad`` fails
+    good.sets.clear()
+    assert keeper.refresh() == 2
+    assert good.sets == [({"k": "v"}, 2.0)]
+
+
+def test_vllm_gauges_of_our_ray_logger_go_through_the_keeper(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM's scheduler gauges (set only per engine step) are kept; a real Ray Gauge
+    (no Ray cluster needed to record) receives the replays."""
+    keeper = GaugeKeeper(background=False)
+    monkeypatch.setattr(ray_stats, "KEEPER", keeper)
+    assert ray_stats.KeptRayStatLogger._gauge_cls is ray_stats.KeptRayGauge
+    gauge = ray_stats.KeptRayGauge("vllm:test_keeper_gauge", "t", labelnames=["model_name"])
+    labelled = gauge.labels("m")
+    assert isinstance(labelled, ray_stats.KeptRayGauge)
+    labelled.set(0.25)
+    assert keeper.refresh() == 1
