@@ -145,6 +145,7 @@ def exposition(step: int, *, engine: bool = True, kill: bool = False) -> str:
     if engine:
         lines.append("# TYPE ray_vllm_kv_cache_usage_perc gauge")
         lines.append("# TYPE ray_vllm_generation_tokens_total counter")
+        lines.append("# TYPE ray_vllm_time_to_first_token_seconds histogram")
         for replica, kv in (("r1", 0.25), ("r2", 0.5)):
             eng = {
                 "WorkerId": f"w-{replica}",
@@ -155,6 +156,15 @@ def exposition(step: int, *, engine: bool = True, kill: bool = False) -> str:
             lines.append(_line("ray_vllm_kv_cache_usage_perc", eng, kv))
             lines.append(_line("ray_vllm_generation_tokens_total", eng, 40 * step))
             lines.append(_line("ray_vllm_num_requests_waiting", eng, 1))
+            # Every second per replica: 4 first tokens under 100 ms, 1 between 100 and 250 ms.
+            for le, per_s in (("0.1", 4), ("0.25", 5), ("+Inf", 5)):
+                lines.append(
+                    _line(
+                        "ray_vllm_time_to_first_token_seconds_bucket",
+                        {**eng, "le": le},
+                        per_s * step,
+                    )
+                )
     lines.append("# TYPE ray_unrelated_metric gauge")
     lines.append(_line("ray_unrelated_metric", {}, 1))
     return "\n".join(lines) + "\n"

@@ -73,6 +73,16 @@ class Pane:
         return self.tmux("capture-pane", "-p", "-S", "-1000", "-t", self.name)
 
 
+def _rows(screen: str) -> dict[str, list[str]]:
+    """Table rows of a captured frame by their first cell (cells stripped)."""
+    rows: dict[str, list[str]] = {}
+    for line in screen.splitlines():
+        cells = [c.strip() for c in line.split("\u2502")]
+        if len(cells) > 2 and cells[1]:
+            rows.setdefault(cells[1], cells[1:])
+    return rows
+
+
 def _wait(what: str, check: Callable[[], bool], timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -110,9 +120,19 @@ def test_top_refreshes_in_place_and_quits_on_q(metrics_url: str, pane_factory: S
     _wait("a full frame", lambda: "last 0.5 s" in pane.screen() or "last 0." in pane.screen())
     screen = pane.screen()
     assert "models and replicas" in screen
-    assert "alpha" in screen
-    assert "team-a" in screen
     assert "overload" in screen
+    # The columns an operator reads carry numbers, not "-": per model and replica the
+    # KV-cache usage and TTFT p50/p99, per tenant requests/s, tokens/s and rejections/s.
+    rows = _rows(screen)
+    alpha, r1, r2, team_a = rows["alpha"], rows["r1"], rows["r2"], rows["team-a"]
+    # model / replica, state, in flight, queued, tokens/s, TTFT p50, TTFT p99, KV cache, 5xx/s
+    assert (r1[7], r2[7], alpha[7]) == ("25%", "50%", "50%"), screen
+    for row in (alpha, r1, r2):
+        p50, p99 = float(row[5]), float(row[6])
+        assert 0 < p50 <= p99, screen
+    assert float(alpha[4]) > 0, screen
+    # tenant, requests/s, tokens/s, rejections/s, by reason
+    assert all(float(cell) > 0 for cell in team_a[1:4]), screen
     # In place: one frame on the (alternate) screen, nothing scrolled into history.
     time.sleep(1.5)
     assert pane.screen().count("fleetserve top") == 1
