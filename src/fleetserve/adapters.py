@@ -30,6 +30,8 @@ ADAPTER_ID = r"^[A-Za-z0-9][A-Za-z0-9._@-]*$"
 _ADAPTER_ID = re.compile(ADAPTER_ID)
 #: config.json keys whose values must agree between an adapter's base and the served model.
 _ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "intermediate_size")
+#: A plain module name (``q_proj``), as vLLM's ``--lora-target-modules`` takes them.
+_MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: The tensor file PEFT writes (``adapter_model.bin`` adapters are not shape-checked).
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 #: A safetensors header larger than this is not a LoRA adapter's (or a base shard's) header.
@@ -46,10 +48,26 @@ class AdapterConfig:
     base: str | None
     target_modules: tuple[str, ...]
 
+    @property
+    def plain_targets(self) -> bool:
+        """Whether ``target_modules`` is a list of module names (not PEFT's
+        ``"all-linear"`` or a regular expression, which only the model can expand)."""
+        return bool(self.target_modules) and all(
+            _MODULE_NAME.match(t) and t != "all-linear" for t in self.target_modules
+        )
+
 
 def valid_adapter_id(name: str) -> bool:
     """Whether ``name`` can be an adapter id (and so a directory name, never a path)."""
     return len(name) <= 128 and _ADAPTER_ID.match(name) is not None
+
+
+def outside_targets(adapter: AdapterConfig, allowed: list[str] | None) -> list[str]:
+    """The adapter's target modules the replicas do not apply LoRA to (``allowed``:
+    ``lora_target_modules``; None allows all). A pattern target cannot be checked here."""
+    if allowed is None or not adapter.plain_targets:
+        return []
+    return [t for t in adapter.target_modules if t not in allowed]
 
 
 def is_local_source(source: str) -> bool:
@@ -228,6 +246,7 @@ def load_problem(
     max_lora_rank: int,
     served_config: Mapping[str, Any] | None,
     base_shapes: Shapes | None,
+    target_modules: tuple[str, ...] | None = None,
 ) -> str | None:
     """Why the replica must not load this adapter (a client error at its first request),
     or None. The same checks as spec load, for an adapter that appeared after start, plus
@@ -245,6 +264,12 @@ def load_problem(
         mismatch = architecture_mismatch(found, dict(served_config))
         if mismatch is not None:
             return mismatch
+    outside = outside_targets(found, list(target_modules) if target_modules else None)
+    if outside:
+        return (
+            f"it targets {', '.join(outside)}, but this model's replicas apply LoRA to "
+            f"{', '.join(target_modules or ())} only (lora_target_modules)"
+        )
     return shape_mismatch(adapter_dir, base_shapes) if base_shapes is not None else None
 
 

@@ -36,6 +36,8 @@ _MODEL_ID = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"
 _ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 
 DnsLabel = Annotated[str, Field(pattern=_DNS_LABEL, min_length=1, max_length=63)]
+#: A model's module name as LoRA configs name it (``q_proj``).
+ModuleName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
 
 
 class StrictModel(BaseModel):
@@ -275,6 +277,7 @@ _FIRST_CLASS_ENGINE_ARGS = {
     "max_loras": "max_loras",
     "max_lora_rank": "max_lora_rank",
     "max_cpu_loras": "max_cpu_loras",
+    "lora_target_modules": "lora_target_modules",
 }
 
 
@@ -416,6 +419,16 @@ class ModelSpec(StrictModel):
         le=4096,
         description="Adapters kept in CPU memory (LRU beyond it; default: max_loras).",
     )
+    lora_target_modules: list[ModuleName] | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Modules the replicas apply LoRA to (vLLM --lora-target-modules, e.g. "
+            "[q_proj, v_proj]); every other module skips the LoRA kernels. Default: the "
+            "union of the listed adapters' target_modules when all are local and there is "
+            "no adapter_dir, else every module vLLM supports."
+        ),
+    )
 
     @field_validator("adapter_dir")
     @classmethod
@@ -498,6 +511,13 @@ class ModelSpec(StrictModel):
                 raise ValueError(
                     f"adapters[{i}] ('{adapter.name}') does not fit model '{self.name}': {mismatch}"
                 )
+            outside = lora_files.outside_targets(found, self.lora_target_modules)
+            if outside:
+                raise ValueError(
+                    f"adapters[{i}] ('{adapter.name}') targets {', '.join(outside)}, not in "
+                    f"lora_target_modules ({', '.join(self.lora_target_modules or [])}); vLLM "
+                    "would drop those weights"
+                )
 
     @property
     def config_ref(self) -> str:
@@ -505,6 +525,32 @@ class ModelSpec(StrictModel):
         ref = self.config or self.source
         assert ref is not None  # _consistent: one of them is set
         return ref
+
+    @property
+    def lora_targets(self) -> tuple[str, ...] | None:
+        """The modules the replicas apply LoRA to (None: all vLLM supports).
+
+        ``lora_target_modules`` when set; else, when every adapter is known now (local
+        ones, no ``adapter_dir`` to add more), the union of theirs: vLLM runs its LoRA
+        kernels on every supported module otherwise, zeros included, which costs
+        throughput on CPUs (docs/benchmarks.md, "Many LoRA adapters").
+        """
+        if self.lora_target_modules is not None:
+            return tuple(self.lora_target_modules)
+        if self.adapter_dir is not None or not self.adapters:
+            return None
+        found: set[str] = set()
+        for adapter in self.adapters:
+            if not adapter.local:
+                return None
+            try:
+                targets = lora_files.read_adapter_config(Path(adapter.source).expanduser())
+            except ValueError:
+                return None
+            if not targets.plain_targets:
+                return None
+            found.update(targets.target_modules)
+        return tuple(sorted(found))
 
     @property
     def lora_enabled(self) -> bool:

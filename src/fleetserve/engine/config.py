@@ -33,6 +33,9 @@ class LoraSettings(BaseModel):
     adapter_dir: str | None = Field(
         default=None, description="Directory whose adapters load on their first request."
     )
+    target_modules: tuple[str, ...] | None = Field(
+        default=None, description="vLLM --lora-target-modules (None: every supported module)."
+    )
 
     @classmethod
     def from_spec(cls, model: ModelSpec) -> LoraSettings | None:
@@ -45,6 +48,7 @@ class LoraSettings(BaseModel):
             max_cpu_loras=model.max_cpu_loras,
             modules={a.name: a.source for a in model.adapters},
             adapter_dir=model.adapter_dir,
+            target_modules=model.lora_targets,
         )
 
     def cli_args(self, base: str) -> list[str]:
@@ -53,6 +57,8 @@ class LoraSettings(BaseModel):
         args += ["--max-lora-rank", str(self.max_lora_rank)]
         if self.max_cpu_loras is not None:
             args += ["--max-cpu-loras", str(self.max_cpu_loras)]
+        if self.target_modules:
+            args += ["--lora-target-modules", *self.target_modules]
         if self.modules:
             args.append("--lora-modules")
             args += [

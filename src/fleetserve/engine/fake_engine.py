@@ -274,6 +274,7 @@ class FakeEngine:
             max_lora_rank=lora.max_lora_rank,
             served_config=base_config(weights),
             base_shapes=base_weight_shapes(weights),
+            target_modules=lora.target_modules,
         )
         return None if problem is None else refusal(model, self._config.name, problem)
 

@@ -112,6 +112,7 @@ def check_before_load(
                     max_lora_rank=lora.max_lora_rank,
                     served_config=served,
                     base_shapes=shapes,
+                    target_modules=lora.target_modules,
                 )
                 if problem is not None:
                     return create_error_response(

@@ -29,10 +29,18 @@ SETTINGS = EngineSettings(
 
 
 def make_adapter(
-    where: Path, rank: int = 8, base: str | None = None, peft_type: str = "LORA"
+    where: Path,
+    rank: int = 8,
+    base: str | None = None,
+    peft_type: str = "LORA",
+    targets: list[str] | str | None = None,
 ) -> Path:
     where.mkdir(parents=True)
-    config = {"peft_type": peft_type, "r": rank, "target_modules": ["q_proj", "v_proj"]}
+    config: dict[str, Any] = {
+        "peft_type": peft_type,
+        "r": rank,
+        "target_modules": ["q_proj", "v_proj"] if targets is None else targets,
+    }
     if base is not None:
         config["base_model_name_or_path"] = base
     (where / "adapter_config.json").write_text(json.dumps(config))
@@ -190,6 +198,71 @@ def test_engine_gets_vllms_lora_flags_and_modules() -> None:
         settings=SETTINGS,
     )
     assert "--enable-lora" not in plain.vllm_cli_args()
+
+
+def _model(**fields: Any) -> Any:
+    return parse_spec({"models": [{"name": "m", "source": "x", **fields}]}).models[0]
+
+
+def test_lora_target_modules_default_to_what_the_adapters_target(tmp_path: Path) -> None:
+    qv = make_adapter(tmp_path / "qv")
+    qk = make_adapter(tmp_path / "qk", targets=["q_proj", "k_proj"])
+    listed = [{"name": "a", "source": str(qv)}, {"name": "b", "source": str(qk)}]
+    model = _model(adapters=listed)
+    assert model.lora_targets == ("k_proj", "q_proj", "v_proj")
+    config = EngineConfig.from_spec(model, model_path="/w", settings=SETTINGS)
+    args = config.vllm_cli_args()
+    at = args.index("--lora-target-modules")
+    assert args[at + 1 : at + 4] == ["k_proj", "q_proj", "v_proj"]
+    # unknown now: an adapter_dir can add any adapter later, a hub adapter's config is remote,
+    # PEFT's "all-linear" (or a regex) names no modules
+    everything = make_adapter(tmp_path / "all", targets="all-linear")
+    for unknown in (
+        _model(adapters=listed, adapter_dir=str(tmp_path)),
+        _model(adapters=[*listed, {"name": "h", "source": "org/h"}]),
+        _model(adapters=[{"name": "e", "source": str(everything)}]),
+    ):
+        assert unknown.lora_targets is None
+        plain = EngineConfig.from_spec(unknown, model_path="/w", settings=SETTINGS)
+        assert "--lora-target-modules" not in plain.vllm_cli_args()
+    # the operator's list wins
+    chosen = _model(adapter_dir=str(tmp_path), lora_target_modules=["q_proj", "v_proj"])
+    assert chosen.lora_targets == ("q_proj", "v_proj")
+
+
+def test_an_adapter_outside_lora_target_modules_is_refused(tmp_path: Path) -> None:
+    qv = make_adapter(tmp_path / "qv")
+    with pytest.raises(
+        SpecError,
+        match=r"adapters\[0\] \('a'\) targets v_proj, not in lora_target_modules \(q_proj\)",
+    ):
+        _model(adapters=[{"name": "a", "source": str(qv)}], lora_target_modules=["q_proj"])
+    with pytest.raises(SpecError, match="duplicates the model field 'lora_target_modules'"):
+        _model(engine_args={"lora_target_modules": ["q_proj"]})
+
+
+async def test_a_hot_added_adapter_outside_lora_target_modules_is_a_400(tmp_path: Path) -> None:
+    adapter_dir = tmp_path / "dir"
+    make_adapter(adapter_dir / "q-only", targets=["q_proj"])
+    make_adapter(adapter_dir / "qv")
+    model = _model(adapter_dir=str(adapter_dir), lora_target_modules=["q_proj"])
+    engine = FakeEngine(
+        EngineConfig.from_spec(model, model_path="fake", settings=SETTINGS, kind="fake")
+    )
+    await engine.start()
+    gw = Gateway(
+        [ModelRoute("m", 64, adapter_dir=str(adapter_dir))],
+        ApiKeyTable(model_tenants={"m": None}),
+        LocalModelClient({"m": engine}),
+    )
+    async with client(gw, "") as c:
+        assert (await c.post("/v1/chat/completions", json=chat("q-only"))).status_code == 200
+        r = await c.post("/v1/chat/completions", json=chat("qv"))
+        assert r.status_code == 400
+        assert (
+            "it targets v_proj, but this model's replicas apply LoRA to q_proj only"
+            in (r.json()["error"]["message"])
+        )
 
 
 # --------------------------------------------------------------------------- routing
