@@ -376,6 +376,56 @@ def alert_rules(
     ]
 
 
+#: How each alert is proven against a running fleet (``tests/integration/test_observe_live.py``
+#: fires it and sees it resolve), or why it cannot fire on a local fleet. promtool's rule
+#: tests (``tests/unit/observe/test_rules.py``) hold every alert on synthetic series too.
+LocalProof = Literal["fake engine", "real engine", "not locally"]
+ALERT_LOCAL_PROOF: dict[str, tuple[LocalProof, str]] = {
+    "FleetServeHigh5xxRate": ("fake engine", "an overload burst answered with 503s"),
+    "FleetServeRequestsRejected": ("fake engine", "the same burst: overload rejections"),
+    "FleetServeReplicaHealthChecksFailing": ("fake engine", "a model replica's process killed"),
+    "FleetServeHighTimeToFirstToken": (
+        "real engine",
+        "requests on vLLM with the threshold lowered to 1 ms (CPU prefill is slower)",
+    ),
+    "FleetServeKVCacheNearlyFull": (
+        "not locally",
+        "needs a KV cache filled to 95 %: the default fleet's small model and short requests "
+        "never fill it on CPU (the series itself is checked live on the real engine)",
+    ),
+    "FleetServeRequestsWaiting": (
+        "not locally",
+        "needs more concurrent sequences than max_num_seqs for minutes: a saturation run, "
+        "not a test (the series itself is checked live on the real engine)",
+    ),
+    "FleetServeDeploymentUnhealthy": (
+        "not locally",
+        "Serve replaces a killed local replica in about 2 s, faster than Ray's 10 s metrics "
+        "report, so the UNHEALTHY status is not reliably exported; it needs a replica that "
+        "keeps failing (no GPU, bad weights) - a cluster condition",
+    ),
+    "FleetServeApplicationUnhealthy": (
+        "not locally",
+        "as FleetServeDeploymentUnhealthy: a local application recovers before Ray exports it",
+    ),
+    "FleetServeReplicasBelowTarget": (
+        "not locally",
+        "needs replicas that cannot be placed (Pending pods on Kubernetes); a local "
+        "replacement is faster than Ray's metrics report",
+    ),
+    "FleetServeSliceOverProvisioned": (
+        "not locally",
+        "needs HAMi's vGPU monitor and GPU slices on Kubernetes; its names are checked "
+        "against an exposition sample from HAMi's source",
+    ),
+    "FleetServeSliceMemoryFull": ("not locally", "needs HAMi slices on Kubernetes (as above)"),
+    "FleetServeSliceCoresSaturated": (
+        "not locally",
+        "needs HAMi slices on Kubernetes (as above)",
+    ),
+}
+
+
 def rule_groups(
     selector: Mapping[str, str] | None = None,
     thresholds: AlertThresholds | None = None,

