@@ -2,7 +2,8 @@
 
 Design note. Two ``fleetserve serve`` processes on the default model, started one after
 the other (engine compilation would otherwise fight for the CPUs): ``base`` without LoRA,
-and ``lora`` with ``max_loras`` = the largest N, ``max_cpu_loras`` = N + 1, and N adapters
+and ``lora`` with ``max_loras`` = the largest N, ``max_cpu_loras`` = N + 1,
+``max_lora_rank`` 8 and ``lora_target_modules`` q/v (what the adapters need), and N adapters
 made here with ``peft`` (rank 8 on q/v, fixed seeds, no download). Each phase sends the same
 load - ``concurrency`` closed-loop clients x ``requests`` streaming completions with
 ``ignore_eos`` and fixed ``max_tokens`` - to the base server's model, then to the LoRA
@@ -11,6 +12,12 @@ Reported per phase: output tok/s (from ``usage``) and TTFT p50, as ratios to the
 server's phase. Cold adapter: after the phases, a new adapter directory is copied into
 ``adapter_dir`` and its first request (vLLM resolves and loads it) is timed against the
 next, warm, request of the same adapter.
+
+``--vllm VARIANT...`` adds plain ``vllm serve`` arms started with the flags fleetserve
+derives for the LoRA model (``same``) or one of them changed (``all-modules``: no
+``--lora-target-modules``, vLLM's default; ``slots1``; ``rank16``), each measured base ->
+N adapters -> base again on its own engine: the within-engine ratio tells what LoRA costs
+with those flags, independent of fleetserve.
 
     .venv/bin/python benchmarks/lora.py --adapters 1 4 16 --concurrency 8 --requests 4
 """
@@ -65,24 +72,33 @@ def free_port() -> int:
 class Server:
     """``fleetserve serve SPEC`` in its own process group."""
 
-    def __init__(self, spec: dict[str, Any], work: Path, name: str) -> None:
-        self.port = free_port()
+    def __init__(
+        self, spec: dict[str, Any], work: Path, name: str, argv: list[str] | None = None
+    ) -> None:
+        self.port = free_port() if argv is None else int(argv[-1])
+        self.ready_path = "/ready" if argv is None else "/v1/models"
         spec_file = work / f"{name}.yaml"
         spec_file.write_text(yaml.safe_dump(spec))
         self.log = (work / f"{name}.log").open("wb")
-        argv = [
-            sys.executable,
-            "-m",
-            "fleetserve.cli",
-            "serve",
-            str(spec_file),
-            "--port",
-            str(self.port),
-        ]
+        if argv is None:
+            argv = [
+                sys.executable,
+                "-m",
+                "fleetserve.cli",
+                "serve",
+                str(spec_file),
+                "--port",
+                str(self.port),
+            ]
         self.proc = subprocess.Popen(
             argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
         )
         self.url = f"http://127.0.0.1:{self.port}"
+
+    @classmethod
+    def vllm(cls, spec_model: dict[str, Any], work: Path, name: str) -> Server:
+        """Plain ``vllm serve`` with the engine options fleetserve derives for ``spec_model``."""
+        return cls({"models": [spec_model]}, work, name, vllm_argv(spec_model, free_port()))
 
     def wait(self) -> float:
         t0 = time.monotonic()
@@ -90,7 +106,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise SystemExit(f"server exited with {self.proc.returncode}; see {self.log.name}")
             try:
-                if httpx.get(self.url + "/ready", timeout=5).status_code == 200:
+                if httpx.get(self.url + self.ready_path, timeout=5).status_code == 200:
                     return time.monotonic() - t0
             except httpx.HTTPError:
                 pass
@@ -159,6 +175,67 @@ async def phase(
     return {"tok_s": total / wall, "ttft_p50_s": statistics.median(ttfts), "wall_s": wall}
 
 
+#: Plain ``vllm serve`` arms: fleetserve's flags, or a variant of them (see :func:`vllm_argv`);
+#: each answers "does this setting cost throughput, and does fleetserve add any?".
+VLLM_VARIANTS: dict[str, dict[str, Any]] = {
+    "same": {},  # exactly the flags the fleetserve replica runs with
+    "all-modules": {"lora_target_modules": None},  # LoRA on every module (vLLM's default)
+    "slots1": {"max_loras": 1},
+    "rank16": {"max_lora_rank": 16},
+    "no-prefix-cache": {"engine_args": {"enable_prefix_caching": False}},
+    "no-chunked-prefill": {"engine_args": {"enable_chunked_prefill": False}},
+}
+
+
+def vllm_argv(spec_model: dict[str, Any], port: int) -> list[str]:
+    """``vllm serve`` with the engine options fleetserve gives ``spec_model`` (one source:
+    :meth:`EngineConfig.vllm_cli_args`, as the engine parity test does)."""
+    from fleetserve.engine.config import EngineConfig  # noqa: PLC0415 - imports vLLM config
+    from fleetserve.serve.settings import engine_settings  # noqa: PLC0415
+    from fleetserve.spec import parse_spec  # noqa: PLC0415
+
+    spec = parse_spec({"models": [spec_model]}, "lora bench")
+    model = spec.models[0]
+    settings = engine_settings(spec)[model.name]
+    path = ModelStore().resolve(DEFAULT_MODEL_SOURCE)
+    config = EngineConfig.from_spec(model, model_path=path, settings=settings)
+    return [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *config.vllm_cli_args(),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+
+
+def measure_engine(
+    server: Server,
+    label: str,
+    names: list[str],
+    counts: list[int],
+    load: tuple[int, int, int],
+    results: dict[str, Any],
+) -> None:
+    """Base model then N-adapter phases on one engine; ratios within the engine too."""
+    results[f"{label}_start_s"] = server.wait()
+    asyncio.run(phase(server.url, [DEFAULT_MODEL_NAME], 2, 1, 8))  # warm-up
+    base = asyncio.run(phase(server.url, [DEFAULT_MODEL_NAME], *load))
+    rows: dict[str, dict[str, float]] = {}
+    for n in counts:
+        asyncio.run(phase(server.url, names[:n], 1, n, 2))  # each adapter loaded once
+        rows[f"adapters_{n}"] = asyncio.run(phase(server.url, names[:n], *load))
+    # the base again after the adapters: the host's drift shows as base vs base_after
+    after = asyncio.run(phase(server.url, [DEFAULT_MODEL_NAME], *load))
+    results[f"{label}/base"], results[f"{label}/base_after"] = base, after
+    mean_base = (base["tok_s"] + after["tok_s"]) / 2
+    for key, row in rows.items():
+        row["ratio_to_base_on_same_engine"] = round(row["tok_s"] / mean_base, 3)
+        results[f"{label}/{key}"] = row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -167,6 +244,14 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--requests", type=int, default=4, help="requests per client per phase")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument(
+        "--vllm",
+        nargs="*",
+        default=[],
+        choices=sorted(VLLM_VARIANTS),
+        help="also run plain vllm serve with fleetserve's flags (same) or a variant",
+    )
+    ap.add_argument("--no-fleetserve", action="store_true", help="only the --vllm arms")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/fleetserve-lora-bench"))
     args = ap.parse_args()
     work: Path = args.workdir
@@ -192,6 +277,8 @@ def main() -> None:
         "max_loras": n_max,
         "max_cpu_loras": n_max + 1,
         "max_lora_rank": 8,
+        # what the adapters target; with an adapter_dir fleetserve cannot derive it
+        "lora_target_modules": ["q_proj", "v_proj"],
         "adapter_dir": str(work / "dir"),
         "adapters": [{"name": n, "source": str(work / n)} for n in names],
     }
@@ -199,7 +286,23 @@ def main() -> None:
     results: dict[str, Any] = {
         "load": dict(zip(("concurrency", "requests", "max_tokens"), load, strict=True))
     }
-    for label, spec_model in (("base", model), ("lora", lora_model)):
+    arms: list[tuple[str, dict[str, Any]]] = []
+    if not args.no_fleetserve:
+        arms += [("base", model), ("lora", lora_model)]
+    for variant in args.vllm:
+        changed = {**lora_model, **VLLM_VARIANTS[variant]}
+        arms.append((f"vllm-{variant}", {k: v for k, v in changed.items() if v is not None}))
+    for label, spec_model in arms:
+        if label.startswith("vllm-"):
+            server = Server.vllm(spec_model, work, label)
+            try:
+                counts = args.adapters if label == "vllm-same" else [1, n_max]
+                if spec_model["max_loras"] < n_max:
+                    counts = [1]  # N adapters in one batch need N slots
+                measure_engine(server, label, names, counts, load, results)
+            finally:
+                server.stop()
+            continue
         server = Server({"models": [spec_model]}, work, label)
         try:
             results[f"{label}_start_s"] = server.wait()
@@ -207,12 +310,13 @@ def main() -> None:
             if label == "base":
                 results["base"] = asyncio.run(phase(server.url, [DEFAULT_MODEL_NAME], *load))
                 continue
-            results["base_on_lora_engine"] = asyncio.run(
-                phase(server.url, [DEFAULT_MODEL_NAME], *load)
-            )
+            on_engine = asyncio.run(phase(server.url, [DEFAULT_MODEL_NAME], *load))
+            results["base_on_lora_engine"] = on_engine
             for n in args.adapters:
                 asyncio.run(phase(server.url, names[:n], 1, n, 2))  # each adapter loaded once
-                results[f"adapters_{n}"] = asyncio.run(phase(server.url, names[:n], *load))
+                row = asyncio.run(phase(server.url, names[:n], *load))
+                row["ratio_to_base_on_same_engine"] = round(row["tok_s"] / on_engine["tok_s"], 3)
+                results[f"adapters_{n}"] = row
             shutil.copytree(work / "seed", work / "dir" / "cold")
             cold = asyncio.run(phase(server.url, ["cold"], 1, 1, 1))
             warm = asyncio.run(phase(server.url, ["cold"], 1, 1, 1))
@@ -220,9 +324,9 @@ def main() -> None:
             results["warm_request_s"] = warm["wall_s"]
         finally:
             server.stop()
-    base = results["base"]
+    base = results.get("base")
     for row in list(results.values()):
-        if isinstance(row, dict) and "tok_s" in row:
+        if base is not None and isinstance(row, dict) and "tok_s" in row:
             row["throughput_ratio"] = round(row["tok_s"] / base["tok_s"], 3)
             row["ttft_ratio"] = round(row["ttft_p50_s"] / base["ttft_p50_s"], 3)
     digest = hashlib.sha256(json.dumps(results["load"]).encode()).hexdigest()[:8]
