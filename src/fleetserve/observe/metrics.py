@@ -13,8 +13,11 @@ installed Ray 2.60 and vLLM, see ``tests/unit/observe/test_metrics.py``):
   ``_bucket``/``_sum``/``_count`` series.
 
 Two more families are not recorded through Ray: HAMi's vGPU monitor (``hami-device-plugin``,
-port 9394, a plain Prometheus client; names as in HAMi's ``cmd/vGPUmonitor/metrics.go``,
-checked against our own exposition sample in ``tests/fixtures/observe/hami_vgpu_monitor.prom``)
+port 9394, a plain Prometheus client; names as in HAMi's ``cmd/vGPUmonitor/metrics.go``
+since HAMi's rename to Prometheus naming (commit 6609804f, PR #1644, March 2026; checked at
+HAMi 4707fb02 - older monitors, and ``--legacy-metrics``, export ``vGPU_device_memory_*`` /
+``HostGPUMemoryUsage`` instead), checked against our own exposition sample in
+``tests/fixtures/observe/hami_vgpu_monitor.prom``)
 keeps its names as they are; fleetserve's gateway metrics (:mod:`fleetserve.serve.metrics`)
 go through ``ray.util.metrics`` like Serve's.
 
