@@ -15,7 +15,7 @@ step reports 0 running and the freed KV cache, so the replayed value is the idle
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 from vllm.v1.metrics.ray_wrappers import RayGaugeWrapper, RayPrometheusStatLogger
 
@@ -35,3 +35,29 @@ class KeptRayStatLogger(RayPrometheusStatLogger):
     histograms are cumulative in Ray and need no replay)."""
 
     _gauge_cls = KeptRayGauge
+
+    def record_idle(self) -> None:
+        """The engine holds no request: nothing runs or waits and no KV block is in use.
+
+        vLLM reports that itself from the step that finishes the last request, but not when
+        the last request is aborted (a client gone): the engine then takes no further step
+        and the kept gauges would replay the busy values. The engine calls this while it
+        has no unfinished request (:meth:`VllmEngine._report_idle`).
+        """
+        for idx in self.engine_indexes:
+            # vLLM annotates these as any prometheus metric; here they are KeptRayGauges.
+            gauges: list[Any] = [
+                self.gauge_scheduler_running[idx],
+                self.gauge_scheduler_waiting[idx],
+                self.gauge_kv_cache_usage[idx],
+                *(by_reason[idx] for by_reason in self.gauge_waiting_by_reason.values()),
+            ]
+            for gauge in gauges:
+                gauge.set(0)
+
+
+def kept_loggers(engine: Any) -> list[KeptRayStatLogger]:
+    """The :class:`KeptRayStatLogger` instances of an ``AsyncLLM`` (none outside Ray)."""
+    manager = getattr(engine, "logger_manager", None)
+    loggers = getattr(manager, "stat_loggers", None) or []
+    return [x for x in loggers if isinstance(x, KeptRayStatLogger)]

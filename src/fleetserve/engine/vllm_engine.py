@@ -18,6 +18,7 @@ the engine is idle.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import os
@@ -38,10 +39,11 @@ from fleetserve.engine.asgi_bridge import AsgiBridge
 from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.lora import check_before_load, enable_adapter_dir, held_adapters
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
-from fleetserve.engine.ray_stats import KeptRayStatLogger
+from fleetserve.engine.ray_stats import KeptRayStatLogger, kept_loggers
 from fleetserve.engine.reaper import EngineProcesses
 from fleetserve.engine.signals import SignalsHolder, vllm_signals_logger
 from fleetserve.errors import EngineError
+from fleetserve.observe.keeper import REFRESH_S
 
 
 def parse_vllm_args(config: EngineConfig) -> Any:
@@ -72,6 +74,7 @@ class VllmEngine:
         self._processes: EngineProcesses | None = None
         # Latest scheduler signals (waiting, KV usage, prefix hits) for routing/autoscaling.
         self._signals = SignalsHolder()
+        self._idle_reporter: asyncio.Task[None] | None = None
         # vLLM's OpenAIServingModels: the adapter names it resolved (see adapters()).
         self._serving_models: Any = None
 
@@ -137,6 +140,8 @@ class VllmEngine:
         await self._lifespan.__aenter__()
         self._serving_models = app.state.openai_serving_models
         self._bridge = AsgiBridge(app)
+        if kept_loggers(self._engine):
+            self._idle_reporter = asyncio.get_running_loop().create_task(self._report_idle())
         gc.collect()
         gc.freeze()
 
@@ -177,7 +182,22 @@ class VllmEngine:
             extra=extra,
         )
 
+    async def _report_idle(self) -> None:
+        """Zero the scheduler gauges while the engine holds no request (see
+        :meth:`KeptRayStatLogger.record_idle`: an aborted last request leaves no step)."""
+        while True:
+            await asyncio.sleep(REFRESH_S)
+            engine = self._engine
+            if engine is None:
+                return
+            if engine.get_num_unfinished_requests() == 0:
+                for logger in kept_loggers(engine):
+                    logger.record_idle()
+
     async def shutdown(self) -> None:
+        reporter, self._idle_reporter = self._idle_reporter, None
+        if reporter is not None:
+            reporter.cancel()
         lifespan, self._lifespan = self._lifespan, None
         if lifespan is not None:
             with contextlib.suppress(Exception):

@@ -76,6 +76,11 @@ class GaugeKeeper:
                     log.debug("gauge refresh failed", exc_info=True)
             return len(self._last)
 
+    def last_values(self) -> list[tuple[dict[str, str], float]]:
+        """(tags, value) of every remembered gauge series, in the order first set."""
+        with self._lock:
+            return [(dict(tags), value) for _gauge, tags, value in self._last.values()]
+
     def _run(self) -> None:
         stop = threading.Event()
         while not stop.wait(self._period_s):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from fleetserve.engine import ray_stats
@@ -65,3 +67,41 @@ def test_vllm_gauges_of_our_ray_logger_go_through_the_keeper(
     assert isinstance(labelled, ray_stats.KeptRayGauge)
     labelled.set(0.25)
     assert keeper.refresh() == 1
+
+
+def test_an_idle_engine_reports_nothing_running_waiting_or_cached(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After an aborted last request vLLM takes no step; record_idle zeroes what it set."""
+    keeper = GaugeKeeper(background=False)
+    monkeypatch.setattr(ray_stats, "KEEPER", keeper)
+
+    def gauge(name: str) -> dict[int, Any]:  # vLLM annotates its own metric types
+        g = ray_stats.KeptRayGauge(f"vllm:test_idle_{name}", "t", labelnames=["engine"])
+        labelled = g.labels("0")
+        assert isinstance(labelled, ray_stats.KeptRayGauge)
+        return {0: labelled}
+
+    # The attributes vLLM's PrometheusStatLogger.__init__ makes (its config is not needed).
+    logger = object.__new__(ray_stats.KeptRayStatLogger)
+    logger.engine_indexes = [0]
+    logger.gauge_scheduler_waiting = gauge("waiting")
+    logger.gauge_waiting_by_reason = {"capacity": gauge("capacity")}
+    running, kv = gauge("running"), gauge("kv")
+    logger.gauge_scheduler_running, logger.gauge_kv_cache_usage = running, kv
+    for g in (running, kv):
+        g[0].set(0.7)  # the busy values of the last step before the abort
+    logger.record_idle()
+    values = [value for _tags, value in keeper.last_values()]
+    assert values == [0.0, 0.0, 0.0, 0.0], values
+
+    class Manager:
+        def __init__(self) -> None:
+            self.stat_loggers = [object(), logger]
+
+    class Engine:
+        def __init__(self) -> None:
+            self.logger_manager = Manager()
+
+    assert ray_stats.kept_loggers(Engine()) == [logger]
+    assert ray_stats.kept_loggers(object()) == []
