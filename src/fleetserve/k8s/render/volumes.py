@@ -24,15 +24,15 @@ from fleetserve.errors import RenderError
 from fleetserve.spec import FleetSpec, VolumeSpec
 
 
-def adapter_paths(spec: FleetSpec) -> list[tuple[str, str]]:
-    """``(field path, path)`` of every local path the replicas read adapters from."""
-    out: list[tuple[str, str]] = []
+def adapter_paths(spec: FleetSpec) -> list[tuple[int, str, str]]:
+    """``(model index, field path, path)`` of every local path replicas read adapters from."""
+    out: list[tuple[int, str, str]] = []
     for i, model in enumerate(spec.models):
         if model.adapter_dir is not None:
-            out.append((f"models[{i}].adapter_dir", model.adapter_dir))
+            out.append((i, f"models[{i}].adapter_dir", model.adapter_dir))
         for j, adapter in enumerate(model.adapters):
             if is_local_source(adapter.source):
-                out.append((f"models[{i}].adapters[{j}].source", adapter.source))
+                out.append((i, f"models[{i}].adapters[{j}].source", adapter.source))
     return out
 
 
@@ -40,7 +40,7 @@ def check_adapter_volumes(spec: FleetSpec) -> None:
     """Refuse a local adapter path that no ``kubernetes.volumes`` entry holds."""
     volumes = spec.kubernetes.volumes
     mounts = ", ".join(v.mount_path for v in volumes) or "none"
-    for field, path in adapter_paths(spec):
+    for _, field, path in adapter_paths(spec):
         pod_path = PurePosixPath(path)
         if not pod_path.is_absolute() or ".." in pod_path.parts:
             raise RenderError(
