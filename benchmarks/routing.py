@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -36,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,14 +47,16 @@ import numpy as np
 import yaml
 
 from fleetserve.bench.workload.text import PromptText
-from fleetserve.serve.deployment_options import ROUTER_CLASS
-from fleetserve.spec import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE
+from fleetserve.serve.deployment_options import ROUTER_CLASS, request_router_options
+from fleetserve.spec import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE, ModelSpec
 
 ROUTERS = {
     "fleetserve": ROUTER_CLASS,
     "pow2": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
     "rayllm": "rayllm_router:RayLLMPrefixRouter",
 }
+#: One deployment serving every arm (``--interleave``): the arm is read from each request.
+ARM_ROUTER = "rayllm_router:ArmRouter"
 DEPLOYMENT = "model-" + DEFAULT_MODEL_NAME
 HERE = Path(__file__).resolve().parent
 
@@ -77,9 +81,13 @@ def serve_config(arm: str, port: int, args: argparse.Namespace) -> dict[str, Any
         "replicas": {"min": 2, "max": 2, "max_ongoing_requests": 16},
         "engine_args": engine_args,
     }
-    router: dict[str, Any] = {"request_router_class": ROUTERS[arm]}
-    if arm == "fleetserve":
-        router = {}  # the app's own options: FleetRouter with the spec's routing knobs
+    router: dict[str, Any] = {}  # fleetserve: the app's own options (FleetRouter, spec knobs)
+    if arm == "interleaved":
+        # FleetRouter's knobs exactly as the app passes them; only the class differs.
+        own = request_router_options(ModelSpec.model_validate(model))["request_router_config"]
+        router = {**own, "request_router_class": ARM_ROUTER}
+    elif arm != "fleetserve":
+        router = {"request_router_class": ROUTERS[arm]}
     app: dict[str, Any] = {
         "name": "fleetserve",
         "route_prefix": "/",
@@ -104,6 +112,7 @@ class Sample:
     e2e_s: float
     tokens: int
     ok: bool
+    turn: int = 0
 
 
 @dataclass
@@ -113,6 +122,12 @@ class Phase:
     hits: float = 0.0
     queries: float = 0.0
 
+    def extend(self, other: Phase) -> None:
+        self.samples += other.samples
+        self.wall_s += other.wall_s
+        self.hits += other.hits
+        self.queries += other.queries
+
     def summary(self) -> dict[str, Any]:
         ok = [s for s in self.samples if s.ok]
         ttft = sorted(s.ttft_s for s in ok)
@@ -120,11 +135,13 @@ class Phase:
         def pct(p: float) -> float:
             return ttft[min(len(ttft) - 1, int(p * len(ttft)))] if ttft else float("nan")
 
+        later = [s.ttft_s for s in ok if s.turn > 0]
         return {
             "requests": len(self.samples),
             "failed": len(self.samples) - len(ok),
             "ttft_p50_s": round(statistics.median(ttft), 3) if ttft else None,
             "ttft_p99_s": round(pct(0.99), 3),
+            "ttft_p50_later_turns_s": round(statistics.median(later), 3) if later else None,
             "req_per_s": round(len(ok) / self.wall_s, 3) if self.wall_s else None,
             "out_tok_per_s": round(sum(s.tokens for s in ok) / self.wall_s, 2)
             if self.wall_s
@@ -134,7 +151,11 @@ class Phase:
 
 
 async def stream_chat(
-    client: httpx.AsyncClient, url: str, messages: list[dict[str, str]], max_tokens: int
+    client: httpx.AsyncClient,
+    url: str,
+    messages: list[dict[str, str]],
+    max_tokens: int,
+    tag: str,
 ) -> tuple[Sample, str]:
     body = {
         "model": DEFAULT_MODEL_NAME,
@@ -143,6 +164,7 @@ async def stream_chat(
         "ignore_eos": True,
         "temperature": 0,
         "stream": True,
+        "user": tag,  # the arm (ArmRouter) and who/which turn (the routing log)
     }
     start = time.perf_counter()
     ttft = None
@@ -182,27 +204,29 @@ def shared_conversations(args: argparse.Namespace, seed: int) -> list[list[str]]
     return out
 
 
-async def run_shared(url: str, args: argparse.Namespace, seed: int) -> Phase:
+async def run_shared(url: str, args: argparse.Namespace, seed: int, arm: str) -> Phase:
     phase = Phase()
     convs = shared_conversations(args, seed)
     async with httpx.AsyncClient(timeout=600) as client:
 
-        async def user(conv: list[str]) -> None:
+        async def user(u: int, conv: list[str]) -> None:
             messages: list[dict[str, str]] = []
             for i, turn in enumerate(conv[1:]):
                 content = f"{conv[0]}\n\n{turn}" if i == 0 else turn
                 messages.append({"role": "user", "content": content})
-                sample, reply = await stream_chat(client, url, messages, args.max_tokens)
+                tag = f"arm={arm};seed={seed};u={u};t={i}"
+                sample, reply = await stream_chat(client, url, messages, args.max_tokens, tag)
+                sample.turn = i
                 phase.samples.append(sample)
                 messages.append({"role": "assistant", "content": reply or "ok"})
 
         start = time.perf_counter()
-        await asyncio.gather(*(user(c) for c in convs))
+        await asyncio.gather(*(user(u, c) for u, c in enumerate(convs)))
         phase.wall_s = time.perf_counter() - start
     return phase
 
 
-async def run_unique(url: str, args: argparse.Namespace, seed: int) -> Phase:
+async def run_unique(url: str, args: argparse.Namespace, seed: int, arm: str) -> Phase:
     phase = Phase()
     rng = np.random.default_rng(seed + 1)
     text = PromptText(None)
@@ -218,7 +242,8 @@ async def run_unique(url: str, args: argparse.Namespace, seed: int) -> Phase:
             while not queue.empty():
                 prompt = queue.get_nowait()
                 msgs = [{"role": "user", "content": prompt}]
-                sample, _ = await stream_chat(client, url, msgs, args.max_tokens)
+                tag = f"arm={arm};seed={seed};unique"
+                sample, _ = await stream_chat(client, url, msgs, args.max_tokens, tag)
                 phase.samples.append(sample)
 
         start = time.perf_counter()
@@ -244,37 +269,34 @@ def prefix_counters() -> tuple[float, float]:
     return hits, queries
 
 
-async def measured(run: Any, url: str, args: argparse.Namespace, seed: int) -> Phase:
+async def measured(run: Any, url: str, args: argparse.Namespace, seed: int, arm: str) -> Phase:
     h0, q0 = prefix_counters()
-    phase: Phase = await run(url, args, seed)
+    phase: Phase = await run(url, args, seed, arm)
     await asyncio.sleep(2)  # vLLM's stat loggers record after the last step
     h1, q1 = prefix_counters()
     phase.hits, phase.queries = h1 - h0, q1 - q0
     return phase
 
 
-def run_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    import ray  # noqa: PLC0415
-
+@contextlib.contextmanager
+def served(arm: str, args: argparse.Namespace, address: str) -> Iterator[str]:
+    """``serve run`` of the arm's Serve config on the benchmark's own Ray cluster; its URL."""
     port = free_port()
-    config = workdir / f"serve-{arm}.yaml"
+    config = args.workdir / f"serve-{arm}.yaml"
     config.write_text(yaml.safe_dump(serve_config(arm, port, args)))
-    log = (workdir / f"serve-{arm}.log").open("wb")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-    }
+    log = (args.workdir / f"serve-{arm}.log").open("wb")
+    # The cluster was started by this process with token auth: a joining driver opts in.
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
     serve_cli = str(Path(sys.executable).parent / "serve")
     start = time.monotonic()
     proc = subprocess.Popen(
-        [serve_cli, "run", str(config)],
+        [serve_cli, "run", "--address", address, str(config)],
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
         env=env,
     )
     url = f"http://127.0.0.1:{port}"
-    result: dict[str, Any] = {"arm": arm}
     try:
         while True:
             if proc.poll() is not None:
@@ -287,33 +309,107 @@ def run_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]
             except httpx.HTTPError:
                 pass
             time.sleep(2)
-        result["start_s"] = round(time.monotonic() - start, 1)
-        print(f"[{arm}] ready in {result['start_s']} s", file=sys.stderr)
-        ray.init(address="auto", log_to_driver=False)
-        for workload in args.workloads:
-            run = run_shared if workload == "shared" else run_unique
-            # Warm-up on other prompts (engine graphs, router state), then the measurement.
-            asyncio.run(run(url, argparse.Namespace(**{**vars(args), "users": 2}), 999))
-            phase = asyncio.run(measured(run, url, args, args.seed))
-            result[workload] = phase.summary()
-            print(f"[{arm}] {workload}: {result[workload]}", file=sys.stderr)
+        print(f"[{arm}] ready in {time.monotonic() - start:.1f} s", file=sys.stderr)
+        yield url
     finally:
-        if ray.is_initialized():
-            ray.shutdown()
         if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGINT)  # serve run deletes its application
             try:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(30)
         log.close()
+
+
+WORKLOADS = {"shared": run_shared, "unique": run_unique}
+
+
+def run_arm(arm: str, args: argparse.Namespace, address: str) -> dict[str, Any]:
+    """One arm on its own ``serve run`` (its router class in the Serve config)."""
+    result: dict[str, Any] = {"arm": arm}
+    with served(arm, args, address) as url:
+        for workload in args.workloads:
+            run = WORKLOADS[workload]
+            # Warm-up on other prompts (engine graphs, router state), then the measurement.
+            asyncio.run(run(url, argparse.Namespace(**{**vars(args), "users": 2}), 999, arm))
+            phase = asyncio.run(measured(run, url, args, args.seed, arm))
+            result[workload] = phase.summary()
+            print(f"[{arm}] {workload}: {result[workload]}", file=sys.stderr)
     return result
+
+
+def run_interleaved(args: argparse.Namespace, address: str) -> list[dict[str, Any]]:
+    """Every arm on one ``serve run`` (``ArmRouter``), phases alternating arm by arm.
+
+    Round ``r`` runs each arm once, in an order rotated by ``r`` so no arm always follows
+    the same one; every phase has its own seed (fresh prompts: nothing an earlier phase
+    cached is reused), so arms differ only in routing and share the host's noise.
+    """
+
+    def arms_of(workload: str) -> list[str]:
+        return list(args.unique_arms or args.arms) if workload == "unique" else list(args.arms)
+
+    phases = {(arm, w): Phase() for w in args.workloads for arm in arms_of(w)}
+    rounds: dict[tuple[str, str], list[dict[str, Any]]] = {k: [] for k in phases}
+    with served("interleaved", args, address) as url:
+        for workload in args.workloads:
+            run = WORKLOADS[workload]
+            arms = arms_of(workload)
+            for arm in arms:  # warm-up: engine graphs, every arm's router state
+                asyncio.run(run(url, argparse.Namespace(**{**vars(args), "users": 2}), 999, arm))
+            for r in range(args.interleave):
+                for k in range(len(arms)):
+                    i = (r + k) % len(arms)
+                    arm = arms[i]
+                    seed = args.seed + 1000 * r + 10 * i
+                    phase = asyncio.run(measured(run, url, args, seed, arm))
+                    phases[arm, workload].extend(phase)
+                    rounds[arm, workload].append(phase.summary())
+                    print(f"[{arm}] {workload} round {r}: {phase.summary()}", file=sys.stderr)
+    results = []
+    for arm in dict.fromkeys(arm for arm, _ in phases):
+        result: dict[str, Any] = {"arm": arm}
+        for workload in args.workloads:
+            if (arm, workload) in phases:
+                result[workload] = phases[arm, workload].summary()
+                result[workload + "_rounds"] = rounds[arm, workload]
+        results.append(result)
+    return results
+
+
+def routing_log_summary(path: Path) -> dict[str, dict[str, int]]:
+    """Per arm, from ArmRouter's log: later turns routed away from the replica that held
+    the most of their conversation (``moved``), of all later turns (``later_turns``)."""
+    out: dict[str, dict[str, int]] = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        tag = dict(p.split("=", 1) for p in record["tag"].split(";") if "=" in p)
+        if int(tag.get("t", "0")) == 0:
+            continue
+        arm = out.setdefault(record["arm"], {"later_turns": 0, "moved": 0})
+        arm["later_turns"] += 1
+        depth: dict[str, int] = record["depth"]
+        if depth.get(record["replica"], 0) < max(depth.values(), default=0):
+            arm["moved"] += 1
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--arms", nargs="+", choices=list(ROUTERS), default=list(ROUTERS))
+    p.add_argument(
+        "--arms",
+        nargs="+",
+        choices=[*ROUTERS, "fleetserve-bound"],
+        default=list(ROUTERS),
+        help="fleetserve-bound (fleetserve with the old hard load bound): --interleave only",
+    )
+    p.add_argument(
+        "--unique-arms",
+        nargs="+",
+        choices=[*ROUTERS, "fleetserve-bound"],
+        help="--interleave: arms of the unique workload (default: --arms)",
+    )
     p.add_argument(
         "--workloads", nargs="+", choices=["shared", "unique"], default=["shared", "unique"]
     )
@@ -329,12 +425,39 @@ def main() -> None:
     p.add_argument("--eager", action="store_true", help="vLLM --enforce-eager (no compile)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--start-timeout", type=float, default=900)
+    p.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="run every arm on one deployment (ArmRouter), ROUNDS phases each, alternating",
+    )
     p.add_argument("--workdir", type=Path, default=Path("/tmp/fleetserve-routing-bench"))
     p.add_argument("--json", type=Path)
     args = p.parse_args()
+    if not args.interleave and "fleetserve-bound" in args.arms:
+        p.error("fleetserve-bound is an arm of --interleave (ArmRouter) only")
     args.workdir.mkdir(parents=True, exist_ok=True)
-    results = [run_arm(arm, args, args.workdir) for arm in args.arms]
-    out = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results}
+    import ray  # noqa: PLC0415 - Ray is slow to import
+
+    # This process starts (and owns) the cluster every arm's ``serve run`` joins, by its
+    # exact address - never address="auto", which picks any cluster on the host. Serve's
+    # processes inherit this environment (the benchmark's routers are on PYTHONPATH).
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+    ray.init(log_to_driver=False)
+    address = ray.get_runtime_context().gcs_address
+    try:
+        if args.interleave:
+            results = run_interleaved(args, address)
+        else:
+            results = [run_arm(arm, args, address) for arm in args.arms]
+    finally:
+        ray.shutdown()
+    out: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
+    out["results"] = results
+    log = os.environ.get("FLEETSERVE_ROUTING_LOG")
+    if log and Path(log).exists():
+        out["routing_log"] = routing_log_summary(Path(log))
     text = json.dumps(out, indent=2)
     print(text)
     if args.json:

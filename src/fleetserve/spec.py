@@ -219,19 +219,27 @@ class RoutingSpec(StrictModel):
         description="prefix: characters per hashed prompt block (64 is about vLLM's "
         "16-token GPU block; vLLM on CPU caches 128-token blocks).",
     )
-    load_factor: float = Field(
-        default=1.25,
+    load_factor: float | None = Field(
+        default=None,
         ge=1,
         le=10,
-        description="prefix: bounded load - no replica takes a request by affinity while "
-        "it holds more than load_factor x the mean ongoing requests.",
+        description="prefix: optional hard cap - no replica takes a request while it "
+        "holds more than load_factor x the mean ongoing requests (default: none; the cost "
+        "of the queue against the prefill saved decides per request).",
     )
     load_weight: float = Field(
         default=4,
         ge=0,
         le=10_000,
-        description="prefix: matched prompt blocks one ongoing request on a replica is "
-        "worth (more: spread load; less: follow the cache).",
+        description="prefix: prompt blocks of prefill one ongoing request on a replica "
+        "costs a new request there (more: spread load; less: follow the cache).",
+    )
+    adapter_weight: float = Field(
+        default=32,
+        ge=0,
+        le=10_000,
+        description="prefix: prompt blocks of prefill that loading a LoRA adapter into a "
+        "replica that does not hold it costs (more: keep an adapter's requests together).",
     )
     stats_period_s: float = Field(
         default=2,

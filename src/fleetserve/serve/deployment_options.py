@@ -74,8 +74,15 @@ def request_router_options(model: ModelSpec) -> dict[str, Any]:
             "request_router_kwargs": {
                 "policy": routing.policy,
                 "block_chars": routing.block_chars,
-                "load_factor": _number(routing.load_factor),
+                "load_factor": None
+                if routing.load_factor is None
+                else _number(routing.load_factor),
                 "load_weight": _number(routing.load_weight),
+                "adapter_weight": _number(routing.adapter_weight),
+                # Which request ``model`` is the base (others are adapters) and how many
+                # adapters a replica keeps loaded (vLLM's CPU LoRA cache, LRU).
+                "model": model.name,
+                "adapter_slots": model.max_cpu_loras or model.max_loras,
             },
             "request_routing_stats_period_s": _number(routing.stats_period_s),
         }

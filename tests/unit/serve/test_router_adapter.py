@@ -50,14 +50,14 @@ def make_router(policy: str = "prefix", **kwargs: Any) -> FleetRouter:
     return router
 
 
-def chat(turns: int, user: str = "u") -> EngineRequest:
+def chat(turns: int, user: str = "u", model: str = "unit") -> EngineRequest:
     messages = [{"role": "system", "content": SYSTEM}]
     for i in range(turns):
         messages += [
             {"role": "user", "content": f"{user} asks question number {i} " * 4},
             {"role": "assistant", "content": f"reply {i} " * 8},
         ]
-    body = json.dumps({"model": "unit", "messages": messages}).encode()
+    body = json.dumps({"model": model, "messages": messages}).encode()
     return EngineRequest("POST", "/v1/chat/completions", body)
 
 
@@ -184,3 +184,48 @@ async def test_single_replica_skips_hashing() -> None:
     ranks: Any = await router.choose_replicas(only, pending(chat(1)))  # type: ignore[arg-type]
     assert ranks == [only]
     assert router.decisions == {"affinity": 0, "balance": 0}
+
+
+def one_shot(model: str, n: int) -> EngineRequest:
+    """A short single-turn prompt: nothing worth re-using but the adapter."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": f"q{n}"}]})
+    return EngineRequest("POST", "/v1/chat/completions", body.encode())
+
+
+async def test_adapter_requests_follow_the_replica_that_loaded_it() -> None:
+    router = make_router(model="unit", adapter_slots=2)
+    replicas = [FakeReplica("a"), FakeReplica("b"), FakeReplica("c")]
+    router.update_replicas(replicas)  # type: ignore[arg-type]
+    home = await route(router, replicas, one_shot("sql", 0))
+    # Other traffic keeps home a bit busier than the rest; the adapter still wins there.
+    router.on_request_routed(pending(one_shot("unit", 0)), ReplicaID(home, DEPLOYMENT), None)
+    for n in range(1, 4):
+        assert await route(router, replicas, one_shot("sql", n)) == home
+    # Base-model requests carry no adapter preference: they go to the idle replicas.
+    assert await route(router, replicas, one_shot("unit", 1)) != home
+
+
+async def test_saturated_adapter_replica_loses_the_request() -> None:
+    router = make_router(model="unit")
+    replicas = [FakeReplica("a", max_ongoing=2), FakeReplica("b", max_ongoing=2)]
+    router.update_replicas(replicas)  # type: ignore[arg-type]
+    home = await route(router, replicas, one_shot("sql", 0))
+    router.on_new_queue_len_info(ReplicaID(home, DEPLOYMENT), 2)  # full
+    assert await route(router, replicas, one_shot("sql", 1)) != home
+
+
+async def test_router_learns_held_adapters_from_reports() -> None:
+    ledger = CacheLedger(block_chars=64)
+    report = ledger.report(EngineStats(), {}, adapters=("sql",))
+    replicas = [FakeReplica("a"), FakeReplica("b", stats=report), FakeReplica("c")]
+    router = make_router(model="unit")
+    router.update_replicas(replicas)  # type: ignore[arg-type]
+    assert await route(router, replicas, one_shot("sql", 0)) == "b"
+    # Without the engine's list, the model ids the replica served stand in.
+    ledger.observe(one_shot("chat", 0))
+    ledger.observe(one_shot("unit", 0))
+    replicas[2].routing_stats = ledger.report(EngineStats(), {})
+    router.update_replicas(replicas)  # type: ignore[arg-type]
+    assert await route(router, replicas, one_shot("chat", 1)) == "c"
+    router.on_replica_actor_died(ReplicaID("c", DEPLOYMENT))
+    assert "chat" not in router._adapters.held("c")

@@ -59,6 +59,9 @@ def test_app_deployments_carry_router_policy_and_cold_start() -> None:
         "block_chars": 128,
         "load_factor": 1.5,
         "load_weight": 4,
+        "adapter_weight": 32,
+        "model": "m",  # its requests are the base's; any other model id is an adapter
+        "adapter_slots": 1,
     }
     assert router.request_routing_stats_period_s == 2
     auto = cfg.autoscaling_config
@@ -69,7 +72,9 @@ def test_app_deployments_carry_router_policy_and_cold_start() -> None:
     assert m.init_args[1] == 128  # the replica hashes prompts like its router
     assert ingress.init_args[3] == {"m": {"deployment": "model-m", "timeout_s": 42}}
     fixed = handles["fixed"]._bound_deployment._deployment_config
-    assert fixed.request_router_config.request_router_kwargs["policy"] == "round_robin"
+    fixed_kwargs = fixed.request_router_config.request_router_kwargs
+    assert fixed_kwargs["policy"] == "round_robin"
+    assert fixed_kwargs["load_factor"] is None  # no hard cap unless the spec sets one
     assert fixed.autoscaling_config is None
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from fleetserve.engine.protocol import EngineRequest, EngineStats
-from fleetserve.serve.routing.index import PrefixIndex
+from fleetserve.serve.routing.index import AdapterIndex, PrefixIndex
 from fleetserve.serve.routing.ledger import CacheLedger
 from fleetserve.serve.routing.policy import (
     PrefixParams,
@@ -14,13 +14,18 @@ from fleetserve.serve.routing.policy import (
     load_bound,
     rank_replicas,
 )
-from fleetserve.serve.routing.prefix import block_hashes, conversation_text, request_blocks
+from fleetserve.serve.routing.prefix import (
+    block_hashes,
+    conversation_text,
+    request_blocks,
+    request_key,
+)
 
 SYSTEM = "You are a support agent for ACME. " * 20  # ~680 characters
 
 
-def body(messages: list[dict[str, str]]) -> bytes:
-    return json.dumps({"model": "m", "messages": messages, "max_tokens": 4}).encode()
+def body(messages: list[dict[str, str]], model: str = "m") -> bytes:
+    return json.dumps({"model": model, "messages": messages, "max_tokens": 4}).encode()
 
 
 def turn(n: int) -> list[dict[str, str]]:
@@ -147,6 +152,30 @@ def test_saturated_preferred_replica_loses_affinity_for_this_request() -> None:
     assert choice.reason == "balance"
 
 
+def test_conversation_moves_only_when_home_queue_costs_more_than_its_reprefill() -> None:
+    index = PrefixIndex()
+    conv = request_blocks(body(turn(3)), 64)
+    index.add("b", conv)
+    params = PrefixParams(load_weight=4)
+    # Moving to a costs len(conv) blocks of prefill; staying costs 4 blocks per request
+    # queued at b beyond a's: stay while 4 x (b - a) < len(conv).
+    stay, move = (len(conv) - 1) // 4, len(conv) // 4 + 1
+    assert rank_replicas(conv, views({"a": 0, "b": stay}), index, params).order[0] == "b"
+    assert rank_replicas(conv, views({"a": 0, "b": move}), index, params).order[0] == "a"
+
+
+def test_no_hard_load_bound_by_default() -> None:
+    # b holds 5 of 7 ongoing requests: the old default bound (1.25 x the mean) moved this
+    # conversation and re-prefilled its history; the cost model keeps it home.
+    index = PrefixIndex()
+    conv = request_blocks(body(turn(3)), 64)
+    index.add("b", conv)
+    assert PrefixParams().load_factor is None
+    choice = rank_replicas(conv, views({"a": 2, "b": 5}), index, PrefixParams())
+    assert choice.order[0] == "b"
+    assert choice.reason == "affinity"
+
+
 def test_bounded_load_caps_affinity_at_load_factor_times_mean() -> None:
     index = PrefixIndex()
     conv = request_blocks(body(turn(3)), 64)
@@ -203,3 +232,86 @@ def test_dead_replica_is_never_chosen_and_its_conversations_move() -> None:
 
 def test_empty_candidates() -> None:
     assert rank_replicas([1], [], PrefixIndex(), PrefixParams()).order == ()
+
+
+# --------------------------------------------------------------------------- adapters
+
+
+def test_blocks_are_keyed_by_the_model_like_vllms_lora_aware_cache() -> None:
+    base = request_key(body(turn(1), model="m"), 64)
+    tuned = request_key(body(turn(1), model="m-sql"), 64)
+    assert base.model == "m"
+    assert tuned.model == "m-sql"
+    assert len(base.blocks) == len(tuned.blocks) > 0
+    assert not set(base.blocks) & set(tuned.blocks)  # no hit across adapters
+    assert request_key(body(turn(1), model="m-sql"), 64) == tuned
+
+
+def adapter_views(loads: dict[str, int], held: dict[str, set[str]]) -> list[ReplicaView]:
+    return [
+        ReplicaView(rid, load, 8, adapters=frozenset(held.get(rid, set())))
+        for rid, load in loads.items()
+    ]
+
+
+def test_adapter_request_prefers_a_replica_holding_the_adapter() -> None:
+    index = PrefixIndex()
+    blocks = request_key(body(turn(0), model="sql"), 64).blocks
+    held = {"b": {"sql"}}
+    params = PrefixParams(load_weight=4, adapter_weight=32)
+    choice = rank_replicas(blocks, adapter_views({"a": 0, "b": 3}, held), index, params, "sql")
+    assert choice.order[0] == "b"
+    assert choice.reason == "affinity"
+    # ... unless its queue costs more than loading the adapter elsewhere (32 < 4 x 9) ...
+    busy = adapter_views({"a": 0, "b": 9}, held)
+    assert rank_replicas(blocks, busy, index, params, "sql").order[0] == "a"
+    # ... or it is saturated (max_ongoing_requests in use).
+    full = adapter_views({"a": 6, "b": 8}, held)
+    assert rank_replicas(blocks, full, index, params, "sql").order == ("a", "b")
+    # The base model's requests ignore adapters.
+    base = request_key(body(turn(0)), 64).blocks
+    assert rank_replicas(base, adapter_views({"a": 0, "b": 3}, held), index, params).order[0] == (
+        "a"
+    )
+
+
+def test_adapter_and_prefix_affinity_add_up() -> None:
+    index = PrefixIndex()
+    conv = request_key(body(turn(3), model="sql"), 64).blocks
+    index.add("a", conv)  # a served this conversation (and so loaded sql once)...
+    held = {"b": {"sql"}}  # ... but evicted the adapter since; b holds it
+    params = PrefixParams(load_weight=4, adapter_weight=16)
+    # Re-prefilling the whole conversation costs more than reloading the adapter.
+    assert len(conv) > 16
+    choice = rank_replicas(conv, adapter_views({"a": 0, "b": 0}, held), index, params, "sql")
+    assert choice.order[0] == "a"
+    # A short prompt: the held adapter outweighs the few cached blocks.
+    short = request_key(body([{"role": "user", "content": "x" * 200}], model="sql"), 64).blocks
+    index.add("a", short)
+    choice = rank_replicas(short, adapter_views({"a": 0, "b": 0}, held), index, params, "sql")
+    assert choice.order[0] == "b"
+
+
+def test_adapter_index_is_an_lru_of_the_replicas_slots() -> None:
+    adapters = AdapterIndex(slots=2)
+    adapters.add("a", "x")
+    adapters.add("a", "y")
+    adapters.add("a", "x")  # refresh x
+    adapters.add("a", "z")  # evicts y, the least recent
+    assert adapters.held("a") == {"x", "z"}
+    adapters.merge("a", ["y", "x"])  # the replica's report wins; z was routed after it
+    assert adapters.held("a") == {"x", "z"}
+    adapters.merge("a", ["y"])
+    assert adapters.held("a") == {"y"}
+    adapters.retain(["b"])
+    assert adapters.held("a") == frozenset()
+
+
+def test_ledger_reports_models_served_and_engine_adapters() -> None:
+    ledger = CacheLedger(block_chars=64)
+    for model in ("m", "sql", "m", "chat"):
+        ledger.observe(EngineRequest("POST", "/v1/chat/completions", body(turn(0), model)))
+    report = ledger.report(EngineStats(), {})
+    assert report["models"] == ["sql", "m", "chat"]  # most recently served last
+    assert "adapters" not in report
+    assert ledger.report(EngineStats(), {}, adapters=("chat",))["adapters"] == ["chat"]

@@ -118,3 +118,50 @@ class PrefixIndex:
             owners.discard(replica)
             if not owners:
                 del self._owners[h]
+
+
+class AdapterIndex:
+    """Which LoRA adapters each replica is believed to hold (an LRU per replica).
+
+    vLLM keeps up to ``max_cpu_loras`` adapters loaded per engine and evicts the least
+    recently used one; ``slots`` mirrors that bound. Fed like :class:`PrefixIndex`: the
+    router's own decisions (``add``) and each replica's report of the adapters it served,
+    oldest first (``merge``, authoritative but a period late, so adapters routed since the
+    last report are kept on top).
+    """
+
+    def __init__(self, slots: int) -> None:
+        self._slots = max(1, slots)
+        self._held: dict[str, OrderedDict[str, None]] = {}
+        self._pending: dict[str, list[str]] = {}
+
+    def held(self, replica: str) -> frozenset[str]:
+        return frozenset(self._held.get(replica, ()))
+
+    def add(self, replica: str, adapter: str) -> None:
+        self._pending.setdefault(replica, []).append(adapter)
+        del self._pending[replica][: -self._slots]
+        self._touch(replica, [adapter])
+
+    def merge(self, replica: str, reported: Sequence[str]) -> None:
+        self._held[replica] = OrderedDict()
+        self._touch(replica, reported)
+        self._touch(replica, self._pending.pop(replica, []))
+
+    def drop(self, replica: str) -> None:
+        self._held.pop(replica, None)
+        self._pending.pop(replica, None)
+
+    def retain(self, replicas: Iterable[str]) -> None:
+        keep = set(replicas)
+        for replica in list(self._held):
+            if replica not in keep:
+                self.drop(replica)
+
+    def _touch(self, replica: str, adapters: Iterable[str]) -> None:
+        lru = self._held.setdefault(replica, OrderedDict())
+        for name in adapters:
+            lru[name] = None
+            lru.move_to_end(name)
+        while len(lru) > self._slots:
+            lru.popitem(last=False)

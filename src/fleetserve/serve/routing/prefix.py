@@ -9,6 +9,10 @@ content in order - a request that extends a conversation extends this string), c
 share their first ``k`` hashes exactly when their first ``k x block_chars`` characters are
 equal, which is when vLLM's chat template gives them (nearly) the same token prefix.
 
+The chain starts from the request's ``model`` id: vLLM keys a LoRA request's blocks by the
+adapter too (a base model's cached prefix is no hit for an adapter's request, nor one
+adapter's for another's), and requests for the base model all carry the base's id.
+
 What must stay true: hashes are deterministic across processes (replicas report them to
 routers), so they use BLAKE2b, never Python's salted ``hash``; only whole blocks are hashed
 (a partial tail can never be a cache hit in vLLM either).
@@ -17,6 +21,7 @@ routers), so they use BLAKE2b, never Python's salted ``hash``; only whole blocks
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 import pydantic_core
@@ -56,11 +61,11 @@ def _content_text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def block_hashes(text: str, block_chars: int) -> list[int]:
-    """Chained 64-bit hashes of the whole ``block_chars`` blocks of ``text``."""
+def block_hashes(text: str, block_chars: int, model: str | None = None) -> list[int]:
+    """Chained 64-bit hashes of the whole ``block_chars`` blocks of ``text`` (for ``model``)."""
     data = text.encode("utf-8", "surrogatepass")
     out: list[int] = []
-    prev = b""
+    prev = model.encode("utf-8", "surrogatepass") if model else b""
     # Cut the encoded bytes, not the str: equal text prefixes give equal byte prefixes.
     for start in range(0, len(data) - block_chars + 1, block_chars):
         digest = hashlib.blake2b(prev + data[start : start + block_chars], digest_size=8)
@@ -69,11 +74,26 @@ def block_hashes(text: str, block_chars: int) -> list[int]:
     return out
 
 
-def request_blocks(body: bytes, block_chars: int) -> list[int]:
-    """Block hashes of a raw OpenAI request body (empty when it has no prompt to match)."""
+@dataclass(frozen=True, slots=True)
+class RequestKey:
+    """What routing reads from one request: its prompt blocks and the model id it names."""
+
+    blocks: list[int]
+    model: str | None
+
+
+def request_key(body: bytes, block_chars: int) -> RequestKey:
+    """Block hashes and ``model`` of a raw OpenAI request body (one JSON parse)."""
     try:
         payload = pydantic_core.from_json(body) if body else None
     except ValueError:
-        return []
+        return RequestKey([], None)
+    model = payload.get("model") if isinstance(payload, dict) else None
+    model = model if isinstance(model, str) and model else None
     text = conversation_text(payload)
-    return block_hashes(text, block_chars) if text else []
+    return RequestKey(block_hashes(text, block_chars, model) if text else [], model)
+
+
+def request_blocks(body: bytes, block_chars: int) -> list[int]:
+    """Block hashes of a raw OpenAI request body (empty when it has no prompt to match)."""
+    return request_key(body, block_chars).blocks

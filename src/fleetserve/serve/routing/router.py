@@ -7,11 +7,13 @@ preference order, one per rank; Serve sends to the first one whose queue has roo
 
 Hot path (per request): read the ``EngineRequest`` the ingress passes (its raw JSON body),
 hash its conversation once (cached by request id across routing retries), match against the
-local :class:`~fleetserve.serve.routing.index.PrefixIndex`, rank with
+local :class:`~fleetserve.serve.routing.index.PrefixIndex` and, for a LoRA adapter's request
+(its ``model`` is not the base's), the adapters each replica holds
+(:class:`~fleetserve.serve.routing.index.AdapterIndex`), rank with
 :func:`~fleetserve.serve.routing.policy.rank_replicas`. No remote call: loads are this
-router's own in-flight counts (exact for its traffic) or Serve's queue-length cache; KV usage
-and cached blocks come from the replicas' periodic routing stats, which Serve broadcasts to
-routers (``update_replicas``).
+router's own in-flight counts (exact for its traffic) or Serve's queue-length cache; KV usage,
+cached blocks and held adapters come from the replicas' periodic routing stats, which Serve
+broadcasts to routers (``update_replicas``).
 
 This module is shipped to the ingress by value (Serve cloudpickles the router's module), so
 the state it shares with the rest of fleetserve lives in imported modules (``registry``).
@@ -34,9 +36,9 @@ from ray.serve.request_router import (
 
 from fleetserve.engine.signals import KV_CACHE_USAGE
 from fleetserve.serve.routing import registry
-from fleetserve.serve.routing.index import PrefixIndex
+from fleetserve.serve.routing.index import AdapterIndex, PrefixIndex
 from fleetserve.serve.routing.policy import PrefixParams, ReplicaView, rank_replicas
-from fleetserve.serve.routing.prefix import request_blocks
+from fleetserve.serve.routing.prefix import RequestKey, request_key
 
 #: Hashed requests kept between routing and their routed/completed hooks.
 _MAX_PENDING_BLOCKS = 10_000
@@ -47,18 +49,29 @@ class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
 
     def initialize_state(
         self,
+        *,
         policy: str = "prefix",
         block_chars: int = 64,
-        load_factor: float = 1.25,
+        load_factor: float | None = None,
         load_weight: float = 4.0,
+        adapter_weight: float = 32.0,
+        model: str | None = None,
+        adapter_slots: int = 1,
         **_: Any,
     ) -> None:
+        """Knobs from ``models[].routing`` (``deployment_options.request_router_options``);
+        ``model``: the base model's id (any other ``model`` a request names is an adapter;
+        ``None``: no adapter affinity); ``adapter_slots``: adapters a replica keeps loaded."""
         self._policy = policy
         self._block_chars = block_chars
-        self._params = PrefixParams(load_factor=load_factor, load_weight=load_weight)
+        self._params = PrefixParams(
+            load_factor=load_factor, load_weight=load_weight, adapter_weight=adapter_weight
+        )
+        self._model = model
         self._index = PrefixIndex()
+        self._adapters = AdapterIndex(adapter_slots)
         self._inflight: dict[str, int] = {}
-        self._blocks_by_request: dict[str, list[int]] = {}
+        self._keys: dict[str, RequestKey] = {}
         self._report_marks: dict[str, tuple[Any, ...]] = {}
         self._kv_usage: dict[str, float] = {}
         self._turn = itertools.count()
@@ -88,7 +101,7 @@ class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             start = next(self._turn) % len(candidate_replicas)
             rotated = candidate_replicas[start:] + candidate_replicas[:start]
             return [[r] for r in rotated]
-        blocks = self._blocks(pending_request)
+        key = self._key(pending_request)
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         views = [
             ReplicaView(
@@ -96,24 +109,31 @@ class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
                 load=self._load(r),
                 max_ongoing=r.max_ongoing_requests,
                 kv_usage=self._kv_usage.get(rid, 0.0),
+                adapters=self._adapters.held(rid),
             )
             for rid, r in by_id.items()
         ]
-        choice = rank_replicas(blocks, views, self._index, self._params)
+        choice = rank_replicas(key.blocks, views, self._index, self._params, self._adapter(key))
         self.decisions[choice.reason] += 1
         return [[by_id[rid]] for rid in choice.order]
 
-    def _blocks(self, pending_request: PendingRequest) -> list[int]:
-        key = pending_request.metadata.internal_request_id
-        blocks = self._blocks_by_request.get(key)
-        if blocks is None:
+    def _key(self, pending_request: PendingRequest) -> RequestKey:
+        rid = pending_request.metadata.internal_request_id
+        key = self._keys.get(rid)
+        if key is None:
             body = _body(pending_request)
-            blocks = request_blocks(body, self._block_chars) if body else []
-            if len(self._blocks_by_request) >= _MAX_PENDING_BLOCKS:
+            key = request_key(body, self._block_chars) if body else RequestKey([], None)
+            if len(self._keys) >= _MAX_PENDING_BLOCKS:
                 # Requests cancelled before routing never reach the hooks that pop them.
-                self._blocks_by_request.clear()
-            self._blocks_by_request[key] = blocks
-        return blocks
+                self._keys.clear()
+            self._keys[rid] = key
+        return key
+
+    def _adapter(self, key: RequestKey) -> str | None:
+        """The LoRA adapter a request names (``None``: the base model, or unknown base)."""
+        if self._model is None or key.model is None or key.model == self._model:
+            return None
+        return key.model
 
     def _load(self, replica: RunningReplica) -> int:
         rid = replica.replica_id
@@ -128,9 +148,13 @@ class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
     ) -> None:
         rid = replica_id.unique_id
         self._inflight[rid] = self._inflight.get(rid, 0) + 1
-        blocks = self._blocks_by_request.pop(pending_request.metadata.internal_request_id, None)
-        if blocks:
-            self._index.add(rid, blocks)
+        key = self._keys.pop(pending_request.metadata.internal_request_id, None)
+        if key is not None:
+            if key.blocks:
+                self._index.add(rid, key.blocks)
+            adapter = self._adapter(key)
+            if adapter is not None:
+                self._adapters.add(rid, adapter)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         rid = replica_id.unique_id
@@ -139,12 +163,13 @@ class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             self._inflight[rid] = left
         else:
             self._inflight.pop(rid, None)
-        self._blocks_by_request.pop(internal_request_id, None)
+        self._keys.pop(internal_request_id, None)
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
         ids = {r.replica_id.unique_id for r in replicas}
         self._index.retain(ids)
+        self._adapters.retain(ids)
         for gone in set(self._inflight) - ids:
             del self._inflight[gone]
         for gone in set(self._report_marks) - ids:
@@ -158,6 +183,7 @@ class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         super().on_replica_actor_died(replica_id)
         rid = replica_id.unique_id
         self._index.drop(rid)
+        self._adapters.drop(rid)
         self._inflight.pop(rid, None)
         self._report_marks.pop(rid, None)
         self._kv_usage.pop(rid, None)
@@ -175,6 +201,11 @@ class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         if isinstance(capacity, int):
             self._index.set_capacity(rid, capacity)
         self._index.merge(rid, blocks)
+        # The engine's own list of loaded adapters when the replica sent it, else the
+        # model ids it served recently (the base's among them is no adapter).
+        held = stats.get("adapters", stats.get("models"))
+        if isinstance(held, list):
+            self._adapters.merge(rid, [m for m in held if isinstance(m, str) and m != self._model])
         kv = stats.get(KV_CACHE_USAGE)
         if isinstance(kv, int | float):
             self._kv_usage[rid] = float(kv)
