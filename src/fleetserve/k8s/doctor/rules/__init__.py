@@ -1,19 +1,18 @@
 """All doctor rule modules. Importing this package registers every rule.
 
-Each module is imported only if present, so rule groups can be built independently; a rule
-module must import nothing from another rule module.
+Every module is imported unconditionally: a rule module that is missing from an install
+(a packaging slip) or fails to import must fail the doctor loudly, never drop its rules
+silently and report a clean cluster. A rule module must import nothing from another rule
+module (shared facts live in the ``_*.py`` helpers).
 """
 
 from __future__ import annotations
 
-import importlib
-
-_RULE_MODULES = ("scheduling", "kuberay", "serve", "hami", "observability", "lora")
-
-for _name in _RULE_MODULES:
-    _full = f"{__name__}.{_name}"
-    try:
-        importlib.import_module(_full)
-    except ModuleNotFoundError as e:
-        if e.name != _full:
-            raise
+from fleetserve.k8s.doctor.rules import (  # noqa: F401 - imported to register their rules
+    hami,
+    kuberay,
+    lora,
+    observability,
+    scheduling,
+    serve,
+)
