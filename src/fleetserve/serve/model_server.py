@@ -60,7 +60,8 @@ class ModelServer:
         capacity = signals.get(KV_CAPACITY_TOKENS)
         if capacity:
             self._ledger.set_kv_capacity_tokens(int(capacity))
-        return self._ledger.report(stats, signals)
+        # The LoRA adapters loaded now, so routers prefer a replica that needs no load.
+        return self._ledger.report(stats, signals, await self._engine.adapters())
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Custom autoscaling metrics (fleetserve.serve.autoscaling reads them)."""
