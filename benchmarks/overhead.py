@@ -57,11 +57,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from fleetserve.engine.config import EngineConfig
 from fleetserve.modelstore.store import ModelStore
 from fleetserve.serve.settings import engine_settings
-from fleetserve.spec import default_fleet
+from fleetserve.spec import FleetSpec, default_fleet
 
 PROMPT = (
     "You are a helpful assistant. Write a detailed, well structured essay about the history "
@@ -89,15 +90,26 @@ class Server:
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     external: bool = False
+    #: The process tree to account CPU to when the server was started elsewhere.
+    external_pid: int | None = None
+    _t0: float = 0.0
+
+    @property
+    def root(self) -> int | None:
+        return self.proc.pid if self.proc is not None else self.external_pid
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float) -> float:
-        t0 = time.monotonic()
+        self.launch()
+        return self.wait_ready(timeout_s)
+
+    def launch(self) -> None:
+        self._t0 = time.monotonic()
         if self.external:
-            return 0.0
+            return
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 self.argv,
@@ -107,6 +119,11 @@ class Server:
                 start_new_session=True,
                 env={**os.environ, **self.env},
             )
+
+    def wait_ready(self, timeout_s: float) -> float:
+        t0 = self._t0
+        if self.proc is None:
+            return 0.0
         while time.monotonic() - t0 < timeout_s:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited; see {self.log}")
@@ -129,8 +146,36 @@ class Server:
             self.proc.wait(30)
 
 
-def engine_config() -> EngineConfig:
+def bench_fleet(engine_args: dict[str, Any]) -> FleetSpec:
+    """The default fleet, with `engine_args` added to its model (e.g. stream_interval)."""
     spec = default_fleet()
+    if not engine_args:
+        return spec
+    model = spec.models[0].model_copy(update={"engine_args": engine_args})
+    return spec.model_copy(update={"models": [model]})
+
+
+def target_of(server: Server) -> str:
+    return {"vllm serve": "vllm", "fleetserve": "fleetserve"}.get(server.name, "rayllm")
+
+
+def stop_group(pid: int) -> None:
+    """SIGTERM a server started with --start-only (its own session), SIGKILL after 90 s."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(1)
+    os.killpg(pid, signal.SIGKILL)
+
+
+def engine_config(spec: FleetSpec) -> EngineConfig:
     model = spec.models[0]
     settings = engine_settings(spec)[model.name]
     if model.source is None:
@@ -140,7 +185,11 @@ def engine_config() -> EngineConfig:
 
 
 def make_servers(
-    config: EngineConfig, targets: list[str], logs: Path, vllm_nice: int = 0
+    config: EngineConfig,
+    targets: list[str],
+    logs: Path,
+    vllm_nice: int = 0,
+    fleet_file: Path | None = None,
 ) -> list[Server]:
     servers = []
     for target in targets:
@@ -163,6 +212,8 @@ def make_servers(
             servers.append(Server("vllm serve", argv, port, "/v1/models", logs / "vllm.log"))
         elif target == "fleetserve":
             argv = [sys.executable, "-m", "fleetserve.cli", "serve", "--port", str(port)]
+            if fleet_file is not None:
+                argv.insert(4, str(fleet_file))
             servers.append(Server("fleetserve", argv, port, "/ready", logs / "fleetserve.log"))
         elif target == "rayllm":
             argv = [
@@ -227,6 +278,10 @@ class Phase:
     wall_s: float = 0.0
     ttft_s: list[float] = field(default_factory=list)
     errors: int = 0
+    #: CPU seconds of the server's process tree during the phase: vLLM's engine processes
+    #: (``VLLM::EngineCore``, ``VLLM::Worker``) and everything else (API server / Serve / Ray).
+    cpu_engine_s: float = 0.0
+    cpu_serving_s: float = 0.0
 
 
 async def one_request(
@@ -406,13 +461,18 @@ while time.monotonic() < deadline and os.getppid() == parent:
 
 @contextmanager
 def background_load(n: int, max_s: float) -> Iterator[None]:
-    """N busy processes at niceness 0 while the block runs; each also stops by itself
-    when this process dies (reparented) or after `max_s`, whichever comes first."""
+    """N busy processes at niceness 0, each in its own session, while the block runs;
+    each also stops by itself when this process dies (reparented) or after `max_s`,
+    whichever comes first."""
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _BUSY, str(os.getpid()), str(max_s)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
+            # Each in a session of its own, like other users' jobs: with sched_autogroup
+            # (Linux's default on desktops and most VMs) CPU is shared between sessions
+            # first, so load in the client's session would slow the client, not the host.
+            start_new_session=True,
         )
         for _ in range(n)
     ]
@@ -457,6 +517,33 @@ def process_tree(root: int) -> list[int]:
     return out
 
 
+def tree_cpu(root: int) -> dict[int, tuple[bool, float]]:
+    """CPU seconds so far of every process under `root`, flagged True for vLLM's engine
+    processes (titled ``VLLM::EngineCore`` and, for its model runner, ``VLLM::Worker``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[bool, float]] = {}
+    for pid in process_tree(root):
+        try:
+            f = _stat_fields(f"/proc/{pid}/stat")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        out[pid] = (cmd.startswith(b"VLLM::"), (int(f[11]) + int(f[12])) / tick)
+    return out
+
+
+def cpu_split(before: dict[int, tuple[bool, float]], root: int) -> tuple[float, float]:
+    """(engine core, serving layer) CPU seconds spent under `root` since `before`."""
+    engine = serving = 0.0
+    for pid, (is_core, t) in tree_cpu(root).items():
+        spent = t - before.get(pid, (is_core, 0.0))[1]
+        if is_core:
+            engine += spent
+        else:
+            serving += spent
+    return engine, serving
+
+
 def _stat_fields(path: str) -> list[str]:
     # Fields after "(comm)": index i holds proc(5) field i + 3.
     return Path(path).read_text().rsplit(")", 1)[1].split()
@@ -490,10 +577,18 @@ def describe_processes(root: int, top: int = 6) -> list[dict[str, Any]]:
                 threads[f"nice {tf[16]} cpus {_cpus(ts)}"] += 1
         except OSError:
             continue
+        try:
+            # With sched_autogroup on, CPU is shared fairly between sessions first and by
+            # niceness only inside one: which group a process is in decides its share.
+            autogroup = Path(f"/proc/{pid}/autogroup").read_text().strip()
+        except OSError:
+            autogroup = "?"
         rows.append(
             {
                 "pid": pid,
                 "name": (cmd.strip() or comm)[:60],
+                "session": int(f[3]),
+                "autogroup": autogroup,
                 "nice": int(f[16]),
                 "cpus": _cpus(status),
                 "cpu_s": round((int(f[11]) + int(f[12])) / tick, 1),
@@ -546,6 +641,11 @@ def main() -> None:
         help="a busy process stops by itself after this long (or when this script dies)",
     )
     ap.add_argument("--start-timeout", type=float, default=1800)
+    ap.add_argument(
+        "--parallel-start",
+        action="store_true",
+        help="start every server at once instead of one after another",
+    )
     ap.add_argument("--out", type=Path, default=Path("out/overhead"))
     ap.add_argument(
         "--url",
@@ -561,6 +661,34 @@ def main() -> None:
         default=0,
         help="start `vllm serve` at this niceness (Ray runs its engines at 15)",
     )
+    ap.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a vLLM engine argument for every server (the spec's engine_args; VALUE as YAML), "
+        "e.g. stream_interval=4",
+    )
+    ap.add_argument(
+        "--warmup-client",
+        nargs="+",
+        choices=["fleetserve", "vllm"],
+        help="warm up with these clients only (default: every --client)",
+    )
+    ap.add_argument(
+        "--start-only",
+        action="store_true",
+        help="start and warm up the servers, write OUT/servers.json, and leave them running",
+    )
+    ap.add_argument(
+        "--attach",
+        type=Path,
+        help="measure the servers a --start-only run left running (its servers.json); "
+        "stop them afterwards with --stop",
+    )
+    ap.add_argument(
+        "--stop", type=Path, help="stop the servers listed in this servers.json, and exit"
+    )
     ap.add_argument("--serve-rayllm", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--engine-config", help=argparse.SUPPRESS)
@@ -568,20 +696,35 @@ def main() -> None:
     if args.serve_rayllm:
         serve_rayllm(args.port, args.engine_config)
         return
+    if args.stop:
+        for entry in json.loads(args.stop.read_text()).values():
+            stop_group(int(entry["pid"]))
+        return
 
     # A SIGTERM (e.g. from `timeout`) unwinds through the finally below, so the servers
     # (own sessions, not in our process group) are stopped too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    config = engine_config()
+    engine_args = {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in args.engine_arg)}
+    spec = bench_fleet(engine_args)
+    config = engine_config(spec)
+    fleet_file = None
+    if engine_args:  # fleetserve gets the same model through a spec file
+        fleet_file = args.out / "fleet.yaml"
+        fleet_file.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=True)))
     print(f"engine options (all servers): {' '.join(config.vllm_cli_args())}")
-    servers = make_servers(config, args.targets, args.out, args.vllm_nice)
+    servers = make_servers(config, args.targets, args.out, args.vllm_nice, fleet_file)
     given = dict(u.split("=", 1) for u in args.url)
+    attached = json.loads(args.attach.read_text()) if args.attach else {}
     for server in servers:
-        target = {"vllm serve": "vllm", "fleetserve": "fleetserve"}.get(server.name, "rayllm")
+        target = target_of(server)
         if target in given:
             server.port = int(given[target].rsplit(":", 1)[1].strip("/"))
+            server.external = True
+        elif target in attached:
+            server.port = int(attached[target]["port"])
+            server.external_pid = int(attached[target]["pid"])
             server.external = True
     conditions = ["quiet", "loaded"] if args.background_load > 0 else ["quiet"]
     seq = iter(range(10**6))
@@ -596,39 +739,66 @@ def main() -> None:
         seed: int,
     ) -> Phase:
         load = args.background_load if condition == "loaded" else 0
+        root = server.root
         with background_load(load, args.background_max_s):
+            before = tree_cpu(root) if root is not None else {}
             if client == "vllm":
                 n = max(c * per_client, min_req)
                 result = args.out / "vllm-client" / f"phase-{next(seq):04d}.json"
                 result.parent.mkdir(exist_ok=True)
-                return run_vllm_phase(server.url, config, c, n, args.max_tokens, seed, result)
-            return asyncio.run(
-                run_phase(server.url, config.name, c, per_client, args.max_tokens, min_req)
-            )  # fmt: skip
+                p = run_vllm_phase(server.url, config, c, n, args.max_tokens, seed, result)
+            else:
+                p = asyncio.run(
+                    run_phase(server.url, config.name, c, per_client, args.max_tokens, min_req)
+                )  # fmt: skip
+            if root is not None:
+                p.cpu_engine_s, p.cpu_serving_s = cpu_split(before, root)
+            return p
 
     Key = tuple[str, str, str, int]  # client, condition, server, concurrency
     results: dict[Key, Phase] = {}
     processes: dict[str, list[dict[str, Any]]] = {}
+    interrupted = False
     try:
+        if args.parallel_start:  # all engines load at once (shorter on a shared host)
+            for server in servers:
+                print(f"starting {server.name} ...", flush=True)
+                server.launch()
         for server in servers:
-            print(f"starting {server.name} ...", flush=True)
-            took = server.start(args.start_timeout)
+            if not args.parallel_start:
+                print(f"starting {server.name} ...", flush=True)
+                server.launch()
+            took = server.wait_ready(args.start_timeout)
             print(f"  {server.name} ready in {took:.0f} s", flush=True)
             # Warm-up, discarded: one phase per concurrency and client, so the batch shapes
             # each server meets first (vLLM CPU compiles some on first sight) are not timed.
-            for c in args.concurrency:
-                for client in args.client:
+            # An attached server was warmed up by the run that started it.
+            for c in args.concurrency if server.external_pid is None else []:
+                for client in args.warmup_client or args.client:
                     phase(client, "quiet", server, c, 1, 1, seed=10**6 + c)
-            if server.proc is not None:
-                processes[server.name] = describe_processes(server.proc.pid)
+            if server.root is not None:
+                processes[server.name] = describe_processes(server.root)
+        if args.start_only:
+            # Leave the servers up for later runs (--attach): on a shared host each measured
+            # run then stays short instead of paying every engine start again.
+            state = {target_of(s): {"port": s.port, "pid": s.root, "name": s.name} for s in servers}
+            (args.out / "servers.json").write_text(json.dumps(state, indent=2))
+            print(f"servers left running: {args.out / 'servers.json'}", flush=True)
+            for server in servers:
+                server.proc = None  # not stopped below
+            return
+        group = iter(range(10**6))
         for rnd in range(args.rounds):
-            order = servers[rnd % len(servers) :] + servers[: rnd % len(servers)]
             clients = args.client if rnd % 2 == 0 else args.client[::-1]
             conds = conditions if rnd % 2 == 0 else conditions[::-1]
-            for c in args.concurrency:
-                for client in clients:
+            for client in clients:
+                for c in args.concurrency:
                     for condition in conds:
-                        for server in order:
+                        # Who goes first rotates over the groups of side-by-side phases
+                        # (per condition too), so one round does not favour one server.
+                        i = next(group)
+                        g = (i + i // len(conds)) % len(servers)
+                        for server in servers[g:] + servers[:g]:
                             p = phase(
                                 client, condition, server, c, args.requests_per_client,
                                 args.min_requests, seed=1000 * rnd + c,
@@ -638,13 +808,24 @@ def main() -> None:
                             agg.wall_s += p.wall_s
                             agg.ttft_s += p.ttft_s
                             agg.errors += p.errors
+                            agg.cpu_engine_s += p.cpu_engine_s
+                            agg.cpu_serving_s += p.cpu_serving_s
                             print(
                                 f"round {rnd + 1} c={c:<3} {client}-client {condition:<6} "
                                 f"{server.name:<14} {p.tokens / p.wall_s:8.1f} tok/s  "
                                 f"ttft p50 {percentile(p.ttft_s, 50) * 1000:7.0f} ms  "
-                                f"errors {p.errors}",
+                                f"errors {p.errors}  CPU-ms/tok engine "
+                                f"{1000 * p.cpu_engine_s / max(p.tokens, 1):.2f} serving "
+                                f"{1000 * p.cpu_serving_s / max(p.tokens, 1):.2f}",
                                 flush=True,
                             )
+    except SystemExit as e:
+        if e.code != 143:
+            raise
+        # SIGTERM (e.g. `timeout` on a shared host): report the phases measured so far;
+        # a (client, condition, concurrency) group is side by side once all servers ran it.
+        interrupted = True
+        print("interrupted: reporting the phases measured so far", flush=True)
     finally:
         for server in servers:
             server.stop()
@@ -664,6 +845,9 @@ def main() -> None:
                 "ttft_p99_ms": percentile(p.ttft_s, 99) * 1000,
                 "requests": len(p.ttft_s),
                 "errors": p.errors,
+                # CPU-ms per output token: engine core, and the serving layer around it.
+                "engine_cpu_ms_per_token": 1000 * p.cpu_engine_s / p.tokens if p.tokens else 0,
+                "serving_cpu_ms_per_token": 1000 * p.cpu_serving_s / p.tokens if p.tokens else 0,
             }
         )
     by_key = {(r["client"], r["condition"], r["server"], r["concurrency"]): r for r in rows}
@@ -674,7 +858,7 @@ def main() -> None:
             r["ttft_p50_ratio"] = r["ttft_p50_ms"] / b["ttft_p50_ms"]
             r["ttft_p99_ratio"] = r["ttft_p99_ms"] / b["ttft_p99_ms"]
     (args.out / "results.json").write_text(
-        json.dumps({"rows": rows, "processes": processes}, indent=2)
+        json.dumps({"rows": rows, "processes": processes, "interrupted": interrupted}, indent=2)
     )
     print()
     print("Engine-side processes after warm-up (busiest first; niceness, CPU affinity, threads):")
@@ -684,14 +868,15 @@ def main() -> None:
             threads = ", ".join(f"{k} x{v}" for k, v in pr["threads"].items())
             print(
                 f"    pid {pr['pid']:<7} nice {pr['nice']:<3} cpus {pr['cpus']:<6} "
-                f"cpu {pr['cpu_s']:>7.1f} s  {pr['name']}\n      threads: {threads}"
+                f"cpu {pr['cpu_s']:>7.1f} s  {pr['name']}\n      threads: {threads}; "
+                f"session {pr['session']}, {pr['autogroup']}"
             )
     print()
     print(
         "| client | condition | server | conc. | output tok/s | × vllm | TTFT p50 ms | × vllm "
-        "| TTFT p99 ms | × vllm | req | err |"
+        "| TTFT p99 ms | × vllm | req | err | engine CPU-ms/tok | serving CPU-ms/tok |"
     )
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     nan = float("nan")
     for r in sorted(
         rows, key=lambda r: (r["client"], r["condition"], r["concurrency"], r["server"])
@@ -701,7 +886,8 @@ def main() -> None:
             f"| {r['tok_s']:.1f} | {r.get('tok_s_ratio', nan):.3f} "
             f"| {r['ttft_p50_ms']:.0f} | {r.get('ttft_p50_ratio', nan):.3f} "
             f"| {r['ttft_p99_ms']:.0f} | {r.get('ttft_p99_ratio', nan):.3f} "
-            f"| {r['requests']} | {r['errors']} |"
+            f"| {r['requests']} | {r['errors']} "
+            f"| {r['engine_cpu_ms_per_token']:.2f} | {r['serving_cpu_ms_per_token']:.2f} |"
         )
 
 
