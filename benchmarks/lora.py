@@ -252,6 +252,11 @@ def main() -> None:
         help="also run plain vllm serve with fleetserve's flags (same) or a variant",
     )
     ap.add_argument("--no-fleetserve", action="store_true", help="only the --vllm arms")
+    ap.add_argument(
+        "--no-base-server",
+        action="store_true",
+        help="skip the LoRA-less fleetserve (ratios then only within each engine)",
+    )
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/fleetserve-lora-bench"))
     args = ap.parse_args()
     work: Path = args.workdir
@@ -288,7 +293,9 @@ def main() -> None:
     }
     arms: list[tuple[str, dict[str, Any]]] = []
     if not args.no_fleetserve:
-        arms += [("base", model), ("lora", lora_model)]
+        if not args.no_base_server:
+            arms.append(("base", model))
+        arms.append(("lora", lora_model))
     for variant in args.vllm:
         changed = {**lora_model, **VLLM_VARIANTS[variant]}
         arms.append((f"vllm-{variant}", {k: v for k, v in changed.items() if v is not None}))
