@@ -20,7 +20,7 @@ from fleetserve.spec import ModelSpec
 #: readable config: the fake engine, or a repo id neither local nor in the catalogue).
 FALLBACK_MAX_MODEL_LEN = 4096
 #: max_num_batched_tokens vLLM's OpenAI server defaults to on CPUs, HAMi slices and cards
-#: under 70 GB (vllm/engine/arg_utils.py); bigger cards pass their own default.
+#: under 70 GiB (vllm/engine/arg_utils.py); bigger cards: :func:`vllm_default_batched_tokens`.
 DEFAULT_BATCHED_TOKENS = 2048
 #: Largest ``gpu_memory_utilization`` one vLLM CPU replica is given: there it is a fraction of
 #: host RAM that vLLM allocates eagerly, and the OS, Ray and the proxy need the rest.
@@ -61,6 +61,24 @@ class EngineLimits:
     """What the KV cache must hold: ``concurrency`` sequences of ``max_model_len``."""
 
 
+def vllm_default_batched_tokens(card_mib: int | None, card_name: str = "") -> int:
+    """The ``max_num_batched_tokens`` vLLM's OpenAI server picks for a card when none is
+    given (``EngineArgs.get_batch_defaults``, vLLM 0.32): 16384 from 160 GiB, 8192 from
+    70 GiB except on an A100 (slower there, vLLM PR 17885), else 2048. ``card_mib``: the
+    card's memory (nvidia-smi MiB; vLLM compares CUDA's total, 0.4 % less, which moves no
+    catalogue card across a threshold); None for a CPU host or a card nobody knows, where
+    vLLM (unable to read a device) also falls back to 2048.
+    """
+    if card_mib is None:
+        return DEFAULT_BATCHED_TOKENS
+    gib = card_mib / 1024
+    if gib >= 160:
+        return 16384
+    if gib >= 70 and "a100" not in card_name.lower():
+        return 8192
+    return DEFAULT_BATCHED_TOKENS
+
+
 def engine_limits(
     model: ModelSpec, *, context: int | None, batched_tokens: int | None = None
 ) -> EngineLimits:
@@ -90,4 +108,5 @@ __all__ = [
     "EngineLimits",
     "EngineSettings",
     "engine_limits",
+    "vllm_default_batched_tokens",
 ]

@@ -19,6 +19,7 @@ from fleetserve.engine.settings import (
     EngineLimits,
     EngineSettings,
     engine_limits,
+    vllm_default_batched_tokens,
 )
 from fleetserve.errors import SpecError
 from fleetserve.plan.gpus import GPU_CATALOGUE, GpuType
@@ -48,9 +49,6 @@ DEFAULT_HOST_RAM_MB = 4096
 #: torch.cuda.mem_get_info() gives 143155 MiB of nvidia-smi's 143771. vLLM multiplies
 #: gpu_memory_utilization by CUDA's figure, so the fraction is computed against it.
 CUDA_VISIBLE_FRACTION = 143155 / 143771
-#: max_num_batched_tokens vLLM's OpenAI server defaults to (vllm/engine/arg_utils.py):
-#: 8192 on >= 70 GB cards other than A100, 16384 on >= 160 GB, else 2048.
-SLICE_BATCHED_TOKENS = DEFAULT_BATCHED_TOKENS
 
 
 def model_config_for(model: ModelSpec, base_dir: Path | None = None) -> ModelConfig:
@@ -96,14 +94,11 @@ def whole_card_utilization(card_mb: int) -> float:
 
 
 def default_batched_tokens(card_mb: int, gpu_name: str, whole: bool) -> int:
+    """vLLM's default for a whole card; a HAMi slice gets the small-card default (vLLM
+    under HAMi sees the slice, not the card, as the device's memory)."""
     if not whole:
-        return SLICE_BATCHED_TOKENS
-    gib = card_mb / 1024
-    if gib >= 160:
-        return 16384
-    if gib >= 70 and "a100" not in gpu_name.lower():
-        return 8192
-    return DEFAULT_BATCHED_TOKENS
+        return DEFAULT_BATCHED_TOKENS
+    return vllm_default_batched_tokens(card_mb, gpu_name)
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,16 @@ cluster that fleetserve only joins, where this machine's memory says nothing,
 
 from __future__ import annotations
 
-from fleetserve.engine.settings import CPU_MAX_MEMORY_FRACTION, EngineSettings, engine_limits
+from fleetserve.engine.settings import (
+    CPU_MAX_MEMORY_FRACTION,
+    EngineSettings,
+    engine_limits,
+    vllm_default_batched_tokens,
+)
 from fleetserve.errors import CapacityError, SpecError
 from fleetserve.host import HostFacts, engine_visible_memory, probe
 from fleetserve.plan.local import plan_local
+from fleetserve.plan.planner import resolve_pool
 from fleetserve.plan.sizing import model_config_for
 from fleetserve.spec import FleetSpec, ModelSpec
 
@@ -34,15 +40,20 @@ def cpu_memory_fraction(total_bytes: int) -> float:
 
 
 def derived_settings(
-    model: ModelSpec, *, gpu_host: bool, host_memory: int | None = None
+    model: ModelSpec,
+    *,
+    gpu_host: bool,
+    host_memory: int | None = None,
+    batched_tokens: int | None = None,
 ) -> EngineSettings:
     """Conservative settings from the spec alone (no plan).
 
     The limits (context, sequences, batched tokens) are resolved exactly as the planner
     resolves them (:func:`fleetserve.engine.settings.engine_limits` with the model config's
-    context), so a joined cluster runs the numbers local planning would.
+    context and the card's batched-tokens default, ``batched_tokens``), so a joined cluster
+    runs the numbers local planning would.
     """
-    limits = engine_limits(model, context=_config_context(model))
+    limits = engine_limits(model, context=_config_context(model), batched_tokens=batched_tokens)
     return EngineSettings(
         gpu_memory_utilization=(
             GPU_MEMORY_FRACTION
@@ -54,6 +65,21 @@ def derived_settings(
         max_num_batched_tokens=limits.max_num_batched_tokens,
         kv_cache_tokens=limits.kv_cache_tokens,
     )
+
+
+def pool_batched_tokens(spec: FleetSpec, model: ModelSpec) -> int | None:
+    """vLLM's batched-tokens default on the cards ``model`` may run on (the spec's GPU
+    pools, those it names if it names any): the smallest one's, as one Serve deployment
+    gives every replica the same number. None when the spec describes no GPU pool (vLLM's
+    fallback for an unknown device applies)."""
+    defaults = []
+    for pool in spec.pools:
+        if model.pools is not None and pool.name not in model.pools:
+            continue
+        gpu = resolve_pool(pool).gpu
+        if gpu is not None:
+            defaults.append(vllm_default_batched_tokens(gpu.memory_mib, gpu.name))
+    return min(defaults, default=None)
 
 
 def _config_context(model: ModelSpec) -> int | None:
@@ -76,7 +102,14 @@ def engine_settings(
     plan and the Ray started afterwards see the same CPUs; probed here when not given.
     """
     if not local:
-        return {m.name: derived_settings(m, gpu_host=gpu_host) for m in spec.models}
+        return {
+            m.name: derived_settings(
+                m,
+                gpu_host=gpu_host,
+                batched_tokens=pool_batched_tokens(spec, m) if gpu_host else None,
+            )
+            for m in spec.models
+        }
     plan = plan_local(spec, host or probe())
     if not plan.feasible or plan.unplaced:
         reasons = "; ".join(f"{u.model} (replica {u.index}): {u.reason}" for u in plan.unplaced)

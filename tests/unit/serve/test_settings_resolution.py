@@ -42,3 +42,33 @@ def test_without_a_readable_config_the_fallback_is_stated() -> None:
     joined = engine_settings(spec, local=False)["f"]
     assert joined.max_model_len == 4096  # engine.settings.FALLBACK_MAX_MODEL_LEN
     assert joined.max_num_batched_tokens == 2048
+
+
+def test_a_joined_gpu_cluster_uses_vllms_batched_tokens_default_for_its_cards() -> None:
+    # vLLM's OpenAI server defaults to 8192 batched tokens on an H100 and 16384 on a B200
+    # (vllm/engine/arg_utils.py); a joined cluster must run what the planner sized for.
+    # Tensor parallel: whole cards in the plan too (a small model alone would be a slice).
+    for card, expected in (("H100-80GB", 8192), ("B200", 16384), ("A100-80GB", 2048)):
+        model = {"name": "q", "source": "x", "config": "qwen2.5-0.5b", "tensor_parallel": 2}
+        spec = parse_spec(
+            {"models": [model], "pools": [{"name": "p", "gpu": {"type": card, "count": 2}}]}
+        )
+        planned = plan_fleet(spec, scenario="min").replicas[0].engine
+        joined = engine_settings(spec, local=False, gpu_host=True)["q"]
+        assert joined.max_num_batched_tokens == planned.max_num_batched_tokens == expected, card
+
+
+def test_a_joined_gpu_cluster_takes_the_smallest_default_of_the_models_pools() -> None:
+    spec = parse_spec(
+        {
+            "models": [{"name": "q", "source": "x", "config": "qwen2.5-0.5b", "pools": ["h"]}],
+            "pools": [
+                {"name": "l4", "gpu": {"type": "L4", "count": 1}},
+                {"name": "h", "gpu": {"type": "H200", "count": 1}},
+            ],
+        }
+    )
+    assert engine_settings(spec, local=False, gpu_host=True)["q"].max_num_batched_tokens == 8192
+    unpinned = spec.models[0].model_copy(update={"pools": None})
+    spec = spec.model_copy(update={"models": [unpinned]})
+    assert engine_settings(spec, local=False, gpu_host=True)["q"].max_num_batched_tokens == 2048
