@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
+from fleetserve.engine.settings import DEFAULT_BATCHED_TOKENS
 from fleetserve.errors import FleetServeError
 from fleetserve.plan.catalogue import catalogue_entry
 from fleetserve.plan.memory import (
@@ -86,9 +87,9 @@ def replica_need(engine: dict[str, Any], *, complete: bool = False) -> ReplicaNe
             max_model_len=mml,
             concurrency=1,
             max_num_seqs=int(seqs) if isinstance(seqs, int) else None,
-            # vLLM's default token budget with chunked prefill (2048 on GPU servers);
-            # the activation term grows with it, so the default is the optimistic side.
-            max_num_batched_tokens=int(mnbt) if isinstance(mnbt, int) else 2048,
+            # vLLM's smallest default token budget (bigger cards default higher); the
+            # activation term grows with it, so this is the optimistic side.
+            max_num_batched_tokens=int(mnbt) if isinstance(mnbt, int) else DEFAULT_BATCHED_TOKENS,
             dtype=cast(Dtype, dtype),
             quantization=cast(Quantization, quant),
             kv_cache_dtype=cast(KvDtype, kv_dtype),
