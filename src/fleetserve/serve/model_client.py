@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from fleetserve.engine.protocol import Engine, EngineRequest, EngineStats, ResponseHead
 from fleetserve.errors import EngineError, ServeError
-from fleetserve.serve.probes import ModelHealth
+from fleetserve.serve.probes import ModelHealth, model_health
 
 logger = logging.getLogger(__name__)
 
@@ -121,11 +121,7 @@ class HandleModelClient:
                 # The controller restarting answers with no applications: that says
                 # nothing about the replicas, so keep the last view (the caller does).
                 raise RuntimeError(f"serve.status() has no deployment for model '{model}'")
-            states = {str(getattr(k, "value", k)): n for k, n in dep.replica_states.items()}
-            out[model] = ModelHealth(
-                running=int(states.get("RUNNING", 0)),
-                status=str(getattr(dep.status, "value", dep.status)),
-            )
+            out[model] = model_health(dep.replica_states, dep.status)
         return out
 
 

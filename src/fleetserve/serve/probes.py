@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +33,13 @@ logger = logging.getLogger(__name__)
 REFRESH_S = 1.0
 #: Deployment states that mean an engine died (or cannot start): liveness fails.
 DEAD_STATES = frozenset({"UNHEALTHY", "DEPLOY_FAILED"})
+#: Replica states (Serve's ``ReplicaState``) of a replica that serves requests. A
+#: restarted Serve controller lists every replica it found alive as RECOVERING until it
+#: has re-confirmed it, while the replica itself keeps serving through the handles'
+#: cached routing tables; counting only RUNNING made fail-fast refuse (503) every model
+#: and cut its waiting requests for the whole controller restart. PENDING_MIGRATION: a
+#: running replica on a draining node.
+SERVING_STATES = frozenset({"RUNNING", "RECOVERING", "PENDING_MIGRATION"})
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,17 @@ class ModelHealth:
     @property
     def alive(self) -> bool:
         return self.status not in DEAD_STATES
+
+
+def model_health(replica_states: Mapping[Any, int], status: object) -> ModelHealth:
+    """One model's :class:`ModelHealth` from its deployment's entry in ``serve.status()``
+    (``replica_states``: replica state -> count; states and status as enums or strings)."""
+    running = sum(n for state, n in replica_states.items() if _name(state) in SERVING_STATES)
+    return ModelHealth(running=int(running), status=_name(status))
+
+
+def _name(value: object) -> str:
+    return str(getattr(value, "value", value))
 
 
 class HealthSource(Protocol):
