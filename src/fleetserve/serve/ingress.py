@@ -8,6 +8,7 @@ hooks ``fleetserve serve`` calls on SIGTERM.
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from fastapi import FastAPI
@@ -21,6 +22,42 @@ from fleetserve.serve.model_client import HandleModelClient
 from fleetserve.serve.quota_guard import GuardConfig, TenantGuard
 from fleetserve.serve.quota_store import HandleQuotaStore
 from fleetserve.serve.scale_to_zero import ColdStart, ColdStartClient
+
+
+def install_address_reuse() -> bool:
+    """Make Serve's direct-ingress HTTP socket in this process bind with ``SO_REUSEADDR``.
+
+    Why: Ray 2.60 binds that socket without it, so while the connections of a killed
+    ingress replica linger in TIME_WAIT (any replica killed with clients connected) its
+    replacement's bind fails with EADDRINUSE; Serve then *blocks* the port for good and,
+    the range being the one port ``server.port``, every later replacement fails with
+    ``NoAvailablePortError``: the ingress never came back. ``SO_REUSEADDR`` (what uvicorn
+    and asyncio set on their own sockets) still refuses a port another socket listens
+    on; ``SO_REUSEPORT`` (Serve's other option) would not, so it is not used. Returns
+    False when Serve's module no longer looks as expected (nothing changed).
+    """
+    from ray.serve._private import http_util  # noqa: PLC0415 - Ray only where Ray runs
+
+    current = getattr(http_util, "socket", None)
+    if isinstance(current, _ReusingSocketModule):
+        return True
+    if current is not socket:
+        return False
+    http_util.socket = _ReusingSocketModule()  # type: ignore[attr-defined,assignment]
+    return True
+
+
+class _ReusingSocketModule:
+    """The ``socket`` module as Serve's ``http_util`` sees it: new sockets reuse addresses."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(socket, name)
+
+    @staticmethod
+    def socket(*args: Any, **kwargs: Any) -> socket.socket:
+        sock = socket.socket(*args, **kwargs)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        return sock
 
 
 @serve.deployment(graceful_shutdown_wait_loop_s=1)
@@ -41,8 +78,10 @@ class Ingress:
     ) -> None:
         self.limits = RequestLimits.from_args(limits)
         # Before Serve starts this replica's HTTP server (direct ingress): header limits
-        # and the header timeout at the protocol level (serve/limits.py).
+        # and the header timeout at the protocol level (serve/limits.py), and a listening
+        # socket that can take over the port of a killed predecessor.
         install_http_guard(self.limits)
+        install_address_reuse()
         # Models with replicas.min 0: a request waits (bounded) for their first replica.
         models = HandleModelClient(handles)
         client = ColdStartClient(
