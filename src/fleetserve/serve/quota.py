@@ -24,8 +24,8 @@ Times are wall-clock seconds (``time.time()``) given by the caller, so the core 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
+import pickle
 import secrets
 from collections import deque
 from dataclasses import dataclass, field
@@ -196,7 +196,7 @@ class QuotaLedger:
         self._lease_s = lease_s
         # reservation id -> (scopes, tokens reserved, token-window entries, UTC day)
         self._open: dict[str, tuple[tuple[str, ...], int, list[_Entry | None], int]] = {}
-        self._ids = itertools.count()
+        self._next_id = 0
         self._epoch = secrets.token_hex(4)  # ids of an earlier ledger never match
 
     def _scope(self, name: str) -> _Scope | None:
@@ -219,7 +219,8 @@ class QuotaLedger:
             refusal = _check(name, s, tokens, now)
             if refusal is not None:
                 return Decision(None, tokens, _headers(live, now), refusal)
-        rid = f"{self._epoch}-{next(self._ids)}"
+        rid = f"{self._epoch}-{self._next_id}"
+        self._next_id += 1
         entries: list[_Entry | None] = []
         for _, s in live:
             s.requests.append(now)
@@ -269,6 +270,36 @@ class QuotaLedger:
 
     def open_reservations(self) -> int:
         return len(self._open)
+
+    def snapshot(self) -> bytes:
+        """Every scope's counters and the open reservations, as bytes (a checkpoint).
+
+        Limits are not part of it: a ledger restored from it keeps its own."""
+        scopes = {
+            name: (s.requests, s.tokens, s.window_tokens, s.day, s.day_tokens, s.open)
+            for name, s in self._scopes.items()
+        }
+        # One pickle keeps the token-window entries shared between scopes and reservations.
+        return pickle.dumps((scopes, self._open), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def restore(self, data: bytes) -> None:
+        """Continue from ``snapshot()`` bytes (of this cluster's own keeper: trusted).
+
+        Scopes without limits now are dropped. Reservation ids of the snapshot stay
+        valid (their late settlements still reconcile); new ids get this ledger's own
+        epoch, so none can collide with one issued after the snapshot was taken."""
+        scopes, open_ = pickle.loads(data)
+        for name, (requests, tokens, window, day, day_tokens, leases) in scopes.items():
+            scope = self._scope(name)
+            if scope is None:
+                continue
+            scope.requests, scope.tokens, scope.window_tokens = requests, tokens, window
+            scope.day, scope.day_tokens, scope.open = day, day_tokens, leases
+        self._open = {
+            rid: record
+            for rid, record in open_.items()
+            if all(name in self._scopes for name in record[0])
+        }
 
 
 def _check(name: str, s: _Scope, tokens: int, now: float) -> Refusal | None:
