@@ -16,8 +16,13 @@ admission, Serve - not engine batching) with one model and two tenants:
   error seen meanwhile by kind.
 
 A's quota window is the sliding minute, so the flood phase lasts exactly one window.
+``--engine vllm`` serves the default model (Gemma 3 270M) on the real engine instead:
+there A's admitted requests really share the engine with B's, and the replica kill
+includes the engine's restart.
 
     .venv/bin/python benchmarks/guard.py --out /tmp/guard.json
+    .venv/bin/python benchmarks/guard.py --engine vllm --a-tpm 600 --b-rate 0.5 \
+        --probe-interval 0.5 --b-tpm 200000 --out /tmp/guard-vllm.json
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Any
 
 import httpx
 
+from fleetserve.spec import DEFAULT_MODEL_SOURCE
 from overhead import Server, free_port, percentile  # same directory: run as a script
 
 MODEL = "m"
@@ -200,12 +206,13 @@ async def run(url: str, session: int, args: argparse.Namespace, res: Results) ->
 
 
 def write_spec(path: Path, args: argparse.Namespace) -> None:
+    # The fake engine takes half a CPU; vLLM gets what fleetserve plans for this host.
+    source = "fake\n    resources: {cpu: 0.5}" if args.engine == "fake" else DEFAULT_MODEL_SOURCE
     path.write_text(
         f"""models:
   - name: {MODEL}
-    source: fake
+    source: {source}
     max_model_len: 1024
-    resources: {{cpu: 0.5}}
     replicas: {{max_ongoing_requests: {args.capacity}, max_queued_requests: 256,
                 target_ongoing_requests: {max(1, args.capacity // 2)}}}
 tenants:
@@ -223,6 +230,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    ap.add_argument("--engine", choices=["fake", "vllm"], default="fake")
     ap.add_argument("--token-delay", type=float, default=0.02, help="fake engine s/token")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--capacity", type=int, default=8, help="max_ongoing_requests")
@@ -240,7 +248,9 @@ def main() -> None:
     write_spec(spec, args)
     port = free_port()
     argv = [sys.executable, "-m", "fleetserve.cli", "serve", str(spec), "--port", str(port)]
-    argv += ["--engine", "fake", "--fake-token-delay", str(args.token_delay)]
+    argv += ["--engine", args.engine]
+    if args.engine == "fake":
+        argv += ["--fake-token-delay", str(args.token_delay)]
     server = Server(
         "fleetserve",
         argv,
@@ -251,7 +261,7 @@ def main() -> None:
     )
     res = Results(config={k: str(v) for k, v in vars(args).items()})
     try:
-        started = server.start(600)
+        started = server.start(900)
         print(f"fleetserve up in {started:.0f} s (log {server.log})")
         assert server.proc is not None
         asyncio.run(run(server.url, server.proc.pid, args, res))
