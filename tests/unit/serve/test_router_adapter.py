@@ -229,3 +229,21 @@ async def test_router_learns_held_adapters_from_reports() -> None:
     assert await route(router, replicas, one_shot("chat", 1)) == "c"
     router.on_replica_actor_died(ReplicaID("c", DEPLOYMENT))
     assert "chat" not in router._adapters.held("c")
+
+
+async def test_requests_arriving_together_spread_before_serve_confirms_any() -> None:
+    router = make_router()
+    replicas = [FakeReplica("a"), FakeReplica("b")]
+    router.update_replicas(replicas)  # type: ignore[arg-type]
+    # Eight new conversations at once (same system prompt: the same replica would win every
+    # tie); Serve confirms none of them (the routed hook) before all are chosen.
+    requests = [pending(chat(1, f"user{i}")) for i in range(8)]
+    firsts = []
+    for pr in requests:
+        ranks = await router.choose_replicas(replicas, pr)  # type: ignore[arg-type]
+        firsts.append(ranks[0][0].replica_id)
+    assert sorted(str(r.unique_id) for r in firsts) == ["a"] * 4 + ["b"] * 4
+    for pr, replica_id in zip(requests, firsts, strict=True):
+        router.on_request_routed(pr, replica_id, None)
+    assert router._reserved == {}  # confirmed choices count as in flight instead
+    assert sum(router._inflight.values()) == 8

@@ -22,6 +22,7 @@ the state it shares with the rest of fleetserve lives in imported modules (``reg
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
@@ -42,6 +43,8 @@ from fleetserve.serve.routing.prefix import RequestKey, request_key
 
 #: Hashed requests kept between routing and their routed/completed hooks.
 _MAX_PENDING_BLOCKS = 10_000
+#: Seconds a choice counts as load on its replica before Serve confirms it (routed hook).
+_RESERVATION_TTL_S = 10.0
 
 
 class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
@@ -71,6 +74,8 @@ class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self._index = PrefixIndex()
         self._adapters = AdapterIndex(adapter_slots)
         self._inflight: dict[str, int] = {}
+        # Chosen but not yet confirmed by Serve: request id -> (replica id, when).
+        self._reserved: dict[str, tuple[str, float]] = {}
         self._keys: dict[str, RequestKey] = {}
         self._report_marks: dict[str, tuple[Any, ...]] = {}
         self._kv_usage: dict[str, float] = {}
@@ -103,10 +108,11 @@ class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             return [[r] for r in rotated]
         key = self._key(pending_request)
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        reserved = self._reservations()
         views = [
             ReplicaView(
                 id=rid,
-                load=self._load(r),
+                load=self._load(r) + reserved.get(rid, 0),
                 max_ongoing=r.max_ongoing_requests,
                 kv_usage=self._kv_usage.get(rid, 0.0),
                 adapters=self._adapters.held(rid),
@@ -115,7 +121,24 @@ class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         ]
         choice = rank_replicas(key.blocks, views, self._index, self._params, self._adapter(key))
         self.decisions[choice.reason] += 1
+        # Serve sends the request only after this coroutine returns, and confirms it (the
+        # routed hook) a round trip later; requests arriving together would all see the
+        # same loads until then and pile onto one replica. So the choice counts as load at
+        # once (measured: 4 simultaneous new conversations split 3/1 without this).
+        request_id = pending_request.metadata.internal_request_id
+        self._reserved[request_id] = (choice.order[0], time.monotonic())
         return [[by_id[rid]] for rid in choice.order]
+
+    def _reservations(self) -> dict[str, int]:
+        """Choices not yet confirmed, per replica (stale ones - cancelled requests - expire)."""
+        now = time.monotonic()
+        counts: dict[str, int] = {}
+        for request, (replica, when) in list(self._reserved.items()):
+            if now - when > _RESERVATION_TTL_S:
+                del self._reserved[request]
+            else:
+                counts[replica] = counts.get(replica, 0) + 1
+        return counts
 
     def _key(self, pending_request: PendingRequest) -> RequestKey:
         rid = pending_request.metadata.internal_request_id
@@ -148,6 +171,7 @@ class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
     ) -> None:
         rid = replica_id.unique_id
         self._inflight[rid] = self._inflight.get(rid, 0) + 1
+        self._reserved.pop(pending_request.metadata.internal_request_id, None)
         key = self._keys.pop(pending_request.metadata.internal_request_id, None)
         if key is not None:
             if key.blocks:
@@ -164,6 +188,7 @@ class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         else:
             self._inflight.pop(rid, None)
         self._keys.pop(internal_request_id, None)
+        self._reserved.pop(internal_request_id, None)
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
