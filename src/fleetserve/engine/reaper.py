@@ -2,21 +2,30 @@
 
 Design note. vLLM runs its engine core (``VLLM::EngineCore``, and under it
 ``VLLM::Worker``) in processes spawned by the replica's Ray worker. When that worker ends
-without running vLLM's shutdown - SIGKILL, the OOM killer, its raylet dying, a Ray
-shutdown that kills workers - the engine core is re-parented to PID 1 and keeps its
-memory (a whole GPU) and a core busy; it is not in the server's process group either
-(raylet starts workers in their own), so killing the group does not reach it. Nothing
-inside the dying worker can help, so the replica starts this small watchdog next to its
-engine: ``python -m fleetserve.engine.reaper PARENT PID...``. It polls its parent every
-:data:`POLL_S`; once the parent is gone (the watchdog is re-parented) it sends SIGTERM to
-the engine processes (vLLM's handler shuts the workers down), waits
+without running vLLM's shutdown - SIGKILL, the OOM killer, a Ray shutdown that kills
+workers - the engine core is re-parented to PID 1 and keeps its memory (a whole GPU) and
+a core busy; it is not in the server's process group either (raylet starts each worker in
+its own), so killing the server's group does not reach it. Nothing inside the dying
+worker can help, so the replica starts this small watchdog next to its engine:
+``python -m fleetserve.engine.reaper GUARDS ROOT...``.
+
+What it watches, and why. The *guards* are the replica's Ray worker (the watchdog's
+parent) and that worker's raylet (``RAY_RAYLET_PID``, set by Ray in every worker). The
+worker alone is not enough: measured on Ray 2.60, a worker whose raylet was SIGKILLed
+keeps running (10+ minutes seen) as long as the raylet is an unreaped zombie - which it
+stays while ``fleetserve serve``, its parent, runs - so an engine watching only its
+worker outlived the raylet by minutes. A zombie counts as dead here (``/proc`` state
+``Z``). Every :data:`POLL_S` the watchdog checks its guards; once one is gone it sends
+SIGTERM to the engine processes (vLLM's handler shuts the workers down), waits
 :data:`GRACE_S`, then SIGKILLs whatever is left of their trees, and exits. It also exits
-when the engine processes are all gone. Processes are identified by PID *and* start time,
+when the engine processes are all gone. Above the raylet nothing needs watching: Ray
+starts its raylet fate-shared with the process that started Ray (``PR_SET_PDEATHSIG``),
+so the server's death is the raylet's. Processes are identified by PID *and* start time,
 so a reused PID is never signalled.
 
 Rejected: ``PR_SET_PDEATHSIG`` inside vLLM's engine process (vLLM spawns it; we cannot run
-code there without patching vLLM) and reaping only in ``fleetserve serve`` (it may be the
-process that was SIGKILLed).
+code there without patching vLLM, and it would only cover the worker, not the raylet) and
+reaping only in ``fleetserve serve`` (it may be the process that was SIGKILLed).
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import sys
 import time
 from collections.abc import Iterable
 
-#: Seconds between checks of the parent.
+#: Seconds between checks of the guards (the replica and its raylet).
 POLL_S = 0.25
 #: Seconds the engine gets to stop on SIGTERM before SIGKILL.
 GRACE_S = 5.0
@@ -109,13 +118,30 @@ def reap(roots: list[Ident], grace_s: float = GRACE_S) -> None:
     _signal(tree, signal.SIGKILL)
 
 
-def watch(parent: int, roots: list[Ident]) -> None:
-    """Until the parent dies (then reap) or the roots are all gone."""
+def watch(guards: list[Ident], roots: list[Ident]) -> None:
+    """Until a guard dies (then reap) or the roots are all gone."""
     while any(alive(r) for r in roots):
-        if os.getppid() != parent:
+        if not all(alive(g) for g in guards):
             reap(roots)
             return
         time.sleep(POLL_S)
+
+
+def guards() -> list[Ident]:
+    """What the engine of this process must not outlive: this process and its raylet."""
+    out = [ident(os.getpid())]
+    raylet = os.environ.get("RAY_RAYLET_PID", "")
+    if raylet.isdigit():
+        out.append(ident(int(raylet)))
+    return [g for g in out if g is not None]
+
+
+def _arg(procs: Iterable[Ident]) -> str:
+    return ",".join(f"{pid}:{start}" for pid, start in procs)
+
+
+def _parse(arg: str) -> list[Ident]:
+    return [(int(p), int(s)) for p, s in (a.split(":") for a in arg.split(",") if a)]
 
 
 def start_watchdog(pids: Iterable[int]) -> subprocess.Popen[bytes] | None:
@@ -123,8 +149,7 @@ def start_watchdog(pids: Iterable[int]) -> subprocess.Popen[bytes] | None:
     roots = [i for i in map(ident, pids) if i is not None]
     if not roots:
         return None
-    argv = [sys.executable, "-m", __name__, str(os.getpid())]
-    argv += [f"{pid}:{start}" for pid, start in roots]
+    argv = [sys.executable, "-m", __name__, _arg(guards()), *(_arg([r]) for r in roots)]
     # Its own session: a signal to the replica's process group must not take the
     # watchdog with it before it has done its work.
     return subprocess.Popen(
@@ -159,22 +184,22 @@ class EngineProcesses:
 
 
 def main(argv: list[str]) -> int:
-    parent = int(argv[0])
-    roots = [(int(p), int(s)) for p, s in (a.split(":") for a in argv[1:])]
+    watched = _parse(argv[0])
+    roots = [r for a in argv[1:] for r in _parse(a)]
     with contextlib.suppress(Exception):
         import setproctitle  # noqa: PLC0415 - optional (ships with Ray)
 
         setproctitle.setproctitle("fleetserve::engine-reaper")
 
     def on_term(_signum: int, _frame: object) -> None:
-        # Terminated (clean engine shutdown, or a signal to everything): if the parent
-        # is already gone, the engine goes too.
-        if os.getppid() != parent:
+        # Terminated (clean engine shutdown, or a signal to everything): if a guard is
+        # already gone, the engine goes too.
+        if not all(alive(g) for g in watched):
             reap(roots)
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, on_term)
-    watch(parent, roots)
+    watch(watched, roots)
     return 0
 
 

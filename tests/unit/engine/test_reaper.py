@@ -25,9 +25,17 @@ time.sleep(600)
 """
 
 
-def _start_replica() -> tuple[subprocess.Popen[str], int, int]:
+def _start_replica(raylet: int | None = None) -> tuple[subprocess.Popen[str], int, int]:
+    env = dict(os.environ)
+    env.pop("RAY_RAYLET_PID", None)
+    if raylet is not None:
+        env["RAY_RAYLET_PID"] = str(raylet)  # as Ray sets it in every worker
     proc = subprocess.Popen(
-        [sys.executable, "-c", REPLICA], stdout=subprocess.PIPE, text=True, start_new_session=True
+        [sys.executable, "-c", REPLICA],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
     )
     assert proc.stdout is not None
     core, watchdog = map(int, proc.stdout.readline().split())
@@ -57,6 +65,35 @@ def test_engine_dies_when_its_replica_dies(signum: int) -> None:
         for pid in (core, watchdog):
             if reaper.ident(pid) is not None:
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_engine_dies_when_the_raylet_dies_though_its_replica_lives() -> None:
+    # A stand-in raylet whose parent (this test, as `fleetserve serve` is the raylet's)
+    # does not reap it: once killed it stays a zombie, as a SIGKILLed raylet does - and Ray
+    # 2.60 workers keep running then, so the replica alone is no signal.
+    raylet = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    replica, core, watchdog = _start_replica(raylet=raylet.pid)
+    try:
+        time.sleep(0.5)
+        assert reaper.ident(core) is not None
+        os.kill(raylet.pid, signal.SIGKILL)
+        assert _gone(core), "the engine core outlived its raylet"
+        assert _gone(watchdog)
+        assert replica.poll() is None  # not what killed the engine
+    finally:
+        replica.kill()
+        replica.wait(10)
+        raylet.wait(10)
+        for pid in (core, watchdog):
+            if reaper.ident(pid) is not None:
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_guards_are_this_process_and_its_raylet(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAY_RAYLET_PID", str(os.getppid()))
+    assert reaper.guards() == [reaper.ident(os.getpid()), reaper.ident(os.getppid())]
+    monkeypatch.delenv("RAY_RAYLET_PID")
+    assert reaper.guards() == [reaper.ident(os.getpid())]
 
 
 def test_watchdog_leaves_a_live_replica_alone_and_exits_after_a_clean_stop() -> None:
