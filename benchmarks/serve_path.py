@@ -62,6 +62,55 @@ def cpu_by_process(pids: list[int]) -> dict[int, tuple[str, float]]:
     return out
 
 
+def start_profiles(
+    procs: dict[int, tuple[str, float]], out: Path
+) -> list[tuple[str, subprocess.Popen[bytes], Path]]:
+    """py-spy on the ingress and the model replica for the burst (raw folded stacks)."""
+    out.mkdir(parents=True, exist_ok=True)
+    spies = []
+    for pid, (name, _) in procs.items():
+        if name in ("ingress", "model replica"):
+            path = out / f"{name.replace(' ', '-')}-{pid}.txt"
+            spy = Path(sys.executable).with_name("py-spy")  # installed beside this Python
+            argv = [str(spy), "record", "-p", str(pid), "-r", "50", "-f", "raw"]
+            argv += ["--nonblocking", "-o", str(path)]
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            spies.append((name, proc, path))
+    time.sleep(1)  # attached before the burst starts
+    return spies
+
+
+def stop_profiles(spies: list[tuple[str, subprocess.Popen[bytes], Path]]) -> None:
+    """Stop py-spy (it writes on SIGINT) and print where each process's samples were."""
+    for _, proc, _ in spies:
+        proc.send_signal(signal.SIGINT)
+    for name, proc, path in spies:
+        proc.wait(60)
+        if path.exists():
+            print(f"  py-spy {name}: {profile_summary(path)}  ({path})")
+
+
+def profile_summary(path: Path, top: int = 6) -> str:
+    """Share of samples with no Python frame below the event loop's thread (time in
+    uvloop/gRPC/httptools native code), and the busiest Python functions otherwise."""
+    total = native = 0
+    funcs: dict[str, int] = defaultdict(int)
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        stack, n = line.rsplit(" ", 1)
+        frames = [f.split(" (")[0] for f in stack.split(";")]
+        total += int(n)
+        if frames[-1] == "Thread.run":
+            native += int(n)
+        for f in set(frames) - {"Thread.run", "Thread._bootstrap", "Thread._bootstrap_inner"}:
+            funcs[f] += int(n)
+    busiest = sorted(funcs.items(), key=lambda kv: -kv[1])[:top]
+    return f"{total} samples, {100 * native / max(total, 1):.0f} % native loop; " + ", ".join(
+        f"{f} {100 * v / max(total, 1):.0f} %" for f, v in busiest
+    )
+
+
 def _label(cmd: str) -> str:
     if cmd.startswith("ray::ServeReplica"):
         return "ingress" if cmd.rstrip().endswith(":ingress") else "model replica"
@@ -84,15 +133,19 @@ async def measure(url: str, root: int, args: argparse.Namespace) -> PathRun:
         ]
         pids = process_tree(root)
         before = cpu_by_process(pids)
+        spies = start_profiles(before, args.py_spy) if args.py_spy else []
         t0 = time.perf_counter()
-        results = await asyncio.gather(
-            *(
-                one_request(client, url, MODEL, 1000 + i, args.max_tokens)
-                for i in range(2 * args.concurrency)
+        results = []
+        for burst in range(args.bursts):
+            results += await asyncio.gather(
+                *(
+                    one_request(client, url, MODEL, 1000 * (burst + 1) + i, args.max_tokens)
+                    for i in range(2 * args.concurrency)
+                )
             )
-        )
         wall = time.perf_counter() - t0
         after = cpu_by_process(pids)
+        stop_profiles(spies)
     tokens = sum(r[1] for r in results)
     by_name: dict[str, float] = defaultdict(float)
     for pid, (name, t) in after.items():
@@ -143,6 +196,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--sequential", type=int, default=30, help="requests for TTFT at c=1")
     ap.add_argument("--token-delay", type=float, default=0.05, help="fake engine s/token")
+    ap.add_argument("--bursts", type=int, default=1, help="bursts of 2 x concurrency streams")
+    ap.add_argument(
+        "--py-spy",
+        type=Path,
+        metavar="DIR",
+        help="profile the ingress and model replica during the bursts (py-spy raw stacks)",
+    )
     args = ap.parse_args()
     runs: dict[bool, list[PathRun]] = {True: [], False: []}
     with tempfile.TemporaryDirectory(prefix="fs-serve-path-") as tmp:
