@@ -435,6 +435,8 @@ def main() -> None:
     p.add_argument("--workdir", type=Path, default=Path("/tmp/fleetserve-routing-bench"))
     p.add_argument("--json", type=Path)
     args = p.parse_args()
+    # `timeout` and job control send SIGTERM: unwind like ^C so serve run and Ray are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not args.interleave and "fleetserve-bound" in args.arms:
         p.error("fleetserve-bound is an arm of --interleave (ArmRouter) only")
     args.workdir.mkdir(parents=True, exist_ok=True)
