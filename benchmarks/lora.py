@@ -309,6 +309,7 @@ def main() -> None:
                 measure_engine(server, label, names, counts, load, results)
             finally:
                 server.stop()
+            (work / "partial.json").write_text(json.dumps(results, indent=2))
             continue
         server = Server({"models": [spec_model]}, work, label)
         try:
@@ -331,6 +332,7 @@ def main() -> None:
             results["warm_request_s"] = warm["wall_s"]
         finally:
             server.stop()
+        (work / "partial.json").write_text(json.dumps(results, indent=2))  # a cut run keeps it
     base = results.get("base")
     for row in list(results.values()):
         if base is not None and isinstance(row, dict) and "tok_s" in row:
