@@ -8,17 +8,13 @@ tag sets that do not match the metric definitions, as Ray's metrics do.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
-import httpx
 import pytest
 
-from fleetserve.engine.config import EngineConfig
-from fleetserve.engine.fake_engine import FakeEngine
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
-from fleetserve.engine.settings import EngineSettings
 from fleetserve.observe import metrics as m
-from fleetserve.serve.api_keys import ApiKeyTable
-from fleetserve.serve.gateway import Gateway, ModelRoute, create_api
+from fleetserve.serve.gateway import Gateway
 from fleetserve.serve.metrics import (
     NO_TENANT,
     UNKNOWN,
@@ -27,13 +23,9 @@ from fleetserve.serve.metrics import (
     MemorySink,
     RequestTags,
 )
-from fleetserve.serve.model_client import LocalModelClient, ModelOverloadedError
+from fleetserve.serve.model_client import ModelOverloadedError
 from fleetserve.serve.usage import Usage, UsageScanner, usage_from_body
-from fleetserve.spec import parse_spec
 
-SETTINGS = EngineSettings(
-    gpu_memory_utilization=0.1, max_num_seqs=8, max_model_len=64, max_num_batched_tokens=64
-)
 SPEC = {
     "models": [
         {"name": "alpha", "source": "fake"},
@@ -48,30 +40,15 @@ A = {"Authorization": "Bearer sk-a"}
 B = {"Authorization": "Bearer sk-b"}
 
 
-async def make_gateway(sink: MemorySink) -> Gateway:
-    fleet = parse_spec(SPEC)
-    engines = {}
-    for model in fleet.models:
-        engine = FakeEngine(
-            EngineConfig.from_spec(model, model_path="fake", settings=SETTINGS, kind="fake")
-        )
-        await engine.start()
-        engines[model.name] = engine
-    keys = ApiKeyTable.from_spec(fleet, {"KEY_A": "sk-a", "KEY_B": "sk-b"})
-    routes = [ModelRoute(x.name, SETTINGS.max_model_len) for x in fleet.models]
-    return Gateway(routes, keys, LocalModelClient(engines), metrics_sink=sink)
+async def make_gateway(gateways: Any, sink: MemorySink) -> Gateway:
+    gateway, _ = await gateways.build(SPEC, {"KEY_A": "sk-a", "KEY_B": "sk-b"}, metrics_sink=sink)
+    return gateway  # type: ignore[no-any-return]
 
 
-def client(gateway: Gateway) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=create_api(gateway)), base_url="http://test"
-    )
-
-
-async def test_requests_tokens_and_latency_by_model_tenant_endpoint_status() -> None:
+async def test_requests_tokens_and_latency_by_model_tenant_endpoint_status(gateways: Any) -> None:
     sink = MemorySink()
-    gateway = await make_gateway(sink)
-    async with client(gateway) as c:
+    gateway = await make_gateway(gateways, sink)
+    async with gateways.client(gateway) as c:
         ok = await c.post(
             "/v1/completions",
             headers=A,
@@ -140,9 +117,9 @@ async def test_requests_tokens_and_latency_by_model_tenant_endpoint_status() -> 
     assert sink.gauges[(m.GATEWAY_IN_FLIGHT.recorded, (("model", "alpha"),))] == 0
 
 
-async def test_streams_record_ttft_and_usage_when_the_client_asks_for_it() -> None:
+async def test_streams_record_ttft_and_usage_when_the_client_asks_for_it(gateways: Any) -> None:
     sink = MemorySink()
-    gateway = await make_gateway(sink)
+    gateway = await make_gateway(gateways, sink)
     req = {
         "model": "alpha",
         "prompt": "a b",
@@ -150,7 +127,10 @@ async def test_streams_record_ttft_and_usage_when_the_client_asks_for_it() -> No
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    async with client(gateway) as c, c.stream("POST", "/v1/completions", headers=A, json=req) as r:
+    async with (
+        gateways.client(gateway) as c,
+        c.stream("POST", "/v1/completions", headers=A, json=req) as r,
+    ):
         body = await r.aread()
     assert b"[DONE]" in body
     scanner = UsageScanner()
@@ -162,16 +142,19 @@ async def test_streams_record_ttft_and_usage_when_the_client_asks_for_it() -> No
     assert len(ttft) == 1
     # Without include_usage the stream carries no usage: nothing is counted (vLLM's rule).
     req.pop("stream_options")
-    async with client(gateway) as c, c.stream("POST", "/v1/completions", headers=A, json=req) as r:
+    async with (
+        gateways.client(gateway) as c,
+        c.stream("POST", "/v1/completions", headers=A, json=req) as r,
+    ):
         await r.aread()
     assert sink.counter(m.GATEWAY_COMPLETION_TOKENS, model="alpha", tenant="team-a") == 5
     assert len(ttft) == 2
 
 
-async def test_rejections_by_reason_and_labels_never_come_from_request_data() -> None:
+async def test_rejections_by_reason_and_labels_never_come_from_request_data(gateways: Any) -> None:
     sink = MemorySink()
-    gateway = await make_gateway(sink)
-    async with client(gateway) as c:
+    gateway = await make_gateway(gateways, sink)
+    async with gateways.client(gateway) as c:
         r = await c.post("/v1/completions", json={"model": "alpha", "prompt": "a"})
         assert r.status_code == 401
         r = await c.post(
@@ -201,12 +184,10 @@ class Overloaded:
         raise NotImplementedError
 
 
-async def test_overload_is_a_rejection_and_a_503() -> None:
+async def test_overload_is_a_rejection_and_a_503(gateways: Any) -> None:
     sink = MemorySink()
-    gateway = Gateway(
-        [ModelRoute("alpha", 64)], ApiKeyTable(model_tenants={"alpha": None}), Overloaded(), sink
-    )
-    async with client(gateway) as c:
+    gateway = gateways.over(Overloaded(), metrics_sink=sink)
+    async with gateways.client(gateway) as c:
         r = await c.post("/v1/chat/completions", json={"model": "alpha", "messages": []})
     assert r.status_code == 503
     assert (

@@ -8,28 +8,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
-import httpx
 import pytest
 
-from fleetserve.engine.config import EngineConfig
-from fleetserve.engine.fake_engine import FakeEngine
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
-from fleetserve.engine.settings import EngineSettings
-from fleetserve.serve.api_keys import ApiKeyTable
-from fleetserve.serve.gateway import Gateway, ModelRoute, create_api
-from fleetserve.serve.model_client import (
-    LocalModelClient,
-    ModelOverloadedError,
-    ModelUnavailableError,
-)
+from fleetserve.serve.gateway import Gateway
+from fleetserve.serve.model_client import ModelOverloadedError, ModelUnavailableError
 from fleetserve.serve.probes import ModelHealth
-from fleetserve.spec import parse_spec
 
-SETTINGS = EngineSettings(
-    gpu_memory_utilization=0.1, max_num_seqs=8, max_model_len=64, max_num_batched_tokens=64
-)
-SPEC = {
+SPEC: dict[str, list[dict[str, Any]]] = {
     "models": [
         {"name": "alpha", "source": "fake"},
         {"name": "beta", "source": "fake", "tenant": "team-b"},
@@ -42,25 +30,6 @@ SPEC = {
 KEYS = {"KEY_A": "sk-a", "KEY_B": "sk-b"}
 
 
-async def make_gateway(spec: dict[str, object], env: dict[str, str]) -> Gateway:
-    fleet = parse_spec(spec)
-    engines = {}
-    for m in fleet.models:
-        engine = FakeEngine(
-            EngineConfig.from_spec(m, model_path="fake", settings=SETTINGS, kind="fake")
-        )
-        await engine.start()
-        engines[m.name] = engine
-    routes = [ModelRoute(m.name, SETTINGS.max_model_len) for m in fleet.models]
-    return Gateway(routes, ApiKeyTable.from_spec(fleet, env), LocalModelClient(engines))
-
-
-def client(gateway: Gateway) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=create_api(gateway)), base_url="http://test"
-    )
-
-
 def chat(model: str | None = "alpha", **extra: object) -> dict[str, object]:
     body: dict[str, object] = {"messages": [{"role": "user", "content": "hi there"}]}
     if model is not None:
@@ -69,27 +38,20 @@ def chat(model: str | None = "alpha", **extra: object) -> dict[str, object]:
     return body
 
 
-def assert_error(r: httpx.Response, status: int, err_type: str) -> dict[str, object]:
-    assert r.status_code == status, r.text
-    error = r.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["code"] == status
-    assert error["type"] == err_type
-    return error  # type: ignore[no-any-return]
+@pytest.fixture
+async def open_gateway(gateways: Any) -> Gateway:
+    gateway, _ = await gateways.build({"models": SPEC["models"][:1]})
+    return gateway  # type: ignore[no-any-return]
 
 
 @pytest.fixture
-async def open_gateway() -> Gateway:
-    return await make_gateway({"models": SPEC["models"][:1]}, {})
+async def keyed_gateway(gateways: Any) -> Gateway:
+    gateway, _ = await gateways.build(SPEC, KEYS)
+    return gateway  # type: ignore[no-any-return]
 
 
-@pytest.fixture
-async def keyed_gateway() -> Gateway:
-    return await make_gateway(SPEC, KEYS)
-
-
-async def test_routes_by_model_and_relays_engine_json(open_gateway: Gateway) -> None:
-    async with client(open_gateway) as c:
+async def test_routes_by_model_and_relays_engine_json(open_gateway: Gateway, gateways: Any) -> None:
+    async with gateways.client(open_gateway) as c:
         r = await c.post("/v1/chat/completions", json=chat(max_tokens=3))
     assert r.status_code == 200
     body = r.json()
@@ -98,10 +60,13 @@ async def test_routes_by_model_and_relays_engine_json(open_gateway: Gateway) -> 
     assert body["usage"]["completion_tokens"] == 3
 
 
-async def test_streams_sse_through_unchanged(open_gateway: Gateway) -> None:
+async def test_streams_sse_through_unchanged(open_gateway: Gateway, gateways: Any) -> None:
     req = {"model": "alpha", "prompt": "a b", "max_tokens": 4, "stream": True}
     req["stream_options"] = {"include_usage": True}
-    async with client(open_gateway) as c, c.stream("POST", "/v1/completions", json=req) as r:
+    async with (
+        gateways.client(open_gateway) as c,
+        c.stream("POST", "/v1/completions", json=req) as r,
+    ):
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         events = [line[6:] async for line in r.aiter_lines() if line.startswith("data: ")]
@@ -113,16 +78,18 @@ async def test_streams_sse_through_unchanged(open_gateway: Gateway) -> None:
     assert chunks[-1]["usage"]["completion_tokens"] == 4
 
 
-async def test_single_model_fleet_accepts_a_request_without_model(open_gateway: Gateway) -> None:
-    async with client(open_gateway) as c:
+async def test_single_model_fleet_accepts_a_request_without_model(
+    open_gateway: Gateway, gateways: Any
+) -> None:
+    async with gateways.client(open_gateway) as c:
         r = await c.post("/v1/chat/completions", json=chat(None, max_tokens=1))
     assert r.status_code == 200
 
 
-async def test_unknown_model_is_404_in_vllms_words(open_gateway: Gateway) -> None:
-    async with client(open_gateway) as c:
+async def test_unknown_model_is_404_in_vllms_words(open_gateway: Gateway, gateways: Any) -> None:
+    async with gateways.client(open_gateway) as c:
         r = await c.post("/v1/chat/completions", json=chat("nope"))
-    error = assert_error(r, 404, "NotFoundError")
+    error = gateways.error(r, 404, "NotFoundError")
     assert error["message"] == "The model `nope` does not exist."
 
 
@@ -130,25 +97,29 @@ async def test_unknown_model_is_404_in_vllms_words(open_gateway: Gateway) -> Non
     ("content", "message"),
     [(b"{not json", "not valid JSON"), (b"[1, 2]", "must be a JSON object"), (b"", "JSON")],
 )
-async def test_bad_bodies_are_400(open_gateway: Gateway, content: bytes, message: str) -> None:
-    async with client(open_gateway) as c:
+async def test_bad_bodies_are_400(
+    open_gateway: Gateway, content: bytes, message: str, gateways: Any
+) -> None:
+    async with gateways.client(open_gateway) as c:
         r = await c.post(
             "/v1/chat/completions", content=content, headers={"content-type": "application/json"}
         )
-    error = assert_error(r, 400, "BadRequestError")
+    error = gateways.error(r, 400, "BadRequestError")
     assert message in str(error["message"])
 
 
-async def test_engine_errors_pass_through_with_their_status(open_gateway: Gateway) -> None:
-    async with client(open_gateway) as c:
+async def test_engine_errors_pass_through_with_their_status(
+    open_gateway: Gateway, gateways: Any
+) -> None:
+    async with gateways.client(open_gateway) as c:
         too_long = await c.post("/v1/chat/completions", json=chat(max_tokens=1000))
         bad_temp = await c.post("/v1/chat/completions", json=chat(temperature=-1))
-    assert assert_error(too_long, 400, "BadRequestError")["param"] == "max_tokens"
-    assert assert_error(bad_temp, 400, "BadRequestError")["param"] == "temperature"
+    assert gateways.error(too_long, 400, "BadRequestError")["param"] == "max_tokens"
+    assert gateways.error(bad_temp, 400, "BadRequestError")["param"] == "temperature"
 
 
-async def test_models_list_and_card(open_gateway: Gateway) -> None:
-    async with client(open_gateway) as c:
+async def test_models_list_and_card(open_gateway: Gateway, gateways: Any) -> None:
+    async with gateways.client(open_gateway) as c:
         listing = (await c.get("/v1/models")).json()
         card = await c.get("/v1/models/alpha")
         missing = await c.get("/v1/models/zeta")
@@ -156,11 +127,11 @@ async def test_models_list_and_card(open_gateway: Gateway) -> None:
     assert [m["id"] for m in listing["data"]] == ["alpha"]
     assert listing["data"][0]["max_model_len"] == 64
     assert card.json()["id"] == "alpha"
-    assert_error(missing, 404, "NotFoundError")
+    gateways.error(missing, 404, "NotFoundError")
 
 
-async def test_health_and_ready(open_gateway: Gateway) -> None:
-    async with client(open_gateway) as c:
+async def test_health_and_ready(open_gateway: Gateway, gateways: Any) -> None:
+    async with gateways.client(open_gateway) as c:
         health = await c.get("/health")
         ready = await c.get("/ready")
     assert health.status_code == 200
@@ -171,8 +142,10 @@ async def test_health_and_ready(open_gateway: Gateway) -> None:
 # ---------------------------------------------------------------- tenants and keys
 
 
-async def test_keys_required_when_any_tenant_has_keys(keyed_gateway: Gateway) -> None:
-    async with client(keyed_gateway) as c:
+async def test_keys_required_when_any_tenant_has_keys(
+    keyed_gateway: Gateway, gateways: Any
+) -> None:
+    async with gateways.client(keyed_gateway) as c:
         missing = await c.post("/v1/chat/completions", json=chat())
         wrong = await c.post(
             "/v1/chat/completions", json=chat(), headers={"Authorization": "Bearer sk-x"}
@@ -182,13 +155,15 @@ async def test_keys_required_when_any_tenant_has_keys(keyed_gateway: Gateway) ->
         )
         models = await c.get("/v1/models")
     for r in (missing, wrong, basic, models):
-        assert_error(r, 401, "AuthenticationError")
+        gateways.error(r, 401, "AuthenticationError")
 
 
-async def test_a_key_uses_its_tenants_and_untagged_models_only(keyed_gateway: Gateway) -> None:
+async def test_a_key_uses_its_tenants_and_untagged_models_only(
+    keyed_gateway: Gateway, gateways: Any
+) -> None:
     a = {"Authorization": "Bearer sk-a"}
     b = {"Authorization": "Bearer sk-b"}
-    async with client(keyed_gateway) as c:
+    async with gateways.client(keyed_gateway) as c:
         a_alpha = await c.post("/v1/chat/completions", json=chat("alpha", max_tokens=1), headers=a)
         a_beta = await c.post("/v1/chat/completions", json=chat("beta", max_tokens=1), headers=a)
         b_beta = await c.post("/v1/chat/completions", json=chat("beta", max_tokens=1), headers=b)
@@ -198,16 +173,18 @@ async def test_a_key_uses_its_tenants_and_untagged_models_only(keyed_gateway: Ga
     assert a_alpha.status_code == 200
     assert b_beta.status_code == 200
     # Another tenant's model answers exactly like an unknown model.
-    assert assert_error(a_beta, 404, "NotFoundError")["message"] == (
+    assert gateways.error(a_beta, 404, "NotFoundError")["message"] == (
         "The model `beta` does not exist."
     )
-    assert_error(a_card, 404, "NotFoundError")
+    gateways.error(a_card, 404, "NotFoundError")
     assert [m["id"] for m in a_models["data"]] == ["alpha"]
     assert [m["id"] for m in b_models["data"]] == ["alpha", "beta"]
 
 
-async def test_model_is_required_when_the_caller_sees_several(keyed_gateway: Gateway) -> None:
-    async with client(keyed_gateway) as c:
+async def test_model_is_required_when_the_caller_sees_several(
+    keyed_gateway: Gateway, gateways: Any
+) -> None:
+    async with gateways.client(keyed_gateway) as c:
         b = await c.post(
             "/v1/chat/completions", json=chat(None), headers={"Authorization": "Bearer sk-b"}
         )
@@ -216,7 +193,7 @@ async def test_model_is_required_when_the_caller_sees_several(keyed_gateway: Gat
             json=chat(None, max_tokens=1),
             headers={"Authorization": "Bearer sk-a"},
         )
-    assert assert_error(b, 400, "BadRequestError")["param"] == "model"
+    assert gateways.error(b, 400, "BadRequestError")["param"] == "model"
     assert a.status_code == 200  # team-a sees one model
 
 
@@ -250,33 +227,32 @@ class FailingClient:
     ],
 )
 async def test_overload_and_unavailable_are_503_with_retry_after(
-    error: Exception, retry_after: str, ready_status: int
+    error: Exception, retry_after: str, ready_status: int, gateways: Any
 ) -> None:
-    keys = ApiKeyTable(model_tenants={"alpha": None})
-    gateway = Gateway([ModelRoute("alpha", 64)], keys, FailingClient(error))
-    async with client(gateway) as c:
+    gateway = gateways.over(FailingClient(error))
+    async with gateways.client(gateway) as c:
         ready = await c.get("/ready")  # loads the fleet view
         r = await c.post("/v1/chat/completions", json=chat())
-    assert_error(r, 503, "ServiceUnavailableError")
+    gateways.error(r, 503, "ServiceUnavailableError")
     assert r.headers["retry-after"] == retry_after
     # Overload is not unreadiness (a probe must not pull a busy server); no replica is.
     assert ready.status_code == ready_status
     assert ready.json()["models"]["alpha"]["ready"] is (ready_status == 200)
 
 
-async def test_draining_refuses_new_requests_with_503(open_gateway: Gateway) -> None:
+async def test_draining_refuses_new_requests_with_503(open_gateway: Gateway, gateways: Any) -> None:
     open_gateway.draining = True
-    async with client(open_gateway) as c:
+    async with gateways.client(open_gateway) as c:
         r = await c.post("/v1/chat/completions", json=chat())
         ready = await c.get("/ready")
-    assert_error(r, 503, "ServiceUnavailableError")
+    gateways.error(r, 503, "ServiceUnavailableError")
     assert "retry-after" in r.headers
     assert ready.json()["status"] == "draining"
 
 
-async def test_in_flight_counts_open_streams() -> None:
-    gateway = await make_gateway({"models": SPEC["models"][:1]}, {})
+async def test_in_flight_counts_open_streams(gateways: Any) -> None:
+    gateway, _ = await gateways.build({"models": SPEC["models"][:1]})
     req = {"model": "alpha", "prompt": "a", "max_tokens": 3, "stream": True}
-    async with client(gateway) as c, c.stream("POST", "/v1/completions", json=req) as r:
+    async with gateways.client(gateway) as c, c.stream("POST", "/v1/completions", json=req) as r:
         await r.aread()
     assert gateway.in_flight == 0

@@ -11,25 +11,20 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 from starlette.types import Message
 
-from fleetserve.engine.config import EngineConfig
-from fleetserve.engine.fake_engine import FakeEngine
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
 from fleetserve.engine.settings import EngineSettings
-from fleetserve.serve.api_keys import ApiKeyTable
-from fleetserve.serve.gateway import Gateway, ModelRoute, create_api
+from fleetserve.serve.gateway import Gateway, create_api
 from fleetserve.serve.limits import (
     RequestLimits,
     check_headers,
     is_serve_control_header,
     serve_control_headers,
 )
-from fleetserve.serve.model_client import LocalModelClient, _translate
+from fleetserve.serve.model_client import _translate
 from fleetserve.serve.probes import ModelHealth
-from fleetserve.spec import parse_spec
 
 SETTINGS = EngineSettings(
     gpu_memory_utilization=0.1, max_num_seqs=8, max_model_len=4096, max_num_batched_tokens=64
@@ -45,46 +40,30 @@ LIMITS = RequestLimits(
 )
 
 
-async def make(
-    *,
-    limits: RequestLimits = LIMITS,
-    delay: float = 0.0,
-    spec: dict[str, Any] | None = None,
-    env: dict[str, str] | None = None,
-) -> tuple[Gateway, dict[str, FakeEngine]]:
-    fleet = parse_spec(spec or {"models": [{"name": "alpha", "source": "fake"}]})
-    engines = {}
-    for m in fleet.models:
-        engine = FakeEngine(
-            EngineConfig.from_spec(
-                m, model_path="fake", settings=SETTINGS, kind="fake", fake_token_delay_s=delay
-            )
+@pytest.fixture
+def make(gateways: Any) -> Any:
+    """``await make(limits=..., delay=..., spec=..., env=...)`` -> (gateway, engines)."""
+
+    async def make(
+        *,
+        limits: RequestLimits = LIMITS,
+        delay: float = 0.0,
+        spec: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> tuple[Gateway, dict[str, Any]]:
+        return await gateways.build(  # type: ignore[no-any-return]
+            spec or {"models": [{"name": "alpha", "source": "fake"}]},
+            env,
+            settings=SETTINGS,
+            token_delay_s=delay,
+            limits=limits,
         )
-        await engine.start()
-        engines[m.name] = engine
-    routes = [ModelRoute(m.name, SETTINGS.max_model_len) for m in fleet.models]
-    gateway = Gateway(
-        routes, ApiKeyTable.from_spec(fleet, env or {}), LocalModelClient(engines), limits=limits
-    )
-    return gateway, engines
 
-
-def client(gateway: Gateway) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=create_api(gateway)), base_url="http://test", timeout=30
-    )
+    return make
 
 
 def chat(**extra: object) -> dict[str, object]:
     return {"model": "alpha", "messages": [{"role": "user", "content": "hi"}], **extra}
-
-
-def error_of(r: httpx.Response, status: int) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    error = r.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["code"] == status
-    return error  # type: ignore[no-any-return]
 
 
 def sse_events(text: str) -> list[str]:
@@ -94,17 +73,19 @@ def sse_events(text: str) -> list[str]:
 # ---------------------------------------------------------------- 1. sizes
 
 
-async def test_body_over_the_limit_is_413_by_content_length() -> None:
+async def test_body_over_the_limit_is_413_by_content_length(gateways: Any, make: Any) -> None:
     gateway, _ = await make()
     big = chat(pad="x" * (LIMITS.max_body_bytes + 1))
-    async with client(gateway) as c:
+    async with gateways.client(gateway) as c:
         r = await c.post("/v1/chat/completions", json=big)
         ok = await c.post("/v1/chat/completions", json=chat(max_tokens=1, pad="x" * 60_000))
-    assert error_of(r, 413)["type"] == "RequestEntityTooLargeError"
+    assert gateways.error(r, 413)["type"] == "RequestEntityTooLargeError"
     assert ok.status_code == 200
 
 
-async def test_chunked_body_is_cut_at_the_limit_without_reading_the_rest() -> None:
+async def test_chunked_body_is_cut_at_the_limit_without_reading_the_rest(
+    gateways: Any, make: Any
+) -> None:
     gateway, _ = await make()
     sent = 0
 
@@ -114,15 +95,15 @@ async def test_chunked_body_is_cut_at_the_limit_without_reading_the_rest() -> No
             sent += 16384
             yield b"x" * 16384
 
-    async with client(gateway) as c:
+    async with gateways.client(gateway) as c:
         r = await c.post("/v1/chat/completions", content=body())
-    error_of(r, 413)
+    gateways.error(r, 413)
     # httpx's ASGI transport reads the whole request first; the gateway's own reading
     # stopped at the limit (it never joined more than it accepts).
     assert sent >= LIMITS.max_body_bytes
 
 
-async def test_slow_body_is_408() -> None:
+async def test_slow_body_is_408(gateways: Any, make: Any) -> None:
     gateway, _ = await make()
     app = create_api(gateway)
     sent: list[Message] = []
@@ -139,20 +120,7 @@ async def test_slow_body_is_408() -> None:
     async def send(message: Message) -> None:
         sent.append(message)
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "root_path": "",
-        "query_string": b"",
-        "headers": [(b"content-type", b"application/json")],
-        "client": ("127.0.0.1", 1),
-        "server": ("test", 80),
-    }
+    scope = gateways.http_scope("/v1/chat/completions", [(b"content-type", b"application/json")])
     await asyncio.wait_for(app(scope, receive, send), 5)
     assert sent[0]["status"] == 408
     assert json.loads(sent[1]["body"])["error"]["type"] == "RequestTimeoutError"
@@ -166,15 +134,17 @@ async def test_slow_body_is_408() -> None:
         ({f"x-h{i}": "v" * 1000 for i in range(10)}, None),  # all together too large
     ],
 )
-async def test_header_limits_are_431(headers: dict[str, str], param: str | None) -> None:
+async def test_header_limits_are_431(
+    headers: dict[str, str], param: str | None, gateways: Any, make: Any
+) -> None:
     gateway, _ = await make()
-    async with client(gateway) as c:
+    async with gateways.client(gateway) as c:
         r = await c.post("/v1/chat/completions", json=chat(max_tokens=1), headers=headers)
         models = await c.get("/v1/models", headers=headers)
-    error = error_of(r, 431)
+    error = gateways.error(r, 431)
     assert error["type"] == "RequestHeaderFieldsTooLargeError"
     assert error["param"] == param
-    error_of(models, 431)
+    gateways.error(models, 431)
 
 
 # ---------------------------------------------------------------- 3. Serve control headers
@@ -207,11 +177,13 @@ def test_every_header_ray_serve_reads_is_a_control_header() -> None:
         ("x-serve-router-target", "r"),
     ],
 )
-async def test_serve_control_headers_are_refused(header: tuple[str, str]) -> None:
+async def test_serve_control_headers_are_refused(
+    header: tuple[str, str], gateways: Any, make: Any
+) -> None:
     gateway, engines = await make()
-    async with client(gateway) as c:
+    async with gateways.client(gateway) as c:
         r = await c.post("/v1/chat/completions", json=chat(max_tokens=1), headers=[header])
-    error = error_of(r, 400)
+    error = gateways.error(r, 400)
     assert error["param"] == header[0]
     assert engines["alpha"].stats().completed == 0  # never reached the engine
 
@@ -227,17 +199,19 @@ def test_check_headers_counts_wire_bytes() -> None:
 # ---------------------------------------------------------------- 4. timeouts
 
 
-async def test_non_stream_timeout_is_a_json_504() -> None:
+async def test_non_stream_timeout_is_a_json_504(gateways: Any, make: Any) -> None:
     gateway, engines = await make(limits=RequestLimits(request_timeout_s=0.3), delay=0.05)
-    async with client(gateway) as c:
+    async with gateways.client(gateway) as c:
         r = await c.post("/v1/chat/completions", json=chat(max_tokens=200))
-    assert error_of(r, 504)["type"] == "TimeoutError"
+    assert gateways.error(r, 504)["type"] == "TimeoutError"
     await _until(lambda: engines["alpha"].stats().running == 0)
 
 
-async def test_stream_outliving_the_timeout_ends_with_an_error_event() -> None:
+async def test_stream_outliving_the_timeout_ends_with_an_error_event(
+    gateways: Any, make: Any
+) -> None:
     gateway, engines = await make(limits=RequestLimits(request_timeout_s=0.5), delay=0.05)
-    async with client(gateway) as c:
+    async with gateways.client(gateway) as c:
         r = await c.post("/v1/chat/completions", json=chat(max_tokens=200, stream=True))
     assert r.status_code == 200
     events = sse_events(r.text)
@@ -249,9 +223,9 @@ async def test_stream_outliving_the_timeout_ends_with_an_error_event() -> None:
     await _until(lambda: engines["alpha"].stats().running == 0)
 
 
-async def test_drain_cut_ends_open_streams_with_an_error_event() -> None:
+async def test_drain_cut_ends_open_streams_with_an_error_event(gateways: Any, make: Any) -> None:
     gateway, _ = await make(delay=0.05)
-    async with client(gateway) as c:
+    async with gateways.client(gateway) as c:
         task = asyncio.create_task(
             c.post("/v1/chat/completions", json=chat(max_tokens=200, stream=True))
         )
@@ -263,16 +237,18 @@ async def test_drain_cut_ends_open_streams_with_an_error_event() -> None:
     events = sse_events(r.text)
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["error"]["code"] == 503
-    error_of(late, 503)  # after the cut nothing new starts
+    gateways.error(late, 503)  # after the cut nothing new starts
 
 
 # ---------------------------------------------------------------- 2. disconnect
 
 
-async def test_non_stream_request_is_aborted_when_the_client_leaves() -> None:
+async def test_non_stream_request_is_aborted_when_the_client_leaves(
+    gateways: Any, make: Any
+) -> None:
     gateway, engines = await make(delay=0.05)
     engine = engines["alpha"]
-    async with client(gateway) as c:
+    async with gateways.client(gateway) as c:
         # Serve cancels the ingress's request task when the client disconnects.
         task = asyncio.create_task(c.post("/v1/chat/completions", json=chat(max_tokens=400)))
         await _until(lambda: engine.running == 1)
@@ -288,32 +264,34 @@ async def test_non_stream_request_is_aborted_when_the_client_leaves() -> None:
 # ---------------------------------------------------------------- 5. replica loss
 
 
-async def test_a_model_without_replica_fails_fast_with_retry_after() -> None:
+async def test_a_model_without_replica_fails_fast_with_retry_after(
+    gateways: Any, make: Any
+) -> None:
     gateway, engines = await make()
-    async with client(gateway) as c:
+    async with gateways.client(gateway) as c:
         assert (await c.get("/ready")).status_code == 200
         engines["alpha"].mark_unhealthy()
         await gateway.probes.refresh()
         r = await asyncio.wait_for(c.post("/v1/chat/completions", json=chat()), 2)
         ready = await c.get("/ready")
         health = await c.get("/health")
-    error = error_of(r, 503)
+    error = gateways.error(r, 503)
     assert r.headers["retry-after"] == "10"
     assert "no running replica" in error["message"]
     assert ready.status_code == 503
     assert health.status_code == 503  # liveness: an engine died
 
 
-async def test_requests_waiting_for_a_lost_model_end_at_once() -> None:
+async def test_requests_waiting_for_a_lost_model_end_at_once(gateways: Any, make: Any) -> None:
     gateway, engines = await make(delay=0.05)
-    async with client(gateway) as c:
+    async with gateways.client(gateway) as c:
         await c.get("/ready")
         task = asyncio.create_task(c.post("/v1/chat/completions", json=chat(max_tokens=400)))
         await _until(lambda: engines["alpha"].running == 1)
         engines["alpha"].mark_unhealthy()
         await gateway.probes.refresh()
         r = await asyncio.wait_for(task, 2)
-    error_of(r, 503)
+    gateways.error(r, 503)
 
 
 class BrokenClient:
@@ -345,17 +323,18 @@ class ActorDiedError(Exception):
         (RuntimeError("ServeReplica:fleetserve:model-alpha actor 9f3e21 failed"), 503),
     ],
 )
-async def test_replica_errors_never_show_ray_internals(error: Exception, status: int) -> None:
-    keys = ApiKeyTable(model_tenants={"alpha": None})
-    gateway = Gateway([ModelRoute("alpha", 64)], keys, BrokenClient(error))
-    async with client(gateway) as c:
+async def test_replica_errors_never_show_ray_internals(
+    error: Exception, status: int, gateways: Any
+) -> None:
+    gateway = gateways.over(BrokenClient(error))
+    async with gateways.client(gateway) as c:
         r = await c.post("/v1/chat/completions", json=chat())
-    message = error_of(r, status)["message"]
+    message = gateways.error(r, status)["message"]
     for secret in ("d2d65", "9f3e21", "ServeReplica", "Actor"):
         assert secret not in message
 
 
-async def test_unexpected_errors_are_a_json_500_without_details() -> None:
+async def test_unexpected_errors_are_a_json_500_without_details(gateways: Any) -> None:
     class Exploding(BrokenClient):
         async def open(
             self, model: str, request: EngineRequest
@@ -363,34 +342,31 @@ async def test_unexpected_errors_are_a_json_500_without_details() -> None:
             raise KeyError("secret-internal-id-42")
             yield b""  # pragma: no cover
 
-    keys = ApiKeyTable(model_tenants={"alpha": None})
-    gateway = Gateway([ModelRoute("alpha", 64)], keys, Exploding(RuntimeError()))
-    transport = httpx.ASGITransport(app=create_api(gateway), raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+    gateway = gateways.over(Exploding(RuntimeError()))
+    async with gateways.client(gateway, raise_app_exceptions=False) as c:
         r = await c.post("/v1/chat/completions", json=chat())
-    assert "secret-internal-id-42" not in error_of(r, 500)["message"]
+    assert "secret-internal-id-42" not in gateways.error(r, 500)["message"]
 
 
 # ---------------------------------------------------------------- 6. probes
 
 
-async def test_probes_answer_without_calling_the_replicas() -> None:
-    keys = ApiKeyTable(model_tenants={"alpha": None})
-    gateway = Gateway([ModelRoute("alpha", 64)], keys, BrokenClient(RuntimeError()))
-    async with client(gateway) as c:
+async def test_probes_answer_without_calling_the_replicas(gateways: Any) -> None:
+    gateway = gateways.over(BrokenClient(RuntimeError()))
+    async with gateways.client(gateway) as c:
         ready = await asyncio.wait_for(c.get("/ready"), 2)
         health = await asyncio.wait_for(c.get("/health"), 2)
     assert ready.status_code == 200
     assert health.status_code == 200
 
 
-async def test_probes_leak_no_model_names_without_a_key() -> None:
+async def test_probes_leak_no_model_names_without_a_key(gateways: Any, make: Any) -> None:
     spec = {
         "models": [{"name": "secret-model", "source": "fake", "tenant": "t"}],
         "tenants": [{"name": "t", "api_keys": ["${K}"]}],
     }
     gateway, _ = await make(spec=spec, env={"K": "sk-t"})
-    async with client(gateway) as c:
+    async with gateways.client(gateway) as c:
         anonymous = [await c.get("/ready"), await c.get("/health"), await c.get("/ready?engine=1")]
         keyed = await c.get("/ready", headers={"Authorization": "Bearer sk-t"})
     for r in anonymous:
@@ -400,9 +376,9 @@ async def test_probes_leak_no_model_names_without_a_key() -> None:
     assert keyed.json()["models"]["secret-model"]["ready"] is True
 
 
-async def test_ready_engine_counters_on_request() -> None:
+async def test_ready_engine_counters_on_request(gateways: Any, make: Any) -> None:
     gateway, _ = await make()
-    async with client(gateway) as c:
+    async with gateways.client(gateway) as c:
         await c.post("/v1/chat/completions", json=chat(max_tokens=1))
         r = await c.get("/ready?engine=1")
     assert r.json()["models"]["alpha"]["completed"] == 1

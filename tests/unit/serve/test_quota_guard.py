@@ -15,13 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from fleetserve.engine.config import EngineConfig
-from fleetserve.engine.fake_engine import FakeEngine
 from fleetserve.engine.settings import EngineSettings
-from fleetserve.serve.api_keys import ApiKeyTable
-from fleetserve.serve.gateway import Gateway, ModelRoute, create_api
+from fleetserve.serve.gateway import Gateway, create_api
 from fleetserve.serve.metrics import MemorySink
-from fleetserve.serve.model_client import LocalModelClient
 from fleetserve.serve.quota_guard import GuardConfig, TenantGuard
 from fleetserve.serve.quota_store import LocalQuotaStore
 from fleetserve.spec import parse_spec
@@ -35,47 +31,37 @@ A2 = {"Authorization": "Bearer sk-a2"}
 B = {"Authorization": "Bearer sk-b"}
 
 
-async def make(
-    tenants: list[dict[str, Any]],
-    *,
-    replicas: dict[str, int] | None = None,
-    token_delay_s: float = 0.0,
-    server: dict[str, float] | None = None,
-) -> tuple[Gateway, LocalQuotaStore]:
-    spec = parse_spec(
-        {
-            "models": [{"name": "m", "source": "fake", "replicas": replicas or {}}],
-            "tenants": tenants,
-            "server": server or {},
-        }
-    )
-    model = spec.models[0]
-    engine = FakeEngine(
-        EngineConfig.from_spec(
-            model,
-            model_path="fake",
-            settings=SETTINGS,
-            kind="fake",
-            fake_token_delay_s=token_delay_s,
+@pytest.fixture
+def make(gateways: Any) -> Any:
+    """``await make(tenants, replicas=..., token_delay_s=..., server=...)`` -> (gateway, store)."""
+
+    async def make(
+        tenants: list[dict[str, Any]],
+        *,
+        replicas: dict[str, int] | None = None,
+        token_delay_s: float = 0.0,
+        server: dict[str, float] | None = None,
+    ) -> tuple[Gateway, LocalQuotaStore]:
+        spec = parse_spec(
+            {
+                "models": [{"name": "m", "source": "fake", "replicas": replicas or {}}],
+                "tenants": tenants,
+                "server": server or {},
+            }
         )
-    )
-    await engine.start()
-    config = GuardConfig.from_spec(spec, {"m": SETTINGS.max_model_len})
-    store = LocalQuotaStore(config.scope_limits(), lease_s=config.lease_s)
-    gateway = Gateway(
-        [ModelRoute("m", SETTINGS.max_model_len)],
-        ApiKeyTable.from_spec(spec, KEYS),
-        LocalModelClient({"m": engine}),
-        metrics_sink=MemorySink(),
-        quota_guard=TenantGuard(config, store),
-    )
-    return gateway, store
+        config = GuardConfig.from_spec(spec, {"m": SETTINGS.max_model_len})
+        store = LocalQuotaStore(config.scope_limits(), lease_s=config.lease_s)
+        gateway, _ = await gateways.build(
+            spec,
+            KEYS,
+            settings=SETTINGS,
+            token_delay_s=token_delay_s,
+            metrics_sink=MemorySink(),
+            quota_guard=TenantGuard(config, store),
+        )
+        return gateway, store
 
-
-def client(gateway: Gateway) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=create_api(gateway)), base_url="http://test", timeout=60
-    )
+    return make
 
 
 def chat(max_tokens: int = 4, **extra: object) -> dict[str, object]:
@@ -91,9 +77,9 @@ def tenant(name: str, key: str, **fields: object) -> dict[str, object]:
     return {"name": name, "api_keys": ["${" + key + "}"], **fields}
 
 
-async def test_over_quota_is_429_in_openais_shape_with_headers() -> None:
+async def test_over_quota_is_429_in_openais_shape_with_headers(gateways: Any, make: Any) -> None:
     gw, _ = await make([tenant("a", "KEY_A", quota={"requests_per_minute": 2})])
-    async with client(gw) as c:
+    async with gateways.client(gw) as c:
         r1 = await c.post("/v1/chat/completions", json=chat(), headers=A)
         r2 = await c.post("/v1/chat/completions", json=chat(), headers=A)
         r3 = await c.post("/v1/chat/completions", json=chat(), headers=A)
@@ -115,10 +101,10 @@ async def test_over_quota_is_429_in_openais_shape_with_headers() -> None:
     assert any("quota" in str(k) for k in sink.counters)
 
 
-async def test_the_official_sdk_sees_a_rate_limit_error() -> None:
+async def test_the_official_sdk_sees_a_rate_limit_error(gateways: Any, make: Any) -> None:
     openai = pytest.importorskip("openai")
     gw, _ = await make([tenant("a", "KEY_A", quota={"requests_per_minute": 1})])
-    http = client(gw)
+    http = gateways.client(gw)
     sdk = openai.AsyncOpenAI(
         base_url="http://test/v1", api_key="sk-a", http_client=http, max_retries=0
     )
@@ -129,7 +115,9 @@ async def test_the_official_sdk_sees_a_rate_limit_error() -> None:
     await http.aclose()
 
 
-async def test_tokens_admitted_never_pass_the_limit_under_50_concurrent_clients() -> None:
+async def test_tokens_admitted_never_pass_the_limit_under_50_concurrent_clients(
+    gateways: Any, make: Any
+) -> None:
     """LiteLLM let 663 tokens through a 100-TPM limit; reserved at admission, we cannot."""
     limit = 400
     gw, store = await make([tenant("a", "KEY_A", quota={"tokens_per_minute": limit})])
@@ -146,7 +134,7 @@ async def test_tokens_admitted_never_pass_the_limit_under_50_concurrent_clients(
             else:
                 await asyncio.sleep(0.05)  # a client backing off
 
-    async with client(gw) as c:
+    async with gateways.client(gw) as c:
         await asyncio.gather(*(one(c) for _ in range(50)))
     assert statuses.count(429) > 0
     assert sum(used) <= limit
@@ -156,10 +144,12 @@ async def test_tokens_admitted_never_pass_the_limit_under_50_concurrent_clients(
     assert store.ledger.open_reservations() == 0
 
 
-async def test_streams_are_settled_with_real_usage_without_changing_what_the_client_sees() -> None:
+async def test_streams_are_settled_with_real_usage_without_changing_what_the_client_sees(
+    gateways: Any, make: Any
+) -> None:
     gw, store = await make([tenant("a", "KEY_A", quota={"tokens_per_minute": 10_000})])
     req = {"model": "m", "prompt": "a b c", "max_tokens": 5, "stream": True}
-    async with client(gw) as c:
+    async with gateways.client(gw) as c:
         async with c.stream("POST", "/v1/completions", json=req, headers=A) as r:
             assert r.status_code == 200
             events = [line[6:] async for line in r.aiter_lines() if line.startswith("data: ")]
@@ -178,7 +168,7 @@ async def test_streams_are_settled_with_real_usage_without_changing_what_the_cli
         assert store.ledger.headers(("tenant:a",), time.time()).remaining_tokens == 10_000 - 18
 
 
-async def test_a_stream_cut_by_its_client_keeps_its_reservation() -> None:
+async def test_a_stream_cut_by_its_client_keeps_its_reservation(gateways: Any, make: Any) -> None:
     gw, store = await make(
         [tenant("a", "KEY_A", quota={"tokens_per_minute": 10_000})], token_delay_s=0.05
     )
@@ -199,20 +189,8 @@ async def test_a_stream_cut_by_its_client_keeps_its_reservation() -> None:
         if message["type"] == "http.response.body" and message.get("body"):
             gone.set()  # the client leaves after the first event
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/completions",
-        "raw_path": b"/v1/completions",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"authorization", b"Bearer sk-a")],
-        "client": ("127.0.0.1", 1),
-        "server": ("test", 80),
-    }
+    headers = [(b"content-type", b"application/json"), (b"authorization", b"Bearer sk-a")]
+    scope = gateways.http_scope("/v1/completions", headers)
     await asyncio.wait_for(app(scope, receive, send), 5)
     await asyncio.sleep(0.05)
     left = store.ledger.headers(("tenant:a",), time.time()).remaining_tokens
@@ -222,7 +200,7 @@ async def test_a_stream_cut_by_its_client_keeps_its_reservation() -> None:
     assert gw.quota_guard.gates["m"].state.in_service == 0
 
 
-async def test_per_key_quotas_limit_each_key_on_its_own() -> None:
+async def test_per_key_quotas_limit_each_key_on_its_own(gateways: Any, make: Any) -> None:
     gw, _ = await make(
         [
             {
@@ -233,7 +211,7 @@ async def test_per_key_quotas_limit_each_key_on_its_own() -> None:
             }
         ]
     )
-    async with client(gw) as c:
+    async with gateways.client(gw) as c:
         first = await c.post("/v1/chat/completions", json=chat(), headers=A)
         again = await c.post("/v1/chat/completions", json=chat(), headers=A)
         other = await c.post("/v1/chat/completions", json=chat(), headers=A2)
@@ -241,7 +219,9 @@ async def test_per_key_quotas_limit_each_key_on_its_own() -> None:
     assert "key" in again.json()["error"]["message"]
 
 
-async def test_server_overload_is_503_and_not_charged_to_the_tenant() -> None:
+async def test_server_overload_is_503_and_not_charged_to_the_tenant(
+    gateways: Any, make: Any
+) -> None:
     """503 (the model is full) and 429 (the tenant is over quota) stay apart."""
     gw, store = await make(
         [tenant("a", "KEY_A", quota={"requests_per_minute": 100})],
@@ -252,7 +232,7 @@ async def test_server_overload_is_503_and_not_charged_to_the_tenant() -> None:
         },
         token_delay_s=0.2,
     )
-    async with client(gw) as c:
+    async with gateways.client(gw) as c:
         held = [
             asyncio.create_task(c.post("/v1/chat/completions", json=chat(10), headers=A))
             for _ in range(2)
@@ -269,7 +249,7 @@ async def test_server_overload_is_503_and_not_charged_to_the_tenant() -> None:
     assert store.ledger.headers(("tenant:a",), time.time()).remaining_requests == 98
 
 
-async def test_capacity_is_exact_at_the_gateway() -> None:
+async def test_capacity_is_exact_at_the_gateway(gateways: Any, make: Any) -> None:
     """Issue #9 point 7 end to end: 40 requests against capacity 16 + queue 4 -> 20 served,
     20 refused at once with 503, none refused below capacity."""
     gw, _ = await make(
@@ -277,7 +257,7 @@ async def test_capacity_is_exact_at_the_gateway() -> None:
         replicas={"max_ongoing_requests": 16, "max_queued_requests": 4},
         token_delay_s=0.2,  # 2 s per request: all 40 arrive while 20 are held
     )
-    async with client(gw) as c:
+    async with gateways.client(gw) as c:
         rs = await asyncio.gather(
             *(c.post("/v1/chat/completions", json=chat(10)) for _ in range(40))
         )
@@ -286,7 +266,7 @@ async def test_capacity_is_exact_at_the_gateway() -> None:
     assert codes.count(503) == 20
 
 
-async def test_a_flooding_tenant_does_not_delay_a_light_one() -> None:
+async def test_a_flooding_tenant_does_not_delay_a_light_one(gateways: Any, make: Any) -> None:
     """Capacity 1: a floods 12 requests, then b sends 3, one after another. With fair
     queuing each of b's waits at most about one of a's requests; FIFO would put b behind
     all of a's backlog."""
@@ -300,7 +280,7 @@ async def test_a_flooding_tenant_does_not_delay_a_light_one() -> None:
         token_delay_s=0.01,
     )
     start = time.perf_counter()
-    async with client(gw) as c:
+    async with gateways.client(gw) as c:
         flood = [
             asyncio.create_task(c.post("/v1/chat/completions", json=chat(10), headers=A))
             for _ in range(12)
@@ -319,7 +299,9 @@ async def test_a_flooding_tenant_does_not_delay_a_light_one() -> None:
     assert max(b_latency) < 0.35 * drain, (b_latency, drain)
 
 
-async def test_a_request_waits_in_the_queue_no_longer_than_the_request_timeout() -> None:
+async def test_a_request_waits_in_the_queue_no_longer_than_the_request_timeout(
+    gateways: Any, make: Any
+) -> None:
     gw, _ = await make(
         [],
         replicas={
@@ -330,7 +312,7 @@ async def test_a_request_waits_in_the_queue_no_longer_than_the_request_timeout()
         token_delay_s=0.05,
         server={"request_timeout_s": 0.2},
     )
-    async with client(gw) as c:
+    async with gateways.client(gw) as c:
         held = asyncio.create_task(c.post("/v1/chat/completions", json=chat(10)))
         await asyncio.sleep(0.05)
         r = await c.post("/v1/chat/completions", json=chat(1))
@@ -341,7 +323,9 @@ async def test_a_request_waits_in_the_queue_no_longer_than_the_request_timeout()
     assert gw.quota_guard.gates["m"].state.waiting == 0
 
 
-async def test_an_autoscaled_model_admits_what_its_running_replicas_take() -> None:
+async def test_an_autoscaled_model_admits_what_its_running_replicas_take(
+    gateways: Any, make: Any
+) -> None:
     gw, _ = await make(
         [],
         replicas={"min": 1, "max": 4, "max_ongoing_requests": 2, "target_ongoing_requests": 1},
@@ -351,7 +335,7 @@ async def test_an_autoscaled_model_admits_what_its_running_replicas_take() -> No
     assert guard is not None
     running = {"m": 1}
     guard.running_replicas = running.get
-    async with client(gw) as c:
+    async with gateways.client(gw) as c:
         tasks = [
             asyncio.create_task(c.post("/v1/chat/completions", json=chat(10))) for _ in range(5)
         ]
