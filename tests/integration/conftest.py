@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -108,13 +109,49 @@ class ServerProcess:
     def close(self) -> None:
         self._log_file.close()
 
+    def ray_address(self) -> str:
+        """The GCS address of the Ray cluster this server started (from its log).
+
+        Never ``address="auto"``: with several clusters on the host (another test's, a
+        leftover) Ray picks any of them.
+        """
+        match = RAY_STARTED.search(self.log.read_text(errors="replace"))
+        if match is None:
+            pytest.fail(f"{self.name} did not log its Ray address; log tail:\n{self.tail()}")
+        return match.group(1)
+
 
 #: What ``fleetserve serve`` prints once it is up (and handling SIGTERM as a drain).
 FLEETSERVE_READY = "fleetserve: ready"
+#: What ``fleetserve serve`` prints once it has started its own Ray.
+RAY_STARTED = re.compile(r"fleetserve: Ray started at (\S+)")
 
 
 def fleetserve_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "fleetserve.cli", "serve", *args]
+
+
+@contextlib.contextmanager
+def joined_ray(server: ServerProcess) -> Iterator[None]:
+    """This test process as a driver of the Ray cluster ``server`` started, then detached.
+
+    Joins by the exact address the server logged, never ``address="auto"``: with several
+    clusters on the host (another test's, a leftover) Ray picks any of them.
+    """
+    import ray  # noqa: PLC0415 - Ray is slow to import; only tests that join pay for it
+    from ray._private.authentication.authentication_token_setup import (  # noqa: PLC0415
+        maybe_enable_token_auth_if_token_available,
+    )
+
+    # A local ray.init() cluster uses token auth (token in ~/.ray/auth_token), but Ray opts a
+    # driver in only when it finds the cluster itself ("auto"); by address we opt in the way
+    # Ray does there - setting RAY_AUTH_MODE alone misses Ray's already-loaded config.
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    ray.init(address=server.ray_address(), log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()  # disconnects this driver only; the server owns the cluster
 
 
 class Servers:
@@ -124,6 +161,7 @@ class Servers:
     ready_line = FLEETSERVE_READY
     free_port = staticmethod(free_port)
     fleetserve_argv = staticmethod(fleetserve_argv)
+    joined_ray = staticmethod(joined_ray)
 
 
 @pytest.fixture(scope="session")
@@ -156,6 +194,7 @@ def default_engine_args() -> list[str]:
     spec = default_fleet()
     model = spec.models[0]
     settings = engine_settings(spec)[model.name]
+    assert model.source is not None  # the default fleet names its model's weights
     path = ModelStore().resolve(model.source)
     return EngineConfig.from_spec(model, model_path=path, settings=settings).vllm_cli_args()
 

@@ -106,8 +106,6 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[Fleet]:
-    import ray  # noqa: PLC0415
-
     tmp = tmp_path_factory.mktemp("routing-fleet")
     spec = tmp / "fleet.yaml"
     spec.write_text(SPEC)
@@ -119,12 +117,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[Fl
     url = f"http://127.0.0.1:{port}"
     try:
         server.wait_ready(f"{url}/ready", timeout_s=600, log_line=servers.ready_line)
-        # Join the Ray cluster the server started, to ask replicas what they served.
-        ray.init(address="auto", log_to_driver=False)
-        yield Fleet(url)
+        # Join the server's Ray cluster, to ask replicas what they served.
+        with servers.joined_ray(server):
+            yield Fleet(url)
     finally:
-        if ray.is_initialized():
-            ray.shutdown()  # disconnects this driver only; the server owns the cluster
         server.stop()
 
 

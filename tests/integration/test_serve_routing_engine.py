@@ -59,8 +59,6 @@ def replica_counters() -> dict[str, dict[str, float]]:
 
 @pytest.fixture(scope="module")
 def two_replicas(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[str]:
-    import ray  # noqa: PLC0415
-
     tmp = tmp_path_factory.mktemp("routing-engine")
     spec = tmp / "fleet.yaml"
     spec.write_text(SPEC)
@@ -70,11 +68,9 @@ def two_replicas(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iter
     url = f"http://127.0.0.1:{port}"
     try:
         server.wait_ready(f"{url}/ready", log_line=servers.ready_line)
-        ray.init(address="auto", log_to_driver=False)
-        yield url
+        with servers.joined_ray(server):  # to read the replicas' prefix-cache counters
+            yield url
     finally:
-        if ray.is_initialized():
-            ray.shutdown()
         server.stop()
 
 

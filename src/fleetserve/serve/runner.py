@@ -227,6 +227,11 @@ class FleetServer:
             raise ServeError(f"cannot start Ray: {e}") from e
         self._started_ray = True
         self._restore_signal_handlers()
+        # The exact address, for `ray status --address ...` and for tools that join this
+        # cluster: address="auto" picks any live cluster on the host when there are several.
+        self.console.print(
+            f"fleetserve: Ray started at {ray.get_runtime_context().gcs_address}", soft_wrap=True
+        )
 
     @property
     def _direct_ingress(self) -> bool:
