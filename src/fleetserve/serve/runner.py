@@ -23,6 +23,11 @@ Shutdown (SIGTERM, or Ctrl-C once): the ingress stops accepting model requests (
 Retry-After), in-flight ones - whole streams - get up to ``server.drain_timeout_s`` to
 finish, then Serve is shut down, and Ray too when this process started it. When joined to
 an existing cluster only this application is deleted. A second Ctrl-C skips the drain.
+A Ray this process started is watched while serving: if one of its processes dies (a
+SIGKILLed raylet, or a signal to the whole process group), the server stops with an error
+instead of serving nothing - and reaps the dead process, which is what lets Ray's workers
+notice (they keep running while their raylet is an unreaped zombie). Shutdown then skips
+the drain and Serve's shutdown, which would wait on the dead Ray (engine/reaper.py).
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ _DEPLOY_ATTEMPTS = 3
 _CUT_GRACE_S = 3.0
 #: Seconds of unchanged start-up status before a "still starting" line.
 _HEARTBEAT_S = 20.0
+#: Ray's process kinds (ray_constants.PROCESS_TYPE_*) without which nothing is served.
+_VITAL_RAY_PROCESSES = frozenset({"raylet", "gcs_server"})
 #: Longest wait for the application to run (engine load is ~1 min on a laptop CPU;
 #: large models on GPUs download and compile for much longer).
 START_TIMEOUT_S = 3600.0
@@ -372,14 +379,32 @@ class FleetServer:
             self.install_signal_handlers()
 
     def wait(self) -> None:
-        """Block until a stop is requested."""
+        """Block until a stop is requested or the Ray this process started loses a process."""
         while not self._stop.wait(1.0):
-            pass
+            dead = self._dead_ray_processes()
+            if dead:
+                raise ServeError(
+                    f"Ray's {', '.join(dead)} exited unexpectedly; stopping",
+                    hint="see Ray's logs under /tmp/ray/session_latest/logs",
+                )
+
+    def _dead_ray_processes(self) -> list[str]:
+        """Which of the Ray processes this process started that Serve cannot run without
+        (raylet, GCS) have exited; polling them reaps them."""
+        if not self._started_ray:
+            return []
+        from ray._private import worker  # noqa: PLC0415 - Ray's node holds its Popen objects
+
+        node = getattr(worker, "_global_node", None)
+        if node is None:
+            return []
+        dead = {str(kind) for kind, _ in node.dead_processes()}
+        return sorted(dead & _VITAL_RAY_PROCESSES)
 
     def stop(self, *, drain: bool = True) -> None:
         """Drain (bounded) and stop what this process started."""
         try:
-            if self._deployed and drain:
+            if self._deployed and drain and not self._dead_ray_processes():
                 self._drain()
         finally:
             self._shutdown()
@@ -428,7 +453,9 @@ class FleetServer:
         self.console.print("fleetserve: stopping")
         try:
             if self._started_ray:
-                serve.shutdown()  # type: ignore[no-untyped-call]
+                # With a raylet or GCS gone, serve.shutdown() waits on them forever.
+                if not self._dead_ray_processes():
+                    serve.shutdown()  # type: ignore[no-untyped-call]
             elif self._deployed:
                 serve.delete(APP_NAME)
         finally:
