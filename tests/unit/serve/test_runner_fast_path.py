@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -62,6 +63,11 @@ class Recorder:
     def init(self, **_: Any) -> None:
         self.env = {k: os.environ[k] for k in KEYS if k in os.environ}
 
+    @staticmethod
+    def runtime_context() -> Any:
+        # What the started Ray answers about itself (its GCS address).
+        return SimpleNamespace(gcs_address="192.0.2.7:6379")
+
     def start(self, http_options: dict[str, Any]) -> None:
         self.http = http_options
 
@@ -70,15 +76,20 @@ class Recorder:
 def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     rec = Recorder()
     monkeypatch.setattr(ray, "init", rec.init)
+    monkeypatch.setattr(ray, "get_runtime_context", rec.runtime_context)
     monkeypatch.setattr(serve, "start", rec.start)
     monkeypatch.setattr(FleetServer, "_submit", lambda self, app: None)
     monkeypatch.setattr(FleetServer, "_wait_running", lambda self: None)
     return rec
 
 
-def test_started_ray_gets_the_fast_path_and_the_proxy_moves_aside(recorder: Recorder) -> None:
+def test_started_ray_gets_the_fast_path_and_the_proxy_moves_aside(
+    recorder: Recorder, capsys: pytest.CaptureFixture[str]
+) -> None:
     server = _server()
     server._start_ray()
+    # The exact address, so tools join this cluster and not another one on the host.
+    assert "fleetserve: Ray started at 192.0.2.7:6379" in capsys.readouterr().out
     server._deploy(object())
     assert recorder.env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
     assert recorder.env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] == "8123"
