@@ -22,7 +22,7 @@ from fleetserve.plan.memory import estimate_replica
 from fleetserve.plan.planner import PoolCard, build_problem, compose_result, solve
 from fleetserve.plan.problem import DEVICE_SPLIT_COUNT, PoolShape
 from fleetserve.plan.result import PlanResult, PoolUsage, ReplicaPlacement, Unplaced
-from fleetserve.plan.sizing import margin_mb, model_config_for, resolved_limits
+from fleetserve.plan.sizing import margin_mb, model_config_for, replica_args, resolved_limits
 from fleetserve.plan.vllm_rules import model_refusals
 from fleetserve.spec import FleetSpec, GpuSpec, PoolSpec
 from fleetserve.units import mib_to_gib
@@ -100,15 +100,8 @@ def _plan_cpu(spec: FleetSpec, host: LocalHost) -> PlanResult:
         memory = estimate_replica(
             config,
             max_model_len=limits.max_model_len,
-            concurrency=model.concurrency,
-            max_num_seqs=limits.max_num_seqs,
-            max_num_batched_tokens=limits.max_num_batched_tokens,
-            dtype=model.dtype,
-            quantization=model.quantization,
-            kv_cache_dtype=model.kv_cache_dtype,
             device="cpu",
-            max_loras=model.max_loras if model.lora_enabled else 0,
-            max_lora_rank=model.max_lora_rank,
+            **replica_args(model, limits),
         )
         need = memory.total_mb
         fraction = math.ceil((need + margin_mb(need)) / host.memory_mb * 1000) / 1000

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from fleetserve.engine.settings import (
     DEFAULT_BATCHED_TOKENS,
@@ -24,8 +25,11 @@ from fleetserve.engine.settings import (
 from fleetserve.errors import SpecError
 from fleetserve.plan.gpus import GPU_CATALOGUE, GpuType
 from fleetserve.plan.memory import (
+    Dtype,
+    KvDtype,
     MiB,
     ModelConfig,
+    Quantization,
     ReplicaMemory,
     estimate_replica,
     load_model_config,
@@ -82,6 +86,37 @@ def resolved_limits(
     """``model``'s engine limits with unset fields resolved from its config
     (:func:`fleetserve.engine.settings.engine_limits`, the one derivation)."""
     return engine_limits(model, context=config.default_max_model_len, batched_tokens=batched_tokens)
+
+
+class ReplicaArgs(TypedDict):
+    """:func:`estimate_replica`'s arguments that come from the model and its limits.
+
+    Not ``max_model_len`` (callers search or resolve it), nor the parallel sizes: a GPU
+    replica is sized per card, a CPU replica as one process.
+    """
+
+    concurrency: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    dtype: Dtype
+    quantization: Quantization
+    kv_cache_dtype: KvDtype
+    max_loras: int
+    max_lora_rank: int
+
+
+def replica_args(model: ModelSpec, limits: EngineLimits) -> ReplicaArgs:
+    """What every sizing of one of ``model``'s replicas passes to the memory model."""
+    return ReplicaArgs(
+        concurrency=model.concurrency,
+        max_num_seqs=limits.max_num_seqs,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        dtype=model.dtype,
+        quantization=model.quantization,
+        kv_cache_dtype=model.kv_cache_dtype,
+        max_loras=model.max_loras if model.lora_enabled else 0,
+        max_lora_rank=model.max_lora_rank,
+    )
 
 
 def margin_mb(need_mb: int) -> int:
@@ -166,16 +201,9 @@ def size_replica(
         memory = estimate_replica(
             config,
             max_model_len=limits.max_model_len,
-            concurrency=model.concurrency,
-            max_num_seqs=limits.max_num_seqs,
-            max_num_batched_tokens=limits.max_num_batched_tokens,
-            dtype=model.dtype,
-            quantization=model.quantization,
-            kv_cache_dtype=model.kv_cache_dtype,
             tensor_parallel=model.tensor_parallel,
             pipeline_parallel=model.pipeline_parallel,
-            max_loras=model.max_loras if model.lora_enabled else 0,
-            max_lora_rank=model.max_lora_rank,
+            **replica_args(model, limits),
         )
         need = memory.total_mb
         if whole:
@@ -278,18 +306,14 @@ def suggest_fixes(
     limits = resolved_limits(model, config)
     max_len = limits.max_model_len
     budget = math.floor(whole_card_utilization(card_mb) * card_mb) * MiB
+    # The same replica as the sizing above, LoRA slots included.
     longest = max_model_len_within(
         config,
         budget,
         upper=max_len,
-        concurrency=model.concurrency,
-        max_num_seqs=limits.max_num_seqs,
-        max_num_batched_tokens=limits.max_num_batched_tokens,
-        dtype=model.dtype,
-        quantization=model.quantization,
-        kv_cache_dtype=model.kv_cache_dtype,
         tensor_parallel=model.tensor_parallel,
         pipeline_parallel=model.pipeline_parallel,
+        **replica_args(model, limits),
     )
     if longest is not None and longest < max_len:
         fixes.append(f"max_model_len: {longest} (from {max_len})")

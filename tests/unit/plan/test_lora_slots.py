@@ -39,3 +39,15 @@ def test_the_plan_gives_a_model_with_adapters_its_slots() -> None:
     with_slots = plan_fleet(parse_spec({"models": [lora], "pools": pools}))
     [a], [b] = plain.replicas, with_slots.replicas
     assert b.need_mb - a.need_mb == 1088  # memory_mb adds the planner's margin on top
+
+
+def test_the_max_model_len_fix_leaves_room_for_the_slots() -> None:
+    """The suggested context must fit the same replica the planner sizes, slots included."""
+    model = {"name": "m", "source": "x", "config": "llama-3-8b", "max_model_len": 8192}
+    lora = {**model, "concurrency": 8, "max_loras": 4, "max_lora_rank": 64, "adapter_dir": "/a"}
+    pools = [{"name": "p", "gpu": {"type": "L4", "count": 1}, "max_nodes": 1}]
+    [unplaced] = plan_fleet(parse_spec({"models": [lora], "pools": pools})).unplaced
+    [fix] = [f for f in unplaced.fixes if f.startswith("max_model_len: ")]
+    longest = int(fix.split()[1])
+    fixed = plan_fleet(parse_spec({"models": [{**lora, "max_model_len": longest}], "pools": pools}))
+    assert fixed.feasible
