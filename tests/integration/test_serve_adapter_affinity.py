@@ -1,0 +1,135 @@
+"""Routing by LoRA adapter through real Ray Serve with the fake engine (which loads
+``adapter_dir`` adapters on first use and keeps them LRU, as vLLM does).
+
+One ``fleetserve serve`` (own Ray), one model with 2 replicas and an adapter directory:
+an adapter's requests - unrelated prompts, so no prefix is shared - stay on the replica that
+loaded the adapter, and go elsewhere when that replica is saturated. Which replica answered
+is read from the replicas' ``record_routing_stats`` reports (over Ray), never from timing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
+
+DEPLOYMENT = "model-chat"
+
+
+def spec(adapter_dir: Path) -> str:
+    return f"""
+models:
+  - name: chat
+    source: fake
+    max_model_len: 8192
+    resources: {{cpu: 0.4}}
+    adapter_dir: {adapter_dir}
+    max_loras: 2
+    replicas: {{min: 2, max: 2, max_ongoing_requests: 2, target_ongoing_requests: 2}}
+    routing: {{policy: prefix, stats_period_s: 1}}
+"""
+
+
+class Fleet:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def ask(self, model: str, n: int, max_tokens: int = 2) -> int:
+        # Distinct prompts: nothing to share by prefix, only the adapter.
+        prompt = f"request {n} for {model}: " + f"unrelated words {n * 7919} " * 6
+        r = httpx.post(
+            f"{self.url}/v1/chat/completions",
+            json={
+                "model": model,
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": max_tokens,
+            },
+            timeout=180,
+        )
+        return r.status_code
+
+    @staticmethod
+    def served() -> dict[str, int]:
+        """Requests each live replica has taken (from the replicas)."""
+        import ray  # noqa: PLC0415
+
+        out: dict[str, int] = {}
+        for actor in ray.util.list_named_actors(all_namespaces=True):
+            name = actor["name"]
+            if actor["namespace"] == "serve" and f"#{DEPLOYMENT}#" in name:
+                handle = ray.get_actor(name, namespace="serve")
+                ref: Any = handle.record_routing_stats.remote()
+                stats: dict[str, Any] = ray.get(ref, timeout=30)
+                out[name.rsplit("#", 1)[1]] = int(stats["served"])
+        return out
+
+
+def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[Fleet]:
+    tmp = tmp_path_factory.mktemp("adapter-affinity")
+    adapters = tmp / "adapters"
+    for name in ("sql", "legal"):
+        (adapters / name).mkdir(parents=True)
+        config = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "v_proj"]}
+        (adapters / name / "adapter_config.json").write_text(json.dumps(config))
+    path = tmp / "fleet.yaml"
+    path.write_text(spec(adapters))
+    port = servers.free_port()
+    argv = servers.fleetserve_argv(
+        str(path), "--port", str(port), "--engine", "fake", "--fake-token-delay", "0.05"
+    )
+    server = servers.Process("fleetserve (adapters)", argv, Path(tmp) / "serve.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        server.wait_ready(f"{url}/ready", timeout_s=600, log_line=servers.ready_line)
+        with servers.joined_ray(server):
+            yield Fleet(url)
+    finally:
+        server.stop()
+
+
+def test_an_adapters_requests_stay_on_the_replica_that_loaded_it(fleet: Fleet) -> None:
+    for adapter in ("sql", "legal"):
+        before = fleet.served()
+        for n in range(10):
+            assert fleet.ask(adapter, n) == 200
+        # Unrelated prompts would spread over both replicas (the fallback is rendezvous
+        # hashing of each prompt); the adapter keeps all ten on one.
+        landed = delta(before, fleet.served())
+        assert list(landed.values()) == [10], f"{adapter}'s requests spread: {landed}"
+
+
+def test_a_saturated_adapter_replica_sends_the_next_request_elsewhere(fleet: Fleet) -> None:
+    before = fleet.served()
+    assert fleet.ask("sql", 100) == 200
+    home = next(iter(delta(before, fleet.served())))
+    # Two long requests fill home's max_ongoing_requests (2).
+    codes: list[int] = []
+    long = [
+        threading.Thread(target=lambda n=n: codes.append(fleet.ask("sql", 200 + n, 120)))
+        for n in range(2)
+    ]
+    mid = fleet.served()
+    for t in long:
+        t.start()
+    time.sleep(2.0)  # both are running on home now (6 s each)
+    assert delta(mid, fleet.served()) == {home: 2}
+    assert fleet.ask("sql", 300) == 200
+    after = delta(mid, fleet.served())
+    assert after.get(home) == 2
+    assert sum(after.values()) == 3
+    for t in long:
+        t.join()
+    assert codes == [200, 200]
