@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -51,6 +52,8 @@ def test_ray_gets_no_more_cpus_than_the_plan_was_made_for(
 
     started: dict[str, Any] = {}
     monkeypatch.setattr(ray, "init", lambda **kwargs: started.update(kwargs))
+    # A started Ray answers with its address, which the server prints.
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(gcs_address="x:1"))
     monkeypatch.setattr(os, "environ", dict(os.environ))  # _start_ray sets Serve env vars
     server = FleetServer(
         ServeOptions(spec=default_fleet(), host="127.0.0.1", port=8000, engine="fake")
