@@ -247,3 +247,23 @@ async def test_requests_arriving_together_spread_before_serve_confirms_any() -> 
         router.on_request_routed(pr, replica_id, None)
     assert router._reserved == {}  # confirmed choices count as in flight instead
     assert sum(router._inflight.values()) == 8
+
+
+async def test_a_reported_queue_length_does_not_count_a_reserved_request_twice() -> None:
+    router = make_router()
+    replicas = [FakeReplica("a"), FakeReplica("b")]
+    router.update_replicas(replicas)  # type: ignore[arg-type]
+    # Eight new conversations at once; replica a reports its queue length as soon as it
+    # accepts each request (before Serve confirms the choice), b answers later. The
+    # report and the reservation are the same request: a must not look twice as busy.
+    accepted = {"a": 0, "b": 0}
+    firsts = []
+    for i in range(8):
+        pr = pending(chat(1, f"user{i}"))
+        ranks = await router.choose_replicas(replicas, pr)  # type: ignore[arg-type]
+        chosen = ranks[0][0].replica_id
+        firsts.append(str(chosen.unique_id))
+        accepted[str(chosen.unique_id)] += 1
+        if chosen.unique_id == "a":
+            router.on_new_queue_len_info(chosen, accepted["a"])
+    assert sorted(firsts) == ["a"] * 4 + ["b"] * 4
