@@ -12,14 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 from fleetserve.engine.protocol import Engine, EngineRequest, EngineStats, ResponseHead
 from fleetserve.errors import EngineError, ServeError
 from fleetserve.serve.probes import ModelHealth, model_health
+from fleetserve.serve.routing import registry
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a read of the deployments' statuses is reused. The statuses only decide
+#: liveness (an engine that died or cannot start), which orchestrators probe every ~10 s;
+#: the replica counts behind fail-fast and readiness are pushed, never cached.
+STATUS_REFRESH_S = 5.0
 
 
 class ModelOverloadedError(ServeError):
@@ -77,6 +84,8 @@ class HandleModelClient:
             name: h.options(stream=True, _by_reference=False) for name, h in handles.items()
         }
         self._handles = dict(handles)
+        # (when read, (application, deployment) -> status) of the last status read.
+        self._statuses: tuple[float, dict[tuple[str, str], str]] | None = None
 
     async def open(self, model: str, request: EngineRequest) -> AsyncIterator[ResponseHead | bytes]:
         gen = self._streams[model].handle.remote(request)
@@ -109,6 +118,39 @@ class HandleModelClient:
         return EngineStats(**data)
 
     async def health(self) -> dict[str, ModelHealth]:
+        """Every model's replicas and deployment status, cheaply enough to ask every second.
+
+        Replica counts come from this process's routers (``routing.registry``: Serve's
+        long poll pushes every change of a deployment's running replicas to them, no
+        remote call); the deployment statuses from the controller's per-application
+        status (one small protobuf, reused for :data:`STATUS_REFRESH_S`).
+        ``serve.status()`` - the controller's whole instance description, parsed into
+        pydantic models here - is read only while a router has not reported yet
+        (start-up). Measured: ``serve.status()`` once a second was the
+        largest share of an idle ingress's CPU and part of the controller's
+        (``benchmarks/serve_path.py``, idle CPU).
+        """
+        counts = {
+            model: registry.replicas(handle.deployment_name)
+            for model, handle in self._handles.items()
+        }
+        if any(n is None for n in counts.values()):
+            return await self._health_from_serve_status()
+        now = time.monotonic()
+        if self._statuses is None or now - self._statuses[0] >= STATUS_REFRESH_S:
+            apps = {handle.app_name for handle in self._handles.values()}
+            self._statuses = (now, await asyncio.to_thread(_deployment_statuses, apps))
+        try:
+            return fleet_health(
+                {m: (h.app_name, h.deployment_name) for m, h in self._handles.items()},
+                {m: n for m, n in counts.items() if n is not None},
+                self._statuses[1],
+            )
+        except RuntimeError:
+            self._statuses = None  # an incomplete read (controller restarting): ask again
+            raise
+
+    async def _health_from_serve_status(self) -> dict[str, ModelHealth]:
         from ray import serve  # noqa: PLC0415 - Ray only where Ray runs
 
         # serve.status() is a blocking controller call: keep it off the event loop.
@@ -123,6 +165,42 @@ class HandleModelClient:
                 raise RuntimeError(f"serve.status() has no deployment for model '{model}'")
             out[model] = model_health(dep.replica_states, dep.status)
         return out
+
+
+def fleet_health(
+    deployments: Mapping[str, tuple[str, str]],
+    counts: Mapping[str, int],
+    statuses: Mapping[tuple[str, str], str],
+) -> dict[str, ModelHealth]:
+    """Each model's :class:`ModelHealth` from its routers' replica count and its
+    deployment's status (``deployments``: model -> (application, deployment);
+    ``statuses``: (application, deployment) -> status name).
+
+    Raises when a deployment has no status: a restarting controller answers with no
+    applications, which says nothing about the replicas (the caller keeps its last view).
+    """
+    out: dict[str, ModelHealth] = {}
+    for model, key in deployments.items():
+        status = statuses.get(key)
+        if status is None:
+            raise RuntimeError(f"the Serve controller lists no deployment for model '{model}'")
+        out[model] = ModelHealth(running=counts[model], status=status)
+    return out
+
+
+def _deployment_statuses(apps: set[str]) -> dict[tuple[str, str], str]:
+    """(application, deployment) -> status name, from the controller's per-app status."""
+    from ray.serve.context import _get_global_client  # noqa: PLC0415 - Ray only where Ray runs
+
+    client = _get_global_client()
+    if client is None:
+        raise RuntimeError("Ray Serve's controller is not reachable")
+    out: dict[tuple[str, str], str] = {}
+    for app in apps:
+        overview = client.get_serve_status(app)
+        for dep in overview.deployment_statuses:
+            out[app, dep.name] = str(getattr(dep.status, "value", dep.status))
+    return out
 
 
 def _translate(model: str, error: Exception) -> Exception:

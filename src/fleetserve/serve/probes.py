@@ -2,11 +2,12 @@
 
 Design note. A probe must answer at once under any load and must never take a slot a
 paying request needs, so probes read a cached view of the fleet that one background task
-refreshes (:data:`REFRESH_S`) from the replicas' state as Ray Serve's controller sees it
-(``serve.status()``: each model deployment's status and its RUNNING replica count), never
-from the model replicas themselves. The same view makes the gateway fail fast: a model with
-no running replica gets 503 + Retry-After at once, and requests already waiting for such a
-model are ended (:meth:`ProbeState.refresh` calls ``on_down``).
+refreshes (:data:`REFRESH_S`) from the replicas' state as Ray Serve sees it (each model
+deployment's status from the controller, its running replicas from the ingress's own
+routers, see ``HandleModelClient.health``), never from the model replicas themselves.
+The same view makes the gateway fail fast: a model with no running replica gets 503 +
+Retry-After at once, and requests already waiting for such a model are ended
+(:meth:`ProbeState.refresh` calls ``on_down``).
 
 * ``/health`` (liveness, like vLLM's ``/health``): 503 once a model's engine has died and
   Serve marks its deployment UNHEALTHY or DEPLOY_FAILED; 200 while replicas start or restart.

@@ -1,4 +1,5 @@
-"""Replica counts seen by this process's routers, for waiting out a scale from zero.
+"""Replica counts seen by this process's routers: for waiting out a scale from zero, and
+the probes' replica counts (``model_client.HandleModelClient.health``).
 
 A model at ``replicas.min: 0`` may have no replica when a request arrives; Ray Serve then
 keeps the request queued in the handle (which is what makes the autoscaler start one) but
