@@ -25,6 +25,7 @@ KEYS = (
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S",
     "RAY_SERVE_PORT_QUARANTINE_S",
     "RAY_SERVE_LOG_TO_STDERR",
+    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S",
 )
 
 
@@ -93,6 +94,7 @@ def test_started_ray_gets_the_fast_path_and_the_proxy_moves_aside(
     server._deploy(object())
     assert recorder.env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
     assert recorder.env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] == "8123"
+    assert recorder.env["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.5"
     assert recorder.http["host"] == "127.0.0.1"
     assert recorder.http["port"] != 8123  # the ingress replica owns 8123
 
@@ -109,7 +111,8 @@ def test_direct_ingress_off_keeps_serves_proxy_on_the_port(recorder: Recorder) -
     server = _server({"direct_ingress": False})
     server._start_ray()
     server._deploy(object())
-    assert recorder.env == {}
+    # Only the settings of every Ray fleetserve starts (Serve's slower control loop).
+    assert recorder.env == runner.LOCAL_RAY_ENV
     assert recorder.http["port"] == 8123
 
 
