@@ -51,7 +51,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -494,6 +494,29 @@ def background_load(n: int, max_s: float) -> Iterator[None]:
                 p.stdout.close()
 
 
+@contextmanager
+def frozen(roots: list[int]) -> Iterator[None]:
+    """Every process of these servers' trees stopped (SIGSTOP) while the block runs.
+
+    Why: the servers not being measured still use CPU while idle (Ray's daemons and Serve
+    ~11-17 % of a core, `vllm serve` ~1.4 %, see serve_path.py's idle table), and on a
+    2-CPU host that is taken from the server being measured - from `vllm serve` more
+    than from fleetserve, which would flatter fleetserve's ratios. Stopped trees resume
+    with SIGCONT afterwards; a whole Ray (GCS, raylet, workers) stops together, and a
+    phase is far shorter than Ray's and Serve's health-check failure thresholds.
+    """
+    pids = [pid for root in roots for pid in process_tree(root)]
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
 # --------------------------------------------------------------------------- processes
 
 
@@ -689,6 +712,12 @@ def main() -> None:
     ap.add_argument(
         "--stop", type=Path, help="stop the servers listed in this servers.json, and exit"
     )
+    ap.add_argument(
+        "--freeze-others",
+        action="store_true",
+        help="stop (SIGSTOP) the other servers' processes during each phase, so their idle "
+        "CPU does not count against the server measured",
+    )
     ap.add_argument("--serve-rayllm", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--engine-config", help=argparse.SUPPRESS)
@@ -737,10 +766,16 @@ def main() -> None:
         per_client: int,
         min_req: int,
         seed: int,
+        freeze: bool = True,
     ) -> Phase:
         load = args.background_load if condition == "loaded" else 0
         root = server.root
-        with background_load(load, args.background_max_s):
+        # Not during warm-up: a server still starting must not be stopped (its engine's
+        # start-up handshakes have wall-clock timeouts).
+        others = [
+            r for s in servers if s is not server and (r := s.root) is not None
+        ] if args.freeze_others and freeze else []  # fmt: skip
+        with frozen(others), background_load(load, args.background_max_s):
             before = tree_cpu(root) if root is not None else {}
             if client == "vllm":
                 n = max(c * per_client, min_req)
@@ -775,7 +810,7 @@ def main() -> None:
             # An attached server was warmed up by the run that started it.
             for c in args.concurrency if server.external_pid is None else []:
                 for client in args.warmup_client or args.client:
-                    phase(client, "quiet", server, c, 1, 1, seed=10**6 + c)
+                    phase(client, "quiet", server, c, 1, 1, seed=10**6 + c, freeze=False)
             if server.root is not None:
                 processes[server.name] = describe_processes(server.root)
         if args.start_only:

@@ -10,7 +10,10 @@ Each round measures TTFT at concurrency 1 (sequential requests; the fake's first
 comes after one token delay, so TTFT - delay is the path's latency) and then a burst of
 ``2 x concurrency`` streams, during which the CPU time of every process under the server
 (proxy, ingress, model replica, Ray's daemons) is read from /proc: reported as CPU-ms per
-streamed token, by process.
+streamed token, by process. Before the burst the server is left idle for ``--idle-s``
+seconds and the same processes' CPU is read again: the serving layer's fixed cost while
+nothing is served, in % of one core, which on a small host comes out of the engine's share
+whatever the load.
 
     .venv/bin/python benchmarks/serve_path.py --rounds 2
 """
@@ -45,6 +48,8 @@ class PathRun:
     tokens: int
     wall_s: float
     cpu_s: dict[str, float]
+    #: Idle CPU by process, in % of one core (``--idle-s`` seconds with no request).
+    idle_pct: dict[str, float]
 
 
 def cpu_by_process(pids: list[int]) -> dict[int, tuple[str, float]]:
@@ -120,7 +125,28 @@ def _label(cmd: str) -> str:
         return "Serve controller"
     if "fleetserve.cli serve" in cmd:
         return "fleetserve (driver)"
+    for needle, label in (
+        ("/raylet ", "raylet"),
+        ("/gcs_server ", "GCS"),
+        ("ray::DashboardAgent", "dashboard agent"),
+        ("ray::RuntimeEnvAgent", "runtime-env agent"),
+        ("log_monitor.py", "log monitor"),
+        ("autoscaler/_private/monitor.py", "autoscaler monitor"),
+        ("fleetserve::engine-reaper", "engine watchdog"),
+    ):
+        if needle in cmd + " ":
+            return label
     return "Ray daemons/other"
+
+
+def cpu_by_label(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU-seconds per process label between two :func:`cpu_by_process` reads."""
+    by_name: dict[str, float] = defaultdict(float)
+    for pid, (name, t) in after.items():
+        by_name[name] += t - before.get(pid, (name, t))[1]
+    return dict(by_name)
 
 
 async def measure(url: str, root: int, args: argparse.Namespace) -> PathRun:
@@ -132,6 +158,16 @@ async def measure(url: str, root: int, args: argparse.Namespace) -> PathRun:
             (await one_request(client, url, MODEL, 100 + i, 2))[0] for i in range(args.sequential)
         ]
         pids = process_tree(root)
+        idle = {}
+        if args.idle_s > 0:
+            await asyncio.sleep(5)  # let the requests' after-effects settle
+            idle_before, t_idle = cpu_by_process(pids), time.perf_counter()
+            await asyncio.sleep(args.idle_s)
+            elapsed = time.perf_counter() - t_idle
+            idle = {
+                n: 100 * v / elapsed
+                for n, v in cpu_by_label(idle_before, cpu_by_process(pids)).items()
+            }
         before = cpu_by_process(pids)
         spies = start_profiles(before, args.py_spy) if args.py_spy else []
         t0 = time.perf_counter()
@@ -147,10 +183,7 @@ async def measure(url: str, root: int, args: argparse.Namespace) -> PathRun:
         after = cpu_by_process(pids)
         stop_profiles(spies)
     tokens = sum(r[1] for r in results)
-    by_name: dict[str, float] = defaultdict(float)
-    for pid, (name, t) in after.items():
-        by_name[name] += t - before.get(pid, (name, t))[1]
-    return PathRun(statistics.median(ttfts) * 1000, tokens, wall, dict(by_name))
+    return PathRun(statistics.median(ttfts) * 1000, tokens, wall, cpu_by_label(before, after), idle)
 
 
 def run_server(direct_ingress: bool, args: argparse.Namespace, tmp: Path) -> PathRun:
@@ -198,6 +231,16 @@ def main() -> None:
     ap.add_argument("--token-delay", type=float, default=0.05, help="fake engine s/token")
     ap.add_argument("--bursts", type=int, default=1, help="bursts of 2 x concurrency streams")
     ap.add_argument(
+        "--idle-s", type=float, default=30, help="idle CPU sample before the burst (0: skip)"
+    )
+    ap.add_argument(
+        "--paths",
+        nargs="+",
+        choices=["direct", "proxy"],
+        default=["direct", "proxy"],
+        help="which serving paths to start (fast path = direct)",
+    )
+    ap.add_argument(
         "--py-spy",
         type=Path,
         metavar="DIR",
@@ -207,25 +250,30 @@ def main() -> None:
     runs: dict[bool, list[PathRun]] = {True: [], False: []}
     with tempfile.TemporaryDirectory(prefix="fs-serve-path-") as tmp:
         for rnd in range(args.rounds):
-            for direct in (True, False) if rnd % 2 == 0 else (False, True):
+            order = (True, False) if rnd % 2 == 0 else (False, True)
+            for direct in (d for d in order if ("direct" if d else "proxy") in args.paths):
                 r = run_server(direct, args, Path(tmp))
                 runs[direct].append(r)
                 cpu = sum(r.cpu_s.values())
                 print(
                     f"round {rnd + 1} direct_ingress={direct!s:<5} ttft p50 "
                     f"{r.ttft_p50_ms:.1f} ms, {r.tokens} tokens, "
-                    f"{1000 * cpu / r.tokens:.2f} CPU-ms/token",
+                    f"{1000 * cpu / r.tokens:.2f} CPU-ms/token, idle "
+                    f"{sum(r.idle_pct.values()):.1f} % of a core",
                     flush=True,
                 )
     print()
     names = sorted({n for rs in runs.values() for r in rs for n in r.cpu_s})
     print("| path | TTFT p50 − delay (ms) | CPU-ms / token | " + " | ".join(names) + " |")
     print("|---|---:|---:|" + "---:|" * len(names))
-    for direct, label in (
+    paths = (
         (False, "Serve proxy (direct_ingress: false)"),
         (True, "fast path (default)"),
-    ):
+    )
+    for direct, label in paths:
         rs = runs[direct]
+        if not rs:
+            continue
         tokens = sum(r.tokens for r in rs)
         per = {n: 1000 * sum(r.cpu_s.get(n, 0.0) for r in rs) / tokens for n in names}
         ttft = statistics.median(r.ttft_p50_ms for r in rs) - 1000 * args.token_delay
@@ -234,6 +282,22 @@ def main() -> None:
             + " | ".join(f"{per[n]:.2f}" for n in names)
             + " |"
         )
+    if args.idle_s > 0:
+        idle_names = sorted({n for rs in runs.values() for r in rs for n in r.idle_pct})
+        print()
+        print("Idle CPU, % of one core (mean over starts):")
+        print("| path | total | " + " | ".join(idle_names) + " |")
+        print("|---|---:|" + "---:|" * len(idle_names))
+        for direct, label in paths:
+            rs = runs[direct]
+            if not rs:
+                continue
+            per = {n: statistics.mean(r.idle_pct.get(n, 0.0) for r in rs) for n in idle_names}
+            print(
+                f"| {label} | {sum(per.values()):.1f} | "
+                + " | ".join(f"{per[n]:.1f}" for n in idle_names)
+                + " |"
+            )
 
 
 if __name__ == "__main__":
