@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import os
 import types
 from collections.abc import AsyncIterator
@@ -37,6 +38,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from fleetserve.engine.asgi_bridge import AsgiBridge
 from fleetserve.engine.config import EngineConfig
+from fleetserve.engine.cpu_binding import BIND_ENV, CoreClaim, claim_cores, cores_wanted
 from fleetserve.engine.lora import check_before_load, enable_adapter_dir, held_adapters
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
 from fleetserve.engine.ray_stats import KeptRayStatLogger, kept_loggers
@@ -44,6 +46,8 @@ from fleetserve.engine.reaper import EngineProcesses
 from fleetserve.engine.signals import SignalsHolder, vllm_signals_logger
 from fleetserve.errors import EngineError
 from fleetserve.observe.keeper import REFRESH_S
+
+logger = logging.getLogger(__name__)
 
 
 def parse_vllm_args(config: EngineConfig) -> Any:
@@ -77,6 +81,8 @@ class VllmEngine:
         self._idle_reporter: asyncio.Task[None] | None = None
         # vLLM's OpenAIServingModels: the adapter names it resolved (see adapters()).
         self._serving_models: Any = None
+        # CPU cores this engine's OpenMP threads are pinned to (engine/cpu_binding.py).
+        self._cores: CoreClaim | None = None
 
     async def start(self) -> None:
         # spawn, not fork: this process runs Ray's threads (vllm serve's CLI does the same).
@@ -93,6 +99,7 @@ class VllmEngine:
             # bundle of the replica's placement group (as Ray Serve LLM does).
             args.distributed_executor_backend = "ray"
         self._placement_group = placement_group
+        self._cores = _claim_cores(self._config)
         try:
             await self._start(args)
         except EngineError:
@@ -206,6 +213,9 @@ class VllmEngine:
         self._bridge = None
         if engine is not None:
             engine.shutdown()
+        cores, self._cores = self._cores, None
+        if cores is not None:
+            cores.release()
         processes, self._processes = self._processes, None
         if processes is not None:
             processes.stop()
@@ -216,6 +226,36 @@ def _ray_stat_loggers() -> list[Any] | None:
     if not ray.is_initialized():
         return None
     return [KeptRayStatLogger]
+
+
+#: Bindings this process put in its environment (a later engine here may replace them;
+#: any other value there is the user's).
+_SET_BY_US: set[str] = set()
+
+
+def _claim_cores(config: EngineConfig) -> CoreClaim | None:
+    """Pin a CPU engine's OpenMP threads to cores no other engine on the host holds
+    (``engine/cpu_binding.py``); ``None`` where vLLM's own binding stays (GPUs, an engine
+    over several processes, or a binding the user set)."""
+    from vllm.platforms import current_platform  # noqa: PLC0415 - vLLM's platform probe
+
+    if (
+        not current_platform.is_cpu()
+        or config.tensor_parallel * config.pipeline_parallel > 1
+        or os.environ.get(BIND_ENV) not in (None, *_SET_BY_US)
+    ):
+        return None
+    share = (
+        ray.get_runtime_context().get_assigned_resources().get("CPU")  # type: ignore[no-untyped-call]
+        if ray.is_initialized()
+        else None
+    )
+    claim = claim_cores(cores_wanted(share))
+    # The engine core and worker processes vLLM spawns read these from our environment.
+    os.environ.update(claim.env)
+    _SET_BY_US.add(claim.env[BIND_ENV])
+    logger.info("model %r: vLLM CPU binding %s", config.name, claim.env)
+    return claim
 
 
 def _replica_placement_group(config: EngineConfig) -> Any:

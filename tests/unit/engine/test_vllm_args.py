@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from fleetserve.engine.config import EngineConfig
@@ -39,3 +42,33 @@ def test_vllms_own_parser_accepts_the_options() -> None:
 def test_unknown_engine_arg_is_an_engine_error_naming_the_model() -> None:
     with pytest.raises(EngineError, match="model 'm': vLLM rejected its arguments"):
         parse_vllm_args(config(engine_args={"no_such_vllm_option": 1}))
+
+
+@pytest.mark.slow
+def test_a_cpu_engine_is_pinned_to_its_own_cores(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from fleetserve.engine import cpu_binding, vllm_engine  # noqa: PLC0415
+
+    monkeypatch.setattr(cpu_binding, "lock_dir", lambda: tmp_path)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.delenv(cpu_binding.BIND_ENV, raising=False)
+    first = vllm_engine._claim_cores(config())
+    second = vllm_engine._claim_cores(config())
+    assert first is not None
+    assert second is not None
+    # Not in Ray: one core each, and the environment the engine's processes inherit.
+    assert (first.cores, second.cores) == ([0], [1])
+    assert os.environ[cpu_binding.BIND_ENV] == "1"
+
+
+@pytest.mark.slow
+def test_a_users_binding_and_multi_process_engines_keep_vllms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fleetserve.engine import cpu_binding, vllm_engine  # noqa: PLC0415
+
+    monkeypatch.setenv(cpu_binding.BIND_ENV, "4-7")
+    assert vllm_engine._claim_cores(config()) is None
+    monkeypatch.delenv(cpu_binding.BIND_ENV)
+    assert vllm_engine._claim_cores(config(tensor_parallel=2)) is None

@@ -1,0 +1,125 @@
+"""Disjoint CPU cores for the vLLM CPU engines of one host.
+
+Design note. vLLM's CPU backend pins its worker's OpenMP threads to cores
+(``VLLM_CPU_OMP_THREADS_BIND=auto``: the cores of the first NUMA node, less one it
+reserves for the engine's scheduler) without knowing about other engines on the host, so
+every replica on a host pins to the same cores. Measured on a 2-CPU host: two replicas of
+the default model both pinned to core 0 and shared it at ~50 % each while core 1 ran
+everything else (docs/benchmarks.md, routing). fleetserve packs many models per host, so
+each engine claims its own cores before vLLM starts and hands them to vLLM as an explicit
+``VLLM_CPU_OMP_THREADS_BIND`` list:
+
+* how many: the replica's CPU share as Ray assigned it (``resources.cpu``), at least one;
+* which: the lowest cores of the process's CPU affinity that no live engine holds. A claim
+  is an exclusive ``flock`` on one file per core in a host-wide directory; the kernel drops
+  the locks of a dead process, so a killed replica's cores are free again without cleanup;
+* one core of the affinity is never claimed when there are several (vLLM's auto mode
+  keeps it too: the engine's scheduler process, Ray and the serving layer run there);
+* when too few cores are free (more engines than cores), the engine is not pinned
+  (``nobind``) and runs ``n`` OpenMP threads where the kernel has room, instead of
+  doubling up on a core another engine holds.
+
+What must stay true: an explicit ``VLLM_CPU_OMP_THREADS_BIND`` in the environment is the
+user's choice and is left alone; engines spanning several processes (tensor or pipeline
+parallel) keep vLLM's own binding, which lists one core set per rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+logger = logging.getLogger(__name__)
+
+BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+#: vLLM's value for "do not pin OpenMP threads".
+NO_BIND = "nobind"
+
+
+def lock_dir() -> Path:
+    """Where the per-core claims live: one directory per user, shared by every engine."""
+    return Path(tempfile.gettempdir()) / f"fleetserve-cpu-cores-{os.getuid()}"
+
+
+def cores_wanted(cpu_share: float | None) -> int:
+    """Cores for a replica with this Ray CPU share (``None``: unknown, one core)."""
+    if cpu_share is None or cpu_share <= 0:
+        return 1
+    return max(1, math.floor(cpu_share + 1e-9))
+
+
+def claimable(affinity: list[int]) -> list[int]:
+    """The cores engines may claim: all but the last one when there are several."""
+    cores = sorted(affinity)
+    return cores[:-1] if len(cores) > 1 else cores
+
+
+def format_cores(cores: list[int]) -> str:
+    """vLLM's list syntax (``0-3,6``) for sorted core ids."""
+    parts: list[str] = []
+    start = prev = cores[0]
+    for core in cores[1:]:
+        if core == prev + 1:
+            prev = core
+            continue
+        parts.append(f"{start}-{prev}" if prev > start else str(start))
+        start = prev = core
+    parts.append(f"{start}-{prev}" if prev > start else str(start))
+    return ",".join(parts)
+
+
+@dataclass
+class CoreClaim:
+    """Cores held by this process for one engine (released on :meth:`release` or exit)."""
+
+    cores: list[int]
+    env: dict[str, str]
+    _files: list[IO[bytes]] = field(default_factory=list, repr=False)
+
+    def release(self) -> None:
+        for f in self._files:
+            with contextlib.suppress(OSError):
+                f.close()
+        self._files.clear()
+
+
+def claim_cores(
+    n: int, affinity: list[int] | None = None, directory: Path | None = None
+) -> CoreClaim:
+    """Claim ``n`` free cores (see the module note); the environment for vLLM's engine."""
+    cores = claimable(affinity if affinity is not None else sorted(os.sched_getaffinity(0)))
+    where = directory or lock_dir()
+    where.mkdir(mode=0o700, parents=True, exist_ok=True)
+    held: list[int] = []
+    files: list[IO[bytes]] = []
+    for core in cores:
+        if len(held) == n:
+            break
+        f: IO[bytes] = (where / f"core-{core}.lock").open("ab")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()  # another live engine holds it
+            continue
+        held.append(core)
+        files.append(f)
+    if len(held) < n:
+        for f in files:
+            f.close()
+        logger.warning(
+            "only %d of the %d CPU cores this engine wants are free (cores %s are held by "
+            "other engines or reserved): running %d unpinned OpenMP threads",
+            len(held),
+            n,
+            format_cores(cores) if cores else "none",
+            n,
+        )
+        return CoreClaim([], {BIND_ENV: NO_BIND, "OMP_NUM_THREADS": str(n)})
+    return CoreClaim(held, {BIND_ENV: format_cores(held)}, files)
