@@ -911,6 +911,15 @@ class KubernetesSpec(StrictModel):
             "(adapter_dir, adapters[].source) to lie inside one."
         ),
     )
+    compile_cache: DnsLabel | None = Field(
+        default=None,
+        description=(
+            "Name of a writable kubernetes.volumes entry that keeps vLLM's compile cache "
+            "(VLLM_CACHE_ROOT) between pods: a replica that restarts, moves or scales up "
+            "from zero reuses the graphs an earlier pod of the same model compiled instead "
+            "of compiling them again (minutes per start). Unset: each pod compiles anew."
+        ),
+    )
 
     @field_validator("volumes")
     @classmethod
@@ -927,6 +936,31 @@ class KubernetesSpec(StrictModel):
             if volume.name == RAY_TMP_VOLUME:
                 raise ValueError(f"volumes[{i}].name '{RAY_TMP_VOLUME}' is render's own volume")
         return value
+
+    @model_validator(mode="after")
+    def _writable_compile_cache(self) -> KubernetesSpec:
+        if self.compile_cache is None:
+            return self
+        names = {v.name: v for v in self.volumes}
+        volume = names.get(self.compile_cache)
+        if volume is None:
+            raise ValueError(
+                f"compile_cache '{self.compile_cache}' names no kubernetes.volumes entry "
+                f"(volumes: {', '.join(names) or 'none'})"
+            )
+        if volume.read_only:
+            raise ValueError(
+                f"compile_cache '{self.compile_cache}': the volume is read_only, and vLLM "
+                "writes its compile cache there (set read_only: false on it)"
+            )
+        return self
+
+    def compile_cache_path(self) -> str | None:
+        """Where vLLM keeps its cache in the pods (``VLLM_CACHE_ROOT``), if configured."""
+        for volume in self.volumes:
+            if volume.name == self.compile_cache:
+                return volume.mount_path + "/vllm"
+        return None
 
 
 # --------------------------------------------------------------------------- root

@@ -138,3 +138,44 @@ def test_volume_names_and_mount_paths_are_distinct(kit: Any) -> None:
     data["kubernetes"]["volumes"] = [{"name": "ray-tmp", "claim": "c", "mount_path": "/x"}]
     with pytest.raises(SpecError, match="render's own volume"):
         parse_spec(data)
+
+
+def _workers(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return _templates(objects)[1:]
+
+
+def test_compile_cache_volume_becomes_vllm_cache_root_in_every_worker(kit: Any) -> None:
+    data = _fleet(kit)
+    data["kubernetes"]["compile_cache"] = "scratch"  # the writable hostPath volume
+    objects = _render(kit, data)
+    for template in _workers(objects):
+        (container,) = template["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        assert env["VLLM_CACHE_ROOT"] == "/scratch/vllm"
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        assert mounts["scratch"]["readOnly"] is False
+    # The head runs no engine: no cache there.
+    (head_container,) = _templates(objects)[0]["spec"]["containers"]
+    assert "VLLM_CACHE_ROOT" not in {e["name"] for e in head_container.get("env", [])}
+
+
+def test_without_compile_cache_no_worker_gets_the_variable(kit: Any) -> None:
+    objects = render(*kit.lora_fleet())
+    for template in _workers(objects):
+        (container,) = template["spec"]["containers"]
+        assert "VLLM_CACHE_ROOT" not in {e["name"] for e in container.get("env", [])}
+
+
+@pytest.mark.parametrize(
+    ("cache", "message"),
+    [
+        ("nowhere", "compile_cache 'nowhere' names no kubernetes.volumes entry"),
+        ("adapters", "the volume is read_only"),
+    ],
+)
+def test_compile_cache_must_name_a_writable_volume(kit: Any, cache: str, message: str) -> None:
+    data = _fleet(kit)
+    data["kubernetes"]["compile_cache"] = cache
+    with pytest.raises(SpecError, match=message) as err:
+        parse_spec(data)
+    assert "kubernetes" in str(err.value)

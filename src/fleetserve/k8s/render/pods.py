@@ -183,8 +183,13 @@ def worker_template(
         "securityContext": container_security_context(),
         "volumeMounts": _mounts(spec),
     }
-    if secrets:
-        container["env"] = _env(secrets)
+    env = _env(secrets)
+    cache = k8s.compile_cache_path()
+    if cache is not None:
+        # vLLM's compile cache on a volume that outlives the pod (kubernetes.compile_cache).
+        env.append({"name": "VLLM_CACHE_ROOT", "value": cache})
+    if env:
+        container["env"] = env
     pod_spec: dict[str, Any] = {}
     if hami and shape.gpus > 0:
         pod_spec["schedulerName"] = HAMI_SCHEDULER
