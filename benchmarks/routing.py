@@ -140,6 +140,9 @@ class Phase:
             "requests": len(self.samples),
             "failed": len(self.samples) - len(ok),
             "ttft_p50_s": round(statistics.median(ttft), 3) if ttft else None,
+            # In a closed-loop multi-turn phase the p50 falls among the later turns and the
+            # long first-turn prefills only show in the tail; the mean weighs both.
+            "ttft_mean_s": round(statistics.fmean(ttft), 3) if ttft else None,
             "ttft_p99_s": round(pct(0.99), 3),
             "ttft_p50_later_turns_s": round(statistics.median(later), 3) if later else None,
             "req_per_s": round(len(ok) / self.wall_s, 3) if self.wall_s else None,
