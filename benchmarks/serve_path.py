@@ -264,8 +264,14 @@ def main() -> None:
                 )
     print()
     names = sorted({n for rs in runs.values() for r in rs for n in r.cpu_s})
-    print("| path | TTFT p50 − delay (ms) | CPU-ms / token | " + " | ".join(names) + " |")
-    print("|---|---:|---:|" + "---:|" * len(names))
+    # Marginal: the burst's CPU less what the same processes burn idle over the burst's
+    # wall time - the relay's cost per token, apart from the fixed background.
+    print(
+        "| path | TTFT p50 − delay (ms) | CPU-ms / token | marginal CPU-ms / token | "
+        + " | ".join(names)
+        + " |"
+    )
+    print("|---|---:|---:|---:|" + "---:|" * len(names))
     paths = (
         (False, "Serve proxy (direct_ingress: false)"),
         (True, "fast path (default)"),
@@ -277,8 +283,14 @@ def main() -> None:
         tokens = sum(r.tokens for r in rs)
         per = {n: 1000 * sum(r.cpu_s.get(n, 0.0) for r in rs) / tokens for n in names}
         ttft = statistics.median(r.ttft_p50_ms for r in rs) - 1000 * args.token_delay
+        idle_cpu_s = sum(sum(r.idle_pct.values()) / 100 * r.wall_s for r in rs)
+        marginal = (
+            f"{1000 * (sum(sum(r.cpu_s.values()) for r in rs) - idle_cpu_s) / tokens:.2f}"
+            if args.idle_s > 0
+            else "-"
+        )
         print(
-            f"| {label} | {ttft:.1f} | {sum(per.values()):.2f} | "
+            f"| {label} | {ttft:.1f} | {sum(per.values()):.2f} | {marginal} | "
             + " | ".join(f"{per[n]:.2f}" for n in names)
             + " |"
         )
