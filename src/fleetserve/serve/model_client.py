@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from fleetserve.engine.protocol import Engine, EngineRequest, EngineStats, ResponseHead
 from fleetserve.errors import EngineError, ServeError
-from fleetserve.serve.probes import ModelHealth, model_health
+from fleetserve.serve.probes import ModelHealth, model_health, status_name
 from fleetserve.serve.routing import registry
 
 logger = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class HandleModelClient:
         try:
             return fleet_health(
                 {m: (h.app_name, h.deployment_name) for m, h in self._handles.items()},
-                {m: n for m, n in counts.items() if n is not None},
+                {m: n or 0 for m, n in counts.items()},  # none is None here (checked above)
                 self._statuses[1],
             )
         except RuntimeError:
@@ -199,7 +199,7 @@ def _deployment_statuses(apps: set[str]) -> dict[tuple[str, str], str]:
     for app in apps:
         overview = client.get_serve_status(app)
         for dep in overview.deployment_statuses:
-            out[app, dep.name] = str(getattr(dep.status, "value", dep.status))
+            out[app, dep.name] = status_name(dep.status)
     return out
 
 

@@ -58,11 +58,12 @@ class ModelHealth:
 def model_health(replica_states: Mapping[Any, int], status: object) -> ModelHealth:
     """One model's :class:`ModelHealth` from its deployment's entry in ``serve.status()``
     (``replica_states``: replica state -> count; states and status as enums or strings)."""
-    running = sum(n for state, n in replica_states.items() if _name(state) in SERVING_STATES)
-    return ModelHealth(running=int(running), status=_name(status))
+    running = sum(n for state, n in replica_states.items() if status_name(state) in SERVING_STATES)
+    return ModelHealth(running=int(running), status=status_name(status))
 
 
-def _name(value: object) -> str:
+def status_name(value: object) -> str:
+    """A Serve state or status (an enum or its string) as its name."""
     return str(getattr(value, "value", value))
 
 
