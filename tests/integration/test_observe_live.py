@@ -79,6 +79,8 @@ KEYS = {"OBSERVE_KEY_A": "sk-observe-a", "OBSERVE_KEY_B": "sk-observe-b"}
 A = {"Authorization": "Bearer sk-observe-a"}
 B = {"Authorization": "Bearer sk-observe-b"}
 #: Fast alerting for the test: same expressions, no pending time, short windows.
+#: Prometheus scrape interval and timeout (see running_fleet).
+SCRAPE_INTERVAL = "5s"
 THRESHOLDS = AlertThresholds(
     rate_window="60s", for_short="0s", for_long="0s", for_capacity="0s", for_sizing="1m"
 )
@@ -94,6 +96,16 @@ class Prom:
         r = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10)
         r.raise_for_status()
         return r.json()["data"]["result"]  # type: ignore[no-any-return]
+
+    def targets(self) -> list[dict[str, Any]] | str:
+        """Each scrape target's health, last error and scrape time: why ``up`` is not 1."""
+        try:
+            r = httpx.get(f"{self.url}/api/v1/targets", timeout=10)
+            r.raise_for_status()
+        except httpx.HTTPError as e:
+            return f"Prometheus API not answering: {e!r}"
+        keep = ("scrapeUrl", "health", "lastError", "lastScrapeDuration", "lastScrape")
+        return [{k: t.get(k) for k in keep} for t in r.json()["data"]["activeTargets"]]
 
     def alerts(self) -> dict[str, str]:
         """Alert name -> state (firing wins over pending)."""
@@ -154,7 +166,15 @@ def running_fleet(
     server.wait_ready(f"{url}/health", log_line=servers.ready_line)
     (tmp / "rules.yaml").write_text(yaml.safe_dump(rule_groups(None, thresholds, "1s")))
     config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        # Scrape timeout = interval, and the interval well above the ~0.1 s a scrape of a
+        # quiet fleet takes: with a 1 s interval (so a 1 s timeout) a loaded CI host timed out
+        # every scrape of the real-engine fleet for a minute. Ray's agent refreshes its values
+        # every 10 s, so scraping more often than every few seconds sees nothing new.
+        "global": {
+            "scrape_interval": SCRAPE_INTERVAL,
+            "scrape_timeout": SCRAPE_INTERVAL,
+            "evaluation_interval": "1s",
+        },
         "rule_files": [str(tmp / "rules.yaml")],
         "scrape_configs": [
             {"job_name": "ray", "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]}
@@ -176,7 +196,7 @@ def running_fleet(
     )
     try:
         client = Prom(f"http://127.0.0.1:{prom_port}")
-        wait_for("Prometheus", lambda: _up(client), 60)
+        wait_for("Prometheus to scrape the fleet", lambda: _up(client), 180, client.targets)
         yield Fleet(url, client, server.proc.pid, f"http://127.0.0.1:{metrics_port}/metrics")
     finally:
         prom.send_signal(signal.SIGTERM)
@@ -189,7 +209,9 @@ def running_fleet(
         server.stop()
 
 
-@pytest.fixture(scope="module")
+# Function scope (one test uses it): the fake fleet must be gone before the real-engine
+# test starts a second fleet on the same 2 CPUs.
+@pytest.fixture
 def fleet(servers: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """The fake-engine fleet of SPEC: (gateway URL, Prometheus, server pid)."""
     tmp = tmp_path_factory.mktemp("observe")
