@@ -157,10 +157,11 @@ class BenchRunner:
         records: list[RequestRecord],
     ) -> None:
         measured_sent = 0
+        stopping = False
 
         async def worker() -> None:
             nonlocal measured_sent
-            while True:
+            while not stopping:
                 now = perf_counter()
                 warm = self.counters.sent < self.warmup
                 if not warm and not self._more(measured_sent, now):
@@ -172,7 +173,26 @@ class BenchRunner:
                 records.append(record)
                 await self._send(request, record)
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
+        try:
+            # asyncio.wait, not gather: a cancelled gather waits for every child to finish, so
+            # one worker whose cancellation got lost inside the HTTP client would keep the
+            # point (and Ctrl-C) going until num_requests were sent.
+            await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
+        except asyncio.CancelledError:
+            # Ctrl-C: no worker starts another request, even one that missed its cancel.
+            stopping = True
+            for w in workers:
+                w.cancel()
+            await asyncio.wait(workers)
+            raise
+        stopping = True  # all done, or one worker failed (a bug): the others stop too
+        for w in workers:
+            w.cancel()
+        await asyncio.wait(workers)
+        for w in workers:
+            if not w.cancelled() and w.exception() is not None:
+                w.result()  # the worker's error surfaces, as it did with gather
 
     async def _open_loop(
         self, point: LoadPoint, requests: Iterator[BenchRequest], records: list[RequestRecord]

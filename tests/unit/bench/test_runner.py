@@ -122,3 +122,58 @@ def test_labels() -> None:
     assert LoadPoint(kind="rate", rate=2, concurrency=4).label == "rate=2,max=4"
     with pytest.raises(ValueError, match="rate load needs rate"):
         LoadPoint(kind="rate")
+
+
+class SwallowingSender(FakeSender):
+    """Loses the first cancellation it gets mid-request, as an HTTP client can."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(delay_s)
+        self.swallowed = 0
+
+    async def send(self, request: BenchRequest, record: RequestRecord) -> None:
+        try:
+            await super().send(request, record)
+        except asyncio.CancelledError:
+            if self.swallowed:
+                raise
+            self.swallowed += 1
+            current = asyncio.current_task()
+            assert current is not None
+            current.uncancel()
+            await asyncio.sleep(self.delay_s)  # the request still finishes
+
+
+async def test_cancelled_closed_loop_stops_even_if_a_send_loses_its_cancel() -> None:
+    sender = SwallowingSender(delay_s=0.02)
+    runner = BenchRunner(sender, WORKLOAD, num_requests=100_000)
+    task = asyncio.create_task(runner.run(LoadPoint(kind="concurrency", concurrency=2)))
+    while sender.sent < 6:
+        await asyncio.sleep(0.005)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    assert sender.swallowed == 1
+    sent = sender.sent
+    await asyncio.sleep(0.1)
+    assert sender.sent == sent  # nothing keeps sending after the run ended
+    assert sent < 10
+
+
+class BrokenSender(FakeSender):
+    """Raises (a bug, not a request failure) on its third request."""
+
+    async def send(self, request: BenchRequest, record: RequestRecord) -> None:
+        await super().send(request, record)
+        if self.sent == 3:
+            raise RuntimeError("sender bug")
+
+
+async def test_a_failing_worker_stops_the_closed_loop() -> None:
+    sender = BrokenSender(delay_s=0.01)
+    runner = BenchRunner(sender, WORKLOAD, num_requests=100_000)
+    with pytest.raises(RuntimeError, match="sender bug"):
+        await asyncio.wait_for(runner.run(LoadPoint(kind="concurrency", concurrency=2)), 5)
+    sent = sender.sent
+    await asyncio.sleep(0.1)
+    assert sender.sent == sent < 10
