@@ -154,14 +154,44 @@ def joined_ray(server: ServerProcess) -> Iterator[None]:
         ray.shutdown()  # disconnects this driver only; the server owns the cluster
 
 
+#: Environment variable a test sets on a server it starts, with a value of its own: Ray's
+#: workers and vLLM's processes inherit the server's environment, so the value finds every
+#: process of that server's tree, whatever session or process group Ray put it in.
+MARK_VAR = "FLEETSERVE_TEST_TREE"
+
+
+def marked_processes(mark: str) -> dict[int, str]:
+    """PID -> command line of every live (not zombie) process whose environment has
+    ``MARK_VAR=mark``."""
+    out: dict[int, str] = {}
+    needle = f"{MARK_VAR}={mark}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle not in f.read():
+                    continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                out[int(entry)] = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+    return out
+
+
 class Servers:
     """Helpers for tests that start their own server (conftest is not importable)."""
 
     Process = ServerProcess
     ready_line = FLEETSERVE_READY
+    mark_var = MARK_VAR
     free_port = staticmethod(free_port)
     fleetserve_argv = staticmethod(fleetserve_argv)
     joined_ray = staticmethod(joined_ray)
+    marked_processes = staticmethod(marked_processes)
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,6 @@ from fleetserve.engine.fake_engine import FAKE_CORE
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
 
-MARK_VAR = "FLEETSERVE_TEST_TREE"
 INTERNALS = ("ServeReplica", "actor", "Actor", "ray::", "ReplicaID")
 
 
@@ -48,31 +47,18 @@ server:
 
 
 class Fleet:
-    def __init__(self, server: Any, url: str, mark: str, model: str) -> None:
+    def __init__(
+        self, server: Any, url: str, mark: str, model: str, marked: Callable[[str], dict[int, str]]
+    ) -> None:
         self.server = server
         self.url = url
         self.mark = mark
         self.model = model
+        self._marked = marked  # servers.marked_processes
 
     def processes(self) -> dict[int, str]:
         """PID -> command line of every live process of this server."""
-        out: dict[int, str] = {}
-        needle = f"{MARK_VAR}={self.mark}".encode()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if needle not in f.read():
-                        continue
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                        continue
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    out[int(entry)] = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-        return out
+        return self._marked(self.mark)
 
     def raylet(self) -> int:
         [pid] = [p for p, cmd in self.processes().items() if "/raylet/raylet " in cmd]
@@ -117,10 +103,12 @@ def start_fleet(tmp: Path, servers: Any, *, direct_ingress: bool = True) -> Flee
     argv = servers.fleetserve_argv(
         str(spec), "--port", str(port), "--engine", "fake", "--fake-token-delay", "0.02"
     )
-    server = servers.Process("fleetserve (chaos)", argv, tmp / "serve.log", env={MARK_VAR: mark})
+    server = servers.Process(
+        "fleetserve (chaos)", argv, tmp / "serve.log", env={servers.mark_var: mark}
+    )
     url = f"http://127.0.0.1:{port}"
     server.wait_ready(f"{url}/ready", timeout_s=600, log_line=servers.ready_line)
-    return Fleet(server, url, mark, model)
+    return Fleet(server, url, mark, model, servers.marked_processes)
 
 
 def wait_until(check: Any, timeout_s: float, what: str) -> None:

@@ -24,30 +24,6 @@ import pytest
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(2700)]
 
-MARK_VAR = "FLEETSERVE_TEST_TREE"
-
-
-def processes(mark: str) -> dict[int, str]:
-    """PID -> command line of every live process whose environment carries ``mark`` (Ray's
-    workers, and vLLM's processes under them, inherit the server's environment)."""
-    out: dict[int, str] = {}
-    needle = f"{MARK_VAR}={mark}".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle not in f.read():
-                    continue
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                out[int(entry)] = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-    return out
-
 
 def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
@@ -64,9 +40,10 @@ def test_no_vllm_process_outlives_a_group_sigterm(tmp_path: Path, servers: Any) 
         "fleetserve (chaos, vLLM)",
         servers.fleetserve_argv("--port", str(port)),
         tmp_path / "serve.log",
-        env={"FLEETSERVE_TEST_TREE": mark},
+        env={servers.mark_var: mark},
     )
     url = f"http://127.0.0.1:{port}"
+    processes = servers.marked_processes
     try:
         server.wait_ready(f"{url}/ready", log_line=servers.ready_line)
         model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]

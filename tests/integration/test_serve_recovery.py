@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,6 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
 
-MARK_VAR = "FLEETSERVE_TEST_TREE"
 KEY = "sk-recovery"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 #: A second tenant, with a daily token budget that never binds: its counter is checked
@@ -54,30 +53,17 @@ server:
 
 
 class Fleet:
-    def __init__(self, server: Any, url: str, mark: str) -> None:
+    def __init__(
+        self, server: Any, url: str, mark: str, marked: Callable[[str], dict[int, str]]
+    ) -> None:
         self.server = server
         self.url = url
         self.mark = mark
+        self._marked = marked  # servers.marked_processes
 
     def processes(self) -> dict[int, str]:
         """PID -> command line of every live process of this server."""
-        out: dict[int, str] = {}
-        needle = f"{MARK_VAR}={self.mark}".encode()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if needle not in f.read():
-                        continue
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                        continue
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    out[int(entry)] = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-        return out
+        return self._marked(self.mark)
 
     def find(self, text: str) -> list[int]:
         return [pid for pid, cmd in self.processes().items() if text in cmd]
@@ -184,11 +170,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[Fl
     argv = servers.fleetserve_argv(
         str(spec), "--port", str(port), "--engine", "fake", "--fake-token-delay", "0.02"
     )
-    env = {MARK_VAR: mark, "FS_RECOVERY_KEY": KEY, "FS_RECOVERY_COUNTED": "sk-counted"}
+    env = {servers.mark_var: mark, "FS_RECOVERY_KEY": KEY, "FS_RECOVERY_COUNTED": "sk-counted"}
     server = servers.Process("fleetserve (recovery)", argv, Path(tmp) / "serve.log", env=env)
     url = f"http://127.0.0.1:{port}"
     server.wait_ready(f"{url}/ready", timeout_s=600, log_line=servers.ready_line)
-    f = Fleet(server, url, mark)
+    f = Fleet(server, url, mark, servers.marked_processes)
     yield f
     f.server.stop()
     f.kill_everything()
