@@ -28,12 +28,8 @@ import argparse
 import asyncio
 import hashlib
 import json
-import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,6 +40,7 @@ import yaml
 
 from fleetserve.modelstore.store import ModelStore
 from fleetserve.spec import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE
+from overhead import Server, free_port  # same directory: run as a script
 
 START_TIMEOUT_S = 1800.0
 
@@ -63,65 +60,23 @@ def make_adapter(base_path: str, out: Path, seed: int) -> None:
     peft_model.save_pretrained(str(out))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def fleetserve_server(spec: dict[str, Any], work: Path, name: str) -> Server:
+    """``fleetserve serve SPEC`` in its own process group, launched."""
+    spec_file = work / f"{name}.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    port = free_port()
+    argv = [sys.executable, "-m", "fleetserve.cli", "serve", str(spec_file), "--port", str(port)]
+    server = Server(name, argv, port, "/ready", work / f"{name}.log")
+    server.launch()
+    return server
 
 
-class Server:
-    """``fleetserve serve SPEC`` in its own process group."""
-
-    def __init__(
-        self, spec: dict[str, Any], work: Path, name: str, argv: list[str] | None = None
-    ) -> None:
-        self.port = free_port() if argv is None else int(argv[-1])
-        self.ready_path = "/ready" if argv is None else "/v1/models"
-        spec_file = work / f"{name}.yaml"
-        spec_file.write_text(yaml.safe_dump(spec))
-        self.log = (work / f"{name}.log").open("wb")
-        if argv is None:
-            argv = [
-                sys.executable,
-                "-m",
-                "fleetserve.cli",
-                "serve",
-                str(spec_file),
-                "--port",
-                str(self.port),
-            ]
-        self.proc = subprocess.Popen(
-            argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    @classmethod
-    def vllm(cls, spec_model: dict[str, Any], work: Path, name: str) -> Server:
-        """Plain ``vllm serve`` with the engine options fleetserve derives for ``spec_model``."""
-        return cls({"models": [spec_model]}, work, name, vllm_argv(spec_model, free_port()))
-
-    def wait(self) -> float:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < START_TIMEOUT_S:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"server exited with {self.proc.returncode}; see {self.log.name}")
-            try:
-                if httpx.get(self.url + self.ready_path, timeout=5).status_code == 200:
-                    return time.monotonic() - t0
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
-        raise SystemExit("server not ready in time")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(120)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(30)
-        self.log.close()
+def vllm_server(spec_model: dict[str, Any], work: Path, name: str) -> Server:
+    """Plain ``vllm serve`` with the engine options fleetserve derives for ``spec_model``."""
+    port = free_port()
+    server = Server(name, vllm_argv(spec_model, port), port, "/v1/models", work / f"{name}.log")
+    server.launch()
+    return server
 
 
 async def one(
@@ -220,7 +175,7 @@ def measure_engine(
     results: dict[str, Any],
 ) -> None:
     """Base model then N-adapter phases on one engine; ratios within the engine too."""
-    results[f"{label}_start_s"] = server.wait()
+    results[f"{label}_start_s"] = server.wait_ready(START_TIMEOUT_S)
     asyncio.run(phase(server.url, [DEFAULT_MODEL_NAME], 2, 1, 8))  # warm-up
     base = asyncio.run(phase(server.url, [DEFAULT_MODEL_NAME], *load))
     rows: dict[str, dict[str, float]] = {}
@@ -301,7 +256,7 @@ def main() -> None:
         arms.append((f"vllm-{variant}", {k: v for k, v in changed.items() if v is not None}))
     for label, spec_model in arms:
         if label.startswith("vllm-"):
-            server = Server.vllm(spec_model, work, label)
+            server = vllm_server(spec_model, work, label)
             try:
                 counts = args.adapters if label == "vllm-same" else [1, n_max]
                 if spec_model["max_loras"] < n_max:
@@ -311,9 +266,9 @@ def main() -> None:
                 server.stop()
             (work / "partial.json").write_text(json.dumps(results, indent=2))
             continue
-        server = Server({"models": [spec_model]}, work, label)
+        server = fleetserve_server({"models": [spec_model]}, work, label)
         try:
-            results[f"{label}_start_s"] = server.wait()
+            results[f"{label}_start_s"] = server.wait_ready(START_TIMEOUT_S)
             asyncio.run(phase(server.url, [DEFAULT_MODEL_NAME], 2, 1, 8))  # warm-up
             if label == "base":
                 results["base"] = asyncio.run(phase(server.url, [DEFAULT_MODEL_NAME], *load))
