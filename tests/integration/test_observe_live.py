@@ -78,9 +78,9 @@ SPEC = {
 KEYS = {"OBSERVE_KEY_A": "sk-observe-a", "OBSERVE_KEY_B": "sk-observe-b"}
 A = {"Authorization": "Bearer sk-observe-a"}
 B = {"Authorization": "Bearer sk-observe-b"}
-#: Fast alerting for the test: same expressions, no pending time, short windows.
 #: Prometheus scrape interval and timeout (see running_fleet).
 SCRAPE_INTERVAL = "5s"
+#: Fast alerting for the test: same expressions, no pending time, short windows.
 THRESHOLDS = AlertThresholds(
     rate_window="60s", for_short="0s", for_long="0s", for_capacity="0s", for_sizing="1m"
 )

@@ -179,17 +179,13 @@ class BenchRunner:
             # one worker whose cancellation got lost inside the HTTP client would keep the
             # point (and Ctrl-C) going until num_requests were sent.
             await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
-        except asyncio.CancelledError:
-            # Ctrl-C: no worker starts another request, even one that missed its cancel.
+        finally:
+            # All done, one worker failed (a bug), or Ctrl-C (CancelledError, re-raised after
+            # this): no worker starts another request, even one that missed its cancel.
             stopping = True
             for w in workers:
                 w.cancel()
             await asyncio.wait(workers)
-            raise
-        stopping = True  # all done, or one worker failed (a bug): the others stop too
-        for w in workers:
-            w.cancel()
-        await asyncio.wait(workers)
         for w in workers:
             if not w.cancelled() and w.exception() is not None:
                 w.result()  # the worker's error surfaces, as it did with gather
