@@ -81,6 +81,8 @@ def serve_config(arm: str, port: int, args: argparse.Namespace) -> dict[str, Any
         "replicas": {"min": 2, "max": 2, "max_ongoing_requests": 16},
         "engine_args": engine_args,
     }
+    if args.max_num_batched_tokens is not None:
+        model["max_num_batched_tokens"] = args.max_num_batched_tokens
     router: dict[str, Any] = {}  # fleetserve: the app's own options (FleetRouter, spec knobs)
     if arm == "interleaved":
         # FleetRouter's knobs exactly as the app passes them; only the class differs.
@@ -136,6 +138,7 @@ class Phase:
             return ttft[min(len(ttft) - 1, int(p * len(ttft)))] if ttft else float("nan")
 
         later = [s.ttft_s for s in ok if s.turn > 0]
+        first = [s.ttft_s for s in ok if s.turn == 0]
         return {
             "requests": len(self.samples),
             "failed": len(self.samples) - len(ok),
@@ -144,6 +147,7 @@ class Phase:
             # long first-turn prefills only show in the tail; the mean weighs both.
             "ttft_mean_s": round(statistics.fmean(ttft), 3) if ttft else None,
             "ttft_p99_s": round(pct(0.99), 3),
+            "ttft_p50_first_turns_s": round(statistics.median(first), 3) if first else None,
             "ttft_p50_later_turns_s": round(statistics.median(later), 3) if later else None,
             "req_per_s": round(len(ok) / self.wall_s, 3) if self.wall_s else None,
             "out_tok_per_s": round(sum(s.tokens for s in ok) / self.wall_s, 2)
@@ -382,19 +386,30 @@ def run_interleaved(args: argparse.Namespace, address: str) -> list[dict[str, An
 
 
 def routing_log_summary(path: Path) -> dict[str, dict[str, int]]:
-    """Per arm, from ArmRouter's log: later turns routed away from the replica that held
-    the most of their conversation (``moved``), of all later turns (``later_turns``)."""
+    """Per arm, from ArmRouter's log: later turns routed to another replica than their
+    conversation's previous turn (``moved``), of all later turns (``later_turns``), and
+    first turns per replica (``first:<replica>``).
+
+    Judged by where the previous turn went, not by fleetserve's index: the router counts
+    its own choice as cached there at once, so the index cannot tell a move afterwards.
+    """
     out: dict[str, dict[str, int]] = {}
+    last: dict[tuple[str, str, str], str] = {}
     for line in path.read_text().splitlines():
         record = json.loads(line)
         tag = dict(p.split("=", 1) for p in record["tag"].split(";") if "=" in p)
-        if int(tag.get("t", "0")) == 0:
-            continue
+        if "u" not in tag:
+            continue  # the unique workload has no conversations
         arm = out.setdefault(record["arm"], {"later_turns": 0, "moved": 0})
-        arm["later_turns"] += 1
-        depth: dict[str, int] = record["depth"]
-        if depth.get(record["replica"], 0) < max(depth.values(), default=0):
-            arm["moved"] += 1
+        conversation = (record["arm"], tag.get("seed", ""), tag["u"])
+        if int(tag.get("t", "0")) == 0:
+            first = "first:" + record["replica"]
+            arm[first] = arm.get(first, 0) + 1
+        else:
+            arm["later_turns"] += 1
+            if last.get(conversation) not in (None, record["replica"]):
+                arm["moved"] += 1
+        last[conversation] = record["replica"]
     return out
 
 
@@ -425,6 +440,12 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--kv-cache-mib", type=int, default=256)
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        help="vLLM's token budget per scheduler step (default: fleetserve's, 2048 on CPUs); "
+        "a smaller one shortens the CPU engine's prefill steps, so fewer requests share one",
+    )
     p.add_argument("--eager", action="store_true", help="vLLM --enforce-eager (no compile)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--start-timeout", type=float, default=900)

@@ -249,6 +249,21 @@ async def test_requests_arriving_together_spread_before_serve_confirms_any() -> 
     assert sum(router._inflight.values()) == 8
 
 
+async def test_users_of_one_prompt_arriving_together_share_a_replica() -> None:
+    router = make_router()
+    replicas = [FakeReplica("a"), FakeReplica("b")]
+    router.update_replicas(replicas)  # type: ignore[arg-type]
+    # Two users of one long system prompt, the second chosen before Serve confirms the
+    # first: its prompt is as good as cached on the first's replica (SYSTEM is ~10 blocks,
+    # one queued request costs 4), so it goes there instead of the idle replica, which
+    # would have to prefill and cache the same prompt again.
+    first, second = pending(chat(1, "alice")), pending(chat(1, "bob"))
+    home = (await router.choose_replicas(replicas, first))[0][0].replica_id  # type: ignore[arg-type]
+    ranks = await router.choose_replicas(replicas, second)  # type: ignore[arg-type]
+    assert ranks[0][0].replica_id == home
+    assert router.decisions["affinity"] == 1
+
+
 async def test_a_reported_queue_length_does_not_count_a_reserved_request_twice() -> None:
     router = make_router()
     replicas = [FakeReplica("a"), FakeReplica("b")]

@@ -129,6 +129,13 @@ class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         # once (measured: 4 simultaneous new conversations split 3/1 without this).
         request_id = pending_request.metadata.internal_request_id
         self._reserved[request_id] = (choice.order[0], time.monotonic())
+        # For the same reason the choice's blocks count as cached there at once: users of
+        # one system prompt arriving together would otherwise each see no replica holding
+        # it and be spread, so every replica prefills (and caches) every prompt. If Serve
+        # sends the request elsewhere (the first replica full), the routed hook adds the
+        # blocks there too and the replica's next report drops the wrong guess.
+        if key.blocks:
+            self._index.add(choice.order[0], key.blocks)
         return [[by_id[rid]] for rid in choice.order]
 
     def _reservations(self) -> dict[str, int]:
