@@ -75,6 +75,7 @@ class ArmRouter(FleetRouter, RayLLMPrefixRouter):
         PrefixCacheAffinityRouter.initialize_state(self)
         path = os.environ.get("FLEETSERVE_ROUTING_LOG")
         self._log = open(path, "a", buffering=1) if path else None  # noqa: SIM115
+        self._depth: dict[str, dict[str, int]] = {}
 
     async def choose_replicas(  # type: ignore[override]
         self,
@@ -82,6 +83,12 @@ class ArmRouter(FleetRouter, RayLLMPrefixRouter):
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
         arm = request_arm(request_tag(pending_request))
+        if self._log is not None and pending_request is not None:
+            # What the index believed before this choice (fleetserve's adds its own at once).
+            blocks = self._key(pending_request).blocks
+            ids = [r.replica_id.unique_id for r in candidate_replicas]
+            request_id = pending_request.metadata.internal_request_id
+            self._depth[request_id] = self._index.match(blocks, ids)
         ranked: list[list[RunningReplica]]
         if arm == "rayllm":
             # Ray annotates it as a flat list; it returns ranks like every router.
@@ -116,7 +123,10 @@ class ArmRouter(FleetRouter, RayLLMPrefixRouter):
         if self._log is not None:
             tag = request_tag(pending_request)
             replicas = list(self._replicas)
-            depth = self._index.match(blocks, [r.unique_id for r in replicas])
+            request_id = pending_request.metadata.internal_request_id
+            depth = self._depth.pop(request_id, None) or self._index.match(
+                blocks, [r.unique_id for r in replicas]
+            )
             record = {
                 "t": time.time(),
                 "arm": request_arm(tag),

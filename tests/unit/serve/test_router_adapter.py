@@ -18,6 +18,7 @@ from ray.serve.request_router import PendingRequest
 from fleetserve.engine.protocol import EngineRequest, EngineStats
 from fleetserve.serve.routing import registry
 from fleetserve.serve.routing.ledger import CacheLedger
+from fleetserve.serve.routing.prefix import request_key
 from fleetserve.serve.routing.router import FleetRouter
 
 DEPLOYMENT = DeploymentID(name="model-unit", app_name="fleetserve")
@@ -262,6 +263,21 @@ async def test_users_of_one_prompt_arriving_together_share_a_replica() -> None:
     ranks = await router.choose_replicas(replicas, second)  # type: ignore[arg-type]
     assert ranks[0][0].replica_id == home
     assert router.decisions["affinity"] == 1
+
+
+async def test_a_request_serve_sends_past_the_first_choice_is_cached_where_it_went() -> None:
+    router = make_router()
+    replicas = [FakeReplica("a"), FakeReplica("b")]
+    router.update_replicas(replicas)  # type: ignore[arg-type]
+    request = chat(1, "alice")
+    pr = pending(request)
+    ranks = await router.choose_replicas(replicas, pr)  # type: ignore[arg-type]
+    fallback = ranks[1][0].replica_id  # the first choice was full when Serve tried it
+    router.on_request_routed(pr, fallback, None)
+    # The index holds its blocks where it was really served (the first choice keeps its
+    # guess until that replica's next report).
+    blocks = request_key(request.body, 64).blocks
+    assert router._index.match(blocks, [fallback.unique_id]) == {fallback.unique_id: len(blocks)}
 
 
 async def test_a_reported_queue_length_does_not_count_a_reserved_request_twice() -> None:

@@ -190,10 +190,12 @@ class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
     ) -> None:
         rid = replica_id.unique_id
         self._inflight[rid] = self._inflight.get(rid, 0) + 1
-        self._reserved.pop(pending_request.metadata.internal_request_id, None)
+        chosen = self._reserved.pop(pending_request.metadata.internal_request_id, None)
         key = self._keys.pop(pending_request.metadata.internal_request_id, None)
         if key is not None:
-            if key.blocks:
+            # choose_replicas already added the blocks to its first choice; only a request
+            # Serve sent elsewhere (or whose reservation expired) adds them here.
+            if key.blocks and (chosen is None or chosen[0] != rid):
                 self._index.add(rid, key.blocks)
             adapter = self._adapter(key)
             if adapter is not None:
