@@ -6,16 +6,26 @@ starts a replica at once (its cold-start path). Serve would wait forever, though
 :class:`ColdStartClient` wraps the ingress's :class:`ModelClient`: it opens the stream
 (queuing the request, which is what triggers the scale-up) and, while the model's router
 still sees no replica (``routing.registry``, no remote call), waits at most
-``cold_start_timeout_s`` for the response head. Past that the stream is cancelled (the
-queued request leaves the handle) and the caller gets ``ModelUnavailableError`` -> 503
-with ``Retry-After``. Once a replica exists the wait is no longer bounded here: a long
-non-streamed generation is not a cold start.
+``cold_start_timeout_s`` for the response head. Past that the caller gets
+``ModelUnavailableError`` -> 503 with ``Retry-After``. Once a replica exists the wait is
+no longer bounded here: a long non-streamed generation is not a cold start.
+
+What must stay true: a request that timed out still wakes the model. Serve's handle
+samples its queue every second or so and reports the samples (not the live count), so a
+request queued for less than a sampling interval is never seen, and a model whose
+``cold_start_timeout_s`` is short would never start, however often clients retry. So the
+first timed-out request of a model is not cancelled at once: it stays queued in the
+background (the *waker*, at most one per model, not counted against any tenant) until the
+router sees a replica - the autoscaler has counted it and started one - or ``WAKE_HOLD_S``
+passes; then it is cancelled (a replica that took it aborts it). Leaving earlier would let
+the autoscaler see an empty queue and stop the replica it is starting.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
@@ -26,6 +36,12 @@ from fleetserve.serve.routing import registry
 
 #: How often the wait checks whether a replica has appeared.
 POLL_S = 0.1
+#: The longest a timed-out request stays queued to wake its model: long enough for a
+#: large model's replica to be placed and loaded, bounded so that a model that can never
+#: start (no node fits it) is not asked for forever by one request.
+WAKE_HOLD_S = 900.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -44,10 +60,14 @@ class ColdStartClient:
         inner: ModelClient,
         models: Mapping[str, ColdStart],
         replicas: Callable[[str], int | None] = registry.replicas,
+        wake_hold_s: float = WAKE_HOLD_S,
     ) -> None:
         self._inner = inner
         self._models = dict(models)
         self._replicas = replicas
+        self._wake_hold_s = wake_hold_s
+        # model -> its waker; the strong reference keeps the task alive.
+        self._wakers: dict[str, asyncio.Task[None]] = {}
 
     def scaled_to_zero(self, model: str) -> bool:
         """The model may scale to zero and its router sees no replica now."""
@@ -65,6 +85,7 @@ class ColdStartClient:
     ) -> AsyncIterator[ResponseHead | bytes]:
         stream = self._inner.open(model, request)
         first = asyncio.ensure_future(anext(stream))
+        woken = False  # the waker owns the queued request now
         try:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + cold.timeout_s
@@ -73,6 +94,7 @@ class ColdStartClient:
                     break  # a replica is up: the request is no longer waiting for one
                 left = deadline - loop.time()
                 if left <= 0:
+                    woken = self._hold_to_wake(model, cold, first, stream)
                     raise ModelUnavailableError(
                         f"model '{model}' is scaled to zero and no replica started within "
                         f"{cold.timeout_s:g} s; retry later"
@@ -80,11 +102,8 @@ class ColdStartClient:
                 await asyncio.wait({first}, timeout=min(POLL_S, left))
             head = await first
         except BaseException:
-            first.cancel()
-            with contextlib.suppress(BaseException):
-                await first
-            with contextlib.suppress(BaseException):
-                await stream.aclose()  # type: ignore[attr-defined]
+            if not woken:
+                await _cancel(first, stream)
             raise
         try:
             yield head
@@ -94,6 +113,49 @@ class ColdStartClient:
             # Closing early (client gone) must reach the inner stream's cleanup now.
             await stream.aclose()  # type: ignore[attr-defined]
 
+    def _hold_to_wake(
+        self,
+        model: str,
+        cold: ColdStart,
+        first: asyncio.Future[ResponseHead | bytes],
+        stream: AsyncIterator[ResponseHead | bytes],
+    ) -> bool:
+        """Keep a timed-out request queued as the model's waker; False if one is running."""
+        waker = self._wakers.get(model)
+        if waker is not None and not waker.done():
+            return False
+        task = asyncio.create_task(self._wake(model, cold, first, stream))
+        self._wakers[model] = task
+        task.add_done_callback(lambda t: self._forget_waker(model, t))
+        return True
+
+    def _forget_waker(self, model: str, task: asyncio.Task[None]) -> None:
+        if self._wakers.get(model) is task:  # not a newer waker that replaced it
+            del self._wakers[model]
+
+    async def _wake(
+        self,
+        model: str,
+        cold: ColdStart,
+        first: asyncio.Future[ResponseHead | bytes],
+        stream: AsyncIterator[ResponseHead | bytes],
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._wake_hold_s
+        try:
+            while not first.done() and not self._replicas(cold.deployment):
+                left = deadline - loop.time()
+                if left <= 0:
+                    log.warning(
+                        "model '%s' got no replica within %g s of a request waking it",
+                        model,
+                        self._wake_hold_s,
+                    )
+                    break
+                await asyncio.wait({first}, timeout=min(POLL_S, left))
+        finally:
+            await _cancel(first, stream)
+
     async def stats(self, model: str, timeout_s: float) -> EngineStats:
         return await self._inner.stats(model, timeout_s)
 
@@ -101,3 +163,14 @@ class ColdStartClient:
         """The inner client's fleet view (the probes' source), unchanged."""
         source: HealthSource = self._inner  # type: ignore[assignment]
         return await source.health()
+
+
+async def _cancel(
+    first: asyncio.Future[ResponseHead | bytes], stream: AsyncIterator[ResponseHead | bytes]
+) -> None:
+    """Take a request out of the handle's queue, or abort it where it went."""
+    first.cancel()
+    with contextlib.suppress(BaseException):
+        await first
+    with contextlib.suppress(BaseException):
+        await stream.aclose()  # type: ignore[attr-defined]
