@@ -1,0 +1,201 @@
+"""Does the rest of a fleet on the engine's core cost the engine throughput? One server, A/B.
+
+Design note. A CPU engine is pinned to the cores it claims (``engine/cpu_binding.py``) and
+runs at Ray's worker niceness 15; Ray's daemons, the Serve controller, the ingress and the
+replica's own Python (Ray's idle floor, ~11 % of a core) may run on any core unless
+fleetserve keeps them off the engine's (``serving_cores``). To measure only that, this
+script starts one ``fleetserve serve`` (default model, real vLLM) and alternates phases on
+that one server, changing nothing but the CPU affinity of every thread of its processes
+other than the engine's:
+
+* ``apart``: the rest on the host's cores less the engine's (what fleetserve does now);
+* ``shared``: the rest on every core (fleetserve before it, and any Ray a user starts).
+
+The engine's processes (vLLM titles them ``VLLM::EngineCore``) are never touched; the cores
+vLLM pinned their OpenMP threads to are the engine's cores. Each phase is vLLM's own
+benchmark client (``vllm bench serve`` through its Python API, as in ``overhead.py``):
+random 128-token prompts, ``--max-tokens`` output tokens, ``ignore_eos``, closed loop at
+``--concurrency``, fresh prompts per phase. A discarded warm-up phase comes first.
+Reported per phase: output tok/s and TTFT p50; then each mode's mean and the ratio
+apart / shared.
+
+    .venv/bin/python benchmarks/core_split.py --phases apart shared apart shared apart shared
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from overhead import (
+    bench_fleet,
+    engine_config,
+    free_port,
+    process_tree,
+    vllm_bench_argv,
+)
+
+MODES = ("apart", "shared")
+
+
+def thread_cores(pid: int) -> dict[int, set[int]]:
+    """Each thread of ``pid`` and its CPU affinity (threads that exit are skipped)."""
+    out: dict[int, set[int]] = {}
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            out[tid] = os.sched_getaffinity(tid)
+        except OSError:
+            continue
+    return out
+
+
+def split(root: int, host: set[int]) -> tuple[set[int], set[int], list[int]]:
+    """The engine's processes (vLLM titles them ``VLLM::EngineCore`` / ``VLLM::Worker``),
+    the cores vLLM pinned their threads to, and every other process of the server."""
+    engine: set[int] = set()
+    pinned: set[int] = set()
+    others: list[int] = []
+    for pid in process_tree(root):
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if title.startswith(b"VLLM::"):
+            engine.add(pid)
+            for cores in thread_cores(pid).values():
+                if cores < host:
+                    pinned.update(cores)
+        else:
+            others.append(pid)
+    return engine, pinned, others
+
+
+def place(root: int, host: set[int], mode: str) -> str:
+    """Put every non-engine thread on the cores ``mode`` says; a line describing it."""
+    engine, pinned, others = split(root, host)
+    if not pinned:
+        raise SystemExit("no engine thread is pinned to a core here: nothing to compare")
+    cores = host - pinned if mode == "apart" else host
+    moved = 0
+    for pid in others:
+        for tid in thread_cores(pid):
+            try:
+                os.sched_setaffinity(tid, cores)
+                moved += 1
+            except OSError:
+                continue
+    return (
+        f"{mode}: {moved} threads of {len(others)} processes on cores {sorted(cores)}; "
+        f"engine {sorted(engine)} pinned to {sorted(pinned)}"
+    )
+
+
+def run_phase(url: str, config: Any, args: argparse.Namespace, name: str, seed: int) -> Any:
+    result = args.out / f"{name}.json"
+    argv = vllm_bench_argv(
+        url, config, args.concurrency, args.requests, args.max_tokens, seed, result
+    )
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        f"import overhead; overhead.run_vllm_bench({argv!r})"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return json.loads(result.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--phases", nargs="+", choices=MODES, default=list(MODES) * 3)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=16, help="requests per phase")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--ready-timeout-s", type=float, default=900)
+    parser.add_argument("--out", type=Path, default=Path("out/core-split"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    spec = bench_fleet({})
+    config = engine_config(spec)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    host = os.sched_getaffinity(0)
+    log = (args.out / "fleetserve.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "fleetserve.cli", "serve", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    rows: list[dict[str, Any]] = []
+    try:
+        start = time.monotonic()
+        while True:
+            if server.poll() is not None:
+                raise SystemExit(f"fleetserve exited; see {args.out / 'fleetserve.log'}")
+            if time.monotonic() - start > args.ready_timeout_s:
+                raise SystemExit("fleetserve was not ready in time")
+            try:
+                if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        print(f"ready in {time.monotonic() - start:.0f} s", flush=True)
+        run_phase(url, config, args, "warmup", 1)
+        for i, mode in enumerate(args.phases):
+            print(place(server.pid, host, mode), flush=True)
+            d = run_phase(url, config, args, f"{i}-{mode}", 100 + i)
+            row = {
+                "phase": i,
+                "mode": mode,
+                "tok_s": d["output_throughput"],
+                "ttft_p50_s": d["median_ttft_ms"] / 1000,
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        os.killpg(server.pid, signal.SIGINT)
+        try:
+            server.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+    summary: dict[str, Any] = {}
+    for mode in MODES:
+        mine = [r for r in rows if r["mode"] == mode]
+        if mine:
+            summary[mode] = {
+                "tok_s": statistics.mean(r["tok_s"] for r in mine),
+                "ttft_p50_s": statistics.mean(r["ttft_p50_s"] for r in mine),
+                "phases": len(mine),
+            }
+    if len(summary) == 2:
+        summary["apart_over_shared"] = {
+            k: summary["apart"][k] / summary["shared"][k] for k in ("tok_s", "ttft_p50_s")
+        }
+    (args.out / "summary.json").write_text(
+        json.dumps({"phases": rows, "summary": summary}, indent=1)
+    )
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
