@@ -2,14 +2,17 @@
 
 Design note. A CPU engine is pinned to the cores it claims (``engine/cpu_binding.py``) and
 runs at Ray's worker niceness 15; Ray's daemons, the Serve controller, the ingress and the
-replica's own Python (Ray's idle floor, ~11 % of a core) may run on any core unless
-fleetserve keeps them off the engine's (``serving_cores``). To measure only that, this
-script starts one ``fleetserve serve`` (default model, real vLLM) and alternates phases on
-that one server, changing nothing but the CPU affinity of every thread of its processes
-other than the engine's:
+replica's own Python (Ray's idle floor, ~11 % of a core) run on any core, the engine's
+included. Would keeping them off it help? To measure only that, this script starts one
+``fleetserve serve`` (default model, real vLLM) and alternates phases on that one server,
+changing nothing but the CPU affinity of every thread of its processes other than the
+engine's:
 
-* ``apart``: the rest on the host's cores less the engine's (what fleetserve does now);
-* ``shared``: the rest on every core (fleetserve before it, and any Ray a user starts).
+* ``apart``: the rest on the host's cores less the engine's;
+* ``shared``: the rest on every core (what fleetserve does, like any Ray a user starts).
+
+``--background-load N`` runs every phase with N busy processes at niceness 0, each in a
+session of its own (``overhead.py``'s loaded host).
 
 The engine's processes (vLLM titles them ``VLLM::EngineCore``) are never touched; the cores
 vLLM pinned their OpenMP threads to are the engine's cores. Each phase is vLLM's own
@@ -38,6 +41,7 @@ from typing import Any
 import httpx
 
 from overhead import (
+    background_load,
     bench_fleet,
     engine_config,
     free_port,
@@ -128,6 +132,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--requests", type=int, default=16, help="requests per phase")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--background-load", type=int, default=0, help="busy processes during every phase"
+    )
     parser.add_argument("--ready-timeout-s", type=float, default=900)
     parser.add_argument("--out", type=Path, default=Path("out/core-split"))
     args = parser.parse_args()
@@ -163,10 +170,12 @@ def main() -> None:
         run_phase(url, config, args, "warmup", 1)
         for i, mode in enumerate(args.phases):
             print(place(server.pid, host, mode), flush=True)
-            d = run_phase(url, config, args, f"{i}-{mode}", 100 + i)
+            with background_load(args.background_load, max_s=1800):
+                d = run_phase(url, config, args, f"{i}-{mode}", 100 + i)
             row = {
                 "phase": i,
                 "mode": mode,
+                "background_load": args.background_load,
                 "tok_s": d["output_throughput"],
                 "ttft_p50_s": d["median_ttft_ms"] / 1000,
             }

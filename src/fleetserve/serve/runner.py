@@ -32,7 +32,6 @@ the drain and Serve's shutdown, which would wait on the dead Ray (engine/reaper.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -45,14 +44,6 @@ from typing import Any
 from rich.console import Console
 
 from fleetserve.engine.config import EngineKind
-from fleetserve.engine.cpu_binding import (
-    BIND_ENV,
-    HOST_CPUS_ENV,
-    cores_wanted,
-    format_cores,
-    serving_cores,
-    spawned_on,
-)
 from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import ServeError
 from fleetserve.host import HostFacts, probe
@@ -152,7 +143,6 @@ class FleetServer:
         self._interrupts = 0
         self._handle_signals = False
         self._host: HostFacts | None = None
-        self._plan: ResourcePlan | None = None
 
     # ------------------------------------------------------------------ start
 
@@ -169,7 +159,7 @@ class FleetServer:
         # fake engine (no model config to size) gets settings derived from the spec.
         local = self.options.address is None and self.options.engine == "vllm"
         settings = engine_settings(spec, local=local, gpu_host=capacity.gpus > 0, host=host)
-        self._plan = plan = fit_resources(spec, settings, capacity)
+        plan = fit_resources(spec, settings, capacity)
         for warning in plan.warnings:
             self.console.print(f"[yellow]warning:[/] {warning}")
         return keys, settings, plan
@@ -250,20 +240,8 @@ class FleetServer:
         # A body within server.max_body_mb must cross the ingress -> replica gRPC hop.
         for key, value in transport_env(RequestLimits.from_spec(o.spec.server)).items():
             os.environ.setdefault(key, value)
-        serving = self._serving_cores()
-        if serving is not None:
-            # Engines spawn their processes on the host's cores again (cpu_binding).
-            host = format_cores(sorted(os.sched_getaffinity(0)))
-            os.environ.setdefault(HOST_CPUS_ENV, host)
-            self.console.print(
-                f"fleetserve: Ray and the serving layer on CPU cores {format_cores(serving)}, "
-                f"the rest of {host} left to the engines"
-            )
         try:
-            # Ray's daemons start from this thread and its workers from the raylet, so they
-            # all inherit the serving cores; this process keeps its own.
-            with spawned_on(serving) if serving else contextlib.nullcontext():
-                ray.init(**kwargs)
+            ray.init(**kwargs)
         except Exception as e:
             raise ServeError(f"cannot start Ray: {e}") from e
         self._started_ray = True
@@ -273,28 +251,6 @@ class FleetServer:
         self.console.print(
             f"fleetserve: Ray started at {ray.get_runtime_context().gcs_address}", soft_wrap=True
         )
-
-    def _serving_cores(self) -> list[int] | None:
-        """The cores for everything but the CPU engines (``cpu_binding.serving_cores``), or
-        ``None`` where no engine claims cores: the fake engine, GPUs, a binding the user
-        set, engines over several processes (vLLM binds those itself) - the same cases
-        in which ``vllm_engine`` claims none."""
-        o, plan, host = self.options, self._plan, self._host
-        if (
-            o.engine != "vllm"
-            or plan is None
-            or host is None
-            or host.gpu_memory_mb
-            or BIND_ENV in os.environ
-            or any(m.gpus_per_replica > 1 for m in o.spec.models)
-        ):
-            return None
-        cores = sorted(os.sched_getaffinity(0))
-        claimed = sum(
-            m.replicas.max * cores_wanted(plan.models[m.name].num_cpus) for m in o.spec.models
-        )
-        serving = serving_cores(cores, claimed)
-        return serving if serving != cores else None
 
     @property
     def _direct_ingress(self) -> bool:
