@@ -30,23 +30,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from fleetserve.engine.config import EngineConfig
 from overhead import (
+    Phase,
+    Server,
     background_load,
     bench_fleet,
     engine_config,
     free_port,
+    percentile,
     process_tree,
-    vllm_bench_argv,
+    run_vllm_phase,
 )
 
 MODES = ("apart", "shared")
@@ -108,22 +107,14 @@ def place(root: int, host: set[int], mode: str) -> str:
     )
 
 
-def run_phase(url: str, config: Any, args: argparse.Namespace, name: str, seed: int) -> Any:
+def run_phase(
+    server: Server, config: EngineConfig, args: argparse.Namespace, name: str, seed: int
+) -> Phase:
+    """One phase of vLLM's client (overhead.py's runner, so the same arguments)."""
     result = args.out / f"{name}.json"
-    argv = vllm_bench_argv(
-        url, config, args.concurrency, args.requests, args.max_tokens, seed, result
+    return run_vllm_phase(
+        server.url, config, args.concurrency, args.requests, args.max_tokens, seed, result
     )
-    code = (
-        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-        f"import overhead; overhead.run_vllm_bench({argv!r})"
-    )
-    subprocess.run(
-        [sys.executable, "-c", code],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return json.loads(result.read_text())
 
 
 def main() -> None:
@@ -140,53 +131,31 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    spec = bench_fleet({})
-    config = engine_config(spec)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    config = engine_config(bench_fleet({}))
     host = os.sched_getaffinity(0)
-    log = (args.out / "fleetserve.log").open("w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "fleetserve.cli", "serve", "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    argv = [sys.executable, "-m", "fleetserve.cli", "serve", "--port"]
+    port = free_port()
+    server = Server("fleetserve", [*argv, str(port)], port, "/ready", args.out / "fleetserve.log")
     rows: list[dict[str, Any]] = []
     try:
-        start = time.monotonic()
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"fleetserve exited; see {args.out / 'fleetserve.log'}")
-            if time.monotonic() - start > args.ready_timeout_s:
-                raise SystemExit("fleetserve was not ready in time")
-            try:
-                if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
-        print(f"ready in {time.monotonic() - start:.0f} s", flush=True)
-        run_phase(url, config, args, "warmup", 1)
+        print(f"ready in {server.start(args.ready_timeout_s):.0f} s", flush=True)
+        assert server.root is not None
+        run_phase(server, config, args, "warmup", 1)
         for i, mode in enumerate(args.phases):
-            print(place(server.pid, host, mode), flush=True)
+            print(place(server.root, host, mode), flush=True)
             with background_load(args.background_load, max_s=1800):
-                d = run_phase(url, config, args, f"{i}-{mode}", 100 + i)
+                phase = run_phase(server, config, args, f"{i}-{mode}", 100 + i)
             row = {
                 "phase": i,
                 "mode": mode,
                 "background_load": args.background_load,
-                "tok_s": d["output_throughput"],
-                "ttft_p50_s": d["median_ttft_ms"] / 1000,
+                "tok_s": phase.tokens / phase.wall_s,
+                "ttft_p50_s": percentile(phase.ttft_s, 50),
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
-        os.killpg(server.pid, signal.SIGINT)
-        try:
-            server.wait(90)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        server.stop()
     summary: dict[str, Any] = {}
     for mode in MODES:
         mine = [r for r in rows if r["mode"] == mode]

@@ -124,9 +124,10 @@ class ArmRouter(FleetRouter, RayLLMPrefixRouter):
             tag = request_tag(pending_request)
             replicas = list(self._replicas)
             request_id = pending_request.metadata.internal_request_id
-            depth = self._depth.pop(request_id, None) or self._index.match(
-                blocks, [r.unique_id for r in replicas]
-            )
+            # The view before the choice; an empty one (nothing cached) is a view too.
+            depth = self._depth.pop(request_id, None)
+            if depth is None:
+                depth = self._index.match(blocks, [r.unique_id for r in replicas])
             record = {
                 "t": time.time(),
                 "arm": request_arm(tag),

@@ -87,19 +87,13 @@ class ColdStartClient:
         first = asyncio.ensure_future(anext(stream))
         woken = False  # the waker owns the queued request now
         try:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + cold.timeout_s
-            while not first.done():
-                if self._replicas(cold.deployment):
-                    break  # a replica is up: the request is no longer waiting for one
-                left = deadline - loop.time()
-                if left <= 0:
-                    woken = self._hold_to_wake(model, cold, first, stream)
-                    raise ModelUnavailableError(
-                        f"model '{model}' is scaled to zero and no replica started within "
-                        f"{cold.timeout_s:g} s; retry later"
-                    )
-                await asyncio.wait({first}, timeout=min(POLL_S, left))
+            # Once a replica is up the request is no longer waiting for one: no bound.
+            if not await self._head_or_replica(first, cold.deployment, cold.timeout_s):
+                woken = self._hold_to_wake(model, cold, first, stream)
+                raise ModelUnavailableError(
+                    f"model '{model}' is scaled to zero and no replica started within "
+                    f"{cold.timeout_s:g} s; retry later"
+                )
             head = await first
         except BaseException:
             if not woken:
@@ -140,21 +134,29 @@ class ColdStartClient:
         first: asyncio.Future[ResponseHead | bytes],
         stream: AsyncIterator[ResponseHead | bytes],
     ) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._wake_hold_s
         try:
-            while not first.done() and not self._replicas(cold.deployment):
-                left = deadline - loop.time()
-                if left <= 0:
-                    log.warning(
-                        "model '%s' got no replica within %g s of a request waking it",
-                        model,
-                        self._wake_hold_s,
-                    )
-                    break
-                await asyncio.wait({first}, timeout=min(POLL_S, left))
+            if not await self._head_or_replica(first, cold.deployment, self._wake_hold_s):
+                log.warning(
+                    "model '%s' got no replica within %g s of a request waking it",
+                    model,
+                    self._wake_hold_s,
+                )
         finally:
             await _cancel(first, stream)
+
+    async def _head_or_replica(
+        self, first: asyncio.Future[ResponseHead | bytes], deployment: str, timeout_s: float
+    ) -> bool:
+        """Wait until the response head came or the router sees a replica; False when
+        ``timeout_s`` passed first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not first.done() and not self._replicas(deployment):
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            await asyncio.wait({first}, timeout=min(POLL_S, left))
+        return True
 
     async def stats(self, model: str, timeout_s: float) -> EngineStats:
         return await self._inner.stats(model, timeout_s)
