@@ -9,7 +9,17 @@ changing nothing but the CPU affinity of every thread of its processes other tha
 engine's:
 
 * ``apart``: the rest on the host's cores less the engine's;
-* ``shared``: the rest on every core (what fleetserve does, like any Ray a user starts).
+* ``shared``: the rest on every core (like any Ray a user starts);
+
+and, as a second knob, the niceness of Ray's workers (the engine's processes, the Serve
+controller, the proxy, the replicas; Ray starts them at 15, its daemons at 0):
+
+* ``nice0``: ``shared``, with those processes' threads at niceness 0 (what
+  ``RAY_worker_niceness=0`` before ``ray.init`` gives: ``vllm serve``'s footing);
+* ``apart-nice0``: ``apart`` with the same - how ``fleetserve serve`` starts a local Ray
+  for CPU engines since 2026-12-02.
+
+Modes without ``nice0`` put those threads at 15 (Ray's default).
 
 ``--background-load N`` runs every phase with N busy processes at niceness 0, each in a
 session of its own (``overhead.py``'s loaded host).
@@ -48,7 +58,8 @@ from overhead import (
     run_vllm_phase,
 )
 
-MODES = ("apart", "shared")
+MODES = ("apart", "shared", "nice0", "apart-nice0")
+RAY_WORKER_NICENESS = 15  # Ray 2.60's default for every worker it starts
 
 
 def thread_cores(pid: int) -> dict[int, set[int]]:
@@ -87,13 +98,30 @@ def split(root: int, host: set[int]) -> tuple[set[int], set[int], list[int]]:
     return engine, pinned, others
 
 
-def place(root: int, host: set[int], mode: str) -> str:
-    """Put every non-engine thread on the cores ``mode`` says; a line describing it."""
+def ray_workers(root: int) -> list[int]:
+    """Every process of the server that Ray started as a worker: Ray titles them ``ray::``
+    (Serve controller, proxy, replicas, idle workers) and the engine's are vLLM's
+    (``VLLM::``); the raylet, GCS and agents are Ray's daemons and not among them."""
+    out: list[int] = []
+    for pid in process_tree(root):
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if title.startswith((b"ray::", b"VLLM::")):
+            out.append(pid)
+    return out
+
+
+def place(root: int, host: set[int], mode: str, workers: list[int]) -> str:
+    """Put every non-engine thread on the cores ``mode`` says and Ray's workers' threads at
+    its niceness; a line describing it."""
     engine, pinned, others = split(root, host)
     if not pinned:
         raise SystemExit("no engine thread is pinned to a core here: nothing to compare")
-    cores = host - pinned if mode == "apart" else host
-    moved = 0
+    cores = host - pinned if mode.startswith("apart") else host
+    nice = 0 if mode.endswith("nice0") else RAY_WORKER_NICENESS
+    moved = reniced = 0
     for pid in others:
         for tid in thread_cores(pid):
             try:
@@ -101,9 +129,18 @@ def place(root: int, host: set[int], mode: str) -> str:
                 moved += 1
             except OSError:
                 continue
+    for pid in workers:
+        for tid in thread_cores(pid):
+            try:
+                # PRIO_PROCESS with a thread id sets that thread only (Linux).
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+                reniced += 1
+            except OSError:
+                continue
     return (
         f"{mode}: {moved} threads of {len(others)} processes on cores {sorted(cores)}; "
-        f"engine {sorted(engine)} pinned to {sorted(pinned)}"
+        f"engine {sorted(engine)} pinned to {sorted(pinned)}; {reniced} threads of "
+        f"{len(workers)} Ray workers at niceness {nice}"
     )
 
 
@@ -119,7 +156,7 @@ def run_phase(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--phases", nargs="+", choices=MODES, default=list(MODES) * 3)
+    parser.add_argument("--phases", nargs="+", choices=MODES, default=["apart", "shared"] * 3)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--requests", type=int, default=16, help="requests per phase")
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -140,9 +177,10 @@ def main() -> None:
     try:
         print(f"ready in {server.start(args.ready_timeout_s):.0f} s", flush=True)
         assert server.root is not None
+        workers = ray_workers(server.root)
         run_phase(server, config, args, "warmup", 1)
         for i, mode in enumerate(args.phases):
-            print(place(server.root, host, mode), flush=True)
+            print(place(server.root, host, mode, workers), flush=True)
             with background_load(args.background_load, max_s=1800):
                 phase = run_phase(server, config, args, f"{i}-{mode}", 100 + i)
             row = {
@@ -165,10 +203,12 @@ def main() -> None:
                 "ttft_p50_s": statistics.mean(r["ttft_p50_s"] for r in mine),
                 "phases": len(mine),
             }
-    if len(summary) == 2:
-        summary["apart_over_shared"] = {
-            k: summary["apart"][k] / summary["shared"][k] for k in ("tok_s", "ttft_p50_s")
-        }
+    if "shared" in summary:
+        for mode in MODES:
+            if mode != "shared" and mode in summary:
+                summary[f"{mode}_over_shared"] = {
+                    k: summary[mode][k] / summary["shared"][k] for k in ("tok_s", "ttft_p50_s")
+                }
     (args.out / "summary.json").write_text(
         json.dumps({"phases": rows, "summary": summary}, indent=1)
     )

@@ -22,6 +22,21 @@ each engine claims its own cores before vLLM starts and hands them to vLLM as an
 What must stay true: an explicit ``VLLM_CPU_OMP_THREADS_BIND`` in the environment is the
 user's choice and is left alone; engines spanning several processes (tensor or pipeline
 parallel) keep vLLM's own binding, which lists one core set per rank.
+
+**The rest of the fleet keeps off the engines' cores.** Pinning the engine is half of it:
+Ray's daemons, the Serve controller, the ingress and the replicas' own Python still ran on
+every core, the engine's included, and a CPU engine runs at Ray's worker niceness 15, so
+each of their wake-ups preempted it (Ray's idle floor is ~11 % of a core against ~1.4 %
+for ``vllm serve``). Measured on a 2-CPU host, one server, vLLM's benchmark client at
+concurrency 8, phases alternating: 6.55 tok/s with the rest on core 1 against 6.29 with it
+on both cores (+4 %; docs/benchmarks.md, overhead). So when ``fleetserve serve`` starts a
+local Ray for CPU engines, it starts Ray on the *serving cores*
+(:func:`serving_cores`: the host's cores less those its engines will claim, which are the
+lowest claimable ones, since every claim takes the lowest free core), and every Ray process
+and worker inherits that affinity. An engine's own processes are spawned with the host's
+cores (:func:`spawned_on`; ``FLEETSERVE_HOST_CPUS`` carries them from the driver), so vLLM
+can pin its OpenMP threads to the claimed cores (libgomp drops places outside the affinity
+it starts with) and an unpinned engine can use every core.
 """
 
 from __future__ import annotations
@@ -32,6 +47,7 @@ import logging
 import math
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -41,6 +57,8 @@ logger = logging.getLogger(__name__)
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 #: vLLM's value for "do not pin OpenMP threads".
 NO_BIND = "nobind"
+#: The host's cores (vLLM's list syntax), set by a driver that started Ray on fewer.
+HOST_CPUS_ENV = "FLEETSERVE_HOST_CPUS"
 
 
 def lock_dir() -> Path:
@@ -59,6 +77,59 @@ def claimable(affinity: list[int]) -> list[int]:
     """The cores engines may claim: all but the last one when there are several."""
     cores = sorted(affinity)
     return cores[:-1] if len(cores) > 1 else cores
+
+
+def serving_cores(host: list[int], engine_cores: int) -> list[int]:
+    """The cores left to everything but the engines, when engines claim ``engine_cores``.
+
+    Claims take the lowest free claimable cores, so engines holding at most
+    ``engine_cores`` together hold only the lowest ``engine_cores`` claimable ones. When
+    they want more than there are, some run unpinned and only the never-claimed core is
+    left to the rest (vLLM's auto binding reserves the same one).
+    """
+    cores = sorted(host)
+    engines = set(claimable(cores)[: max(0, engine_cores)])
+    return [c for c in cores if c not in engines] or cores
+
+
+def host_cores() -> list[int]:
+    """The cores engines may claim: the driver's view of the host where it narrowed this
+    process's affinity (``HOST_CPUS_ENV``), else this process's affinity."""
+    value = os.environ.get(HOST_CPUS_ENV)
+    return parse_cores(value) if value else sorted(os.sched_getaffinity(0))
+
+
+def parse_cores(value: str) -> list[int]:
+    """Core ids from vLLM's list syntax (``0-3,6``); ValueError names a bad part."""
+    cores: set[int] = set()
+    for part in value.split(","):
+        first, _, last = part.strip().partition("-")
+        try:
+            low, high = int(first), int(last or first)
+        except ValueError:
+            raise ValueError(f"not a core list: {value!r} (part {part!r})") from None
+        if low < 0 or high < low:
+            raise ValueError(f"not a core list: {value!r} (part {part!r})")
+        cores.update(range(low, high + 1))
+    return sorted(cores)
+
+
+@contextlib.contextmanager
+def spawned_on(cores: list[int]) -> Iterator[None]:
+    """Processes started inside run on ``cores``; this process's threads are left alone.
+
+    ``sched_setaffinity(0, ...)`` sets the calling thread only (Linux), and a child
+    inherits the affinity of the thread that starts it.
+    """
+    before = os.sched_getaffinity(0)
+    if set(cores) == before:
+        yield
+        return
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def format_cores(cores: list[int]) -> str:
@@ -94,7 +165,7 @@ def claim_cores(
     n: int, affinity: list[int] | None = None, directory: Path | None = None
 ) -> CoreClaim:
     """Claim ``n`` free cores (see the module note); the environment for vLLM's engine."""
-    cores = claimable(affinity if affinity is not None else sorted(os.sched_getaffinity(0)))
+    cores = claimable(affinity if affinity is not None else host_cores())
     where = directory or lock_dir()
     where.mkdir(mode=0o700, parents=True, exist_ok=True)
     held: list[int] = []

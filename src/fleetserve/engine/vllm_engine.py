@@ -38,7 +38,14 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from fleetserve.engine.asgi_bridge import AsgiBridge
 from fleetserve.engine.config import EngineConfig
-from fleetserve.engine.cpu_binding import BIND_ENV, CoreClaim, claim_cores, cores_wanted
+from fleetserve.engine.cpu_binding import (
+    BIND_ENV,
+    CoreClaim,
+    claim_cores,
+    cores_wanted,
+    host_cores,
+    spawned_on,
+)
 from fleetserve.engine.lora import check_before_load, enable_adapter_dir, held_adapters
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
 from fleetserve.engine.ray_stats import KeptRayStatLogger, kept_loggers
@@ -117,14 +124,17 @@ class VllmEngine:
         # The engine core process AsyncLLM spawns must not outlive this replica
         # (engine/reaper.py): note our children before, guard the new ones after.
         self._processes = EngineProcesses()
-        self._engine = AsyncLLM.from_vllm_config(
-            vllm_config=vllm_config,
-            usage_context=UsageContext.OPENAI_API_SERVER,
-            stat_loggers=[*(_ray_stat_loggers() or []), vllm_signals_logger(self._signals)],
-            enable_log_requests=engine_args.enable_log_requests,
-            aggregate_engine_logging=engine_args.aggregate_engine_logging,
-            disable_log_stats=engine_args.disable_log_stats,
-        )
+        # The engine core starts on the host's cores, not the serving cores this replica
+        # inherited from Ray, so that vLLM can pin it to the claimed ones (cpu_binding).
+        with spawned_on(host_cores()):
+            self._engine = AsyncLLM.from_vllm_config(
+                vllm_config=vllm_config,
+                usage_context=UsageContext.OPENAI_API_SERVER,
+                stat_loggers=[*(_ray_stat_loggers() or []), vllm_signals_logger(self._signals)],
+                enable_log_requests=engine_args.enable_log_requests,
+                aggregate_engine_logging=engine_args.aggregate_engine_logging,
+                disable_log_stats=engine_args.disable_log_stats,
+            )
         self._processes.guard()
         supported_tasks = await self._engine.get_supported_tasks()
         app = build_app(args, supported_tasks, self._engine.model_config)

@@ -32,6 +32,7 @@ the drain and Serve's shutdown, which would wait on the dead Ray (engine/reaper.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -44,6 +45,14 @@ from typing import Any
 from rich.console import Console
 
 from fleetserve.engine.config import EngineKind
+from fleetserve.engine.cpu_binding import (
+    BIND_ENV,
+    HOST_CPUS_ENV,
+    cores_wanted,
+    format_cores,
+    serving_cores,
+    spawned_on,
+)
 from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import ServeError
 from fleetserve.host import HostFacts, probe
@@ -89,14 +98,22 @@ def fast_path_env(port: int, *, verbose: bool) -> dict[str, str]:
     }
 
 
-#: Ray Serve settings for a Ray this process starts, whatever the path. The Serve
-#: controller's reconcile loop runs every 0.1 s by default; each pass also talks to the
-#: GCS. Idle, that loop was the largest CPU user of a local server (controller 4.7 % +
-#: GCS 2.3 % of a core of 16 % in all; at 0.5 s: 2.0 % + 0.9 %, benchmarks/serve_path.py
-#: idle CPU), and on a small host that CPU comes out of the engine's share. Serve's
-#: autoscaling delays are in seconds, not loop passes, so 0.5 s only adds up to 0.4 s to
-#: reacting to a change (a replica start takes tens of seconds).
-LOCAL_RAY_ENV = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
+#: Settings for a Ray this process starts, whatever the path.
+#:
+#: * The Serve controller's reconcile loop runs every 0.1 s by default; each pass also
+#:   talks to the GCS. Idle, that loop was the largest CPU user of a local server
+#:   (controller 4.7 % + GCS 2.3 % of a core of 16 % in all; at 0.5 s: 2.0 % + 0.9 %,
+#:   benchmarks/serve_path.py idle CPU), and on a small host that CPU comes out of the
+#:   engine's share. Serve's autoscaling delays are in seconds, not loop passes, so 0.5 s
+#:   only adds up to 0.4 s to reacting to a change (a replica start takes tens of seconds).
+#: * Ray starts every worker at niceness 15, and the engine runs in a worker: inside the
+#:   server's scheduling group (one session, one autogroup) Ray's own daemons at niceness 0
+#:   then win every contest for a core against the engine's scheduler process. At 0 the
+#:   engine is on ``vllm serve``'s footing; with the serving layer kept off the engine's
+#:   cores (``_serving_cores``) that is what makes the split pay on a loaded host
+#:   (docs/benchmarks.md, overhead: +7 % at concurrency 8 with two busy processes, where
+#:   the split alone at niceness 15 lost 10 %). The raylet reads it when it starts.
+LOCAL_RAY_ENV = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5", "RAY_worker_niceness": "0"}
 
 
 def _free_port(host: str) -> int:
@@ -143,6 +160,7 @@ class FleetServer:
         self._interrupts = 0
         self._handle_signals = False
         self._host: HostFacts | None = None
+        self._plan: ResourcePlan | None = None
 
     # ------------------------------------------------------------------ start
 
@@ -159,7 +177,7 @@ class FleetServer:
         # fake engine (no model config to size) gets settings derived from the spec.
         local = self.options.address is None and self.options.engine == "vllm"
         settings = engine_settings(spec, local=local, gpu_host=capacity.gpus > 0, host=host)
-        plan = fit_resources(spec, settings, capacity)
+        self._plan = plan = fit_resources(spec, settings, capacity)
         for warning in plan.warnings:
             self.console.print(f"[yellow]warning:[/] {warning}")
         return keys, settings, plan
@@ -240,8 +258,20 @@ class FleetServer:
         # A body within server.max_body_mb must cross the ingress -> replica gRPC hop.
         for key, value in transport_env(RequestLimits.from_spec(o.spec.server)).items():
             os.environ.setdefault(key, value)
+        serving = self._serving_cores()
+        if serving is not None:
+            # Engines spawn their processes on the host's cores again (cpu_binding).
+            host = format_cores(sorted(os.sched_getaffinity(0)))
+            os.environ.setdefault(HOST_CPUS_ENV, host)
+            self.console.print(
+                f"fleetserve: Ray and the serving layer on CPU cores {format_cores(serving)}, "
+                f"the rest of {host} left to the engines"
+            )
         try:
-            ray.init(**kwargs)
+            # Ray's daemons start from this thread and its workers from the raylet, so they
+            # all inherit the serving cores; this process keeps its own.
+            with spawned_on(serving) if serving else contextlib.nullcontext():
+                ray.init(**kwargs)
         except Exception as e:
             raise ServeError(f"cannot start Ray: {e}") from e
         self._started_ray = True
@@ -251,6 +281,28 @@ class FleetServer:
         self.console.print(
             f"fleetserve: Ray started at {ray.get_runtime_context().gcs_address}", soft_wrap=True
         )
+
+    def _serving_cores(self) -> list[int] | None:
+        """The cores for everything but the CPU engines (``cpu_binding.serving_cores``), or
+        ``None`` where no engine claims cores: the fake engine, GPUs, a binding the user
+        set, engines over several processes (vLLM binds those itself) - the same cases
+        in which ``vllm_engine`` claims none."""
+        o, plan, host = self.options, self._plan, self._host
+        if (
+            o.engine != "vllm"
+            or plan is None
+            or host is None
+            or host.gpu_memory_mb
+            or BIND_ENV in os.environ
+            or any(m.gpus_per_replica > 1 for m in o.spec.models)
+        ):
+            return None
+        cores = sorted(os.sched_getaffinity(0))
+        claimed = sum(
+            m.replicas.max * cores_wanted(plan.models[m.name].num_cpus) for m in o.spec.models
+        )
+        serving = serving_cores(cores, claimed)
+        return serving if serving != cores else None
 
     @property
     def _direct_ingress(self) -> bool:

@@ -3,9 +3,11 @@ same ones), a dead engine's cores come back, and too few free cores means unpinn
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -13,11 +15,16 @@ import pytest
 
 from fleetserve.engine.cpu_binding import (
     BIND_ENV,
+    HOST_CPUS_ENV,
     NO_BIND,
     claim_cores,
     claimable,
     cores_wanted,
     format_cores,
+    host_cores,
+    parse_cores,
+    serving_cores,
+    spawned_on,
 )
 
 
@@ -87,3 +94,95 @@ def test_lock_directory_is_private(tmp_path: Path) -> None:
     where = tmp_path / "locks"
     claim_cores(1, [0], where)
     assert os.stat(where).st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize(
+    ("host", "engine_cores", "serving"),
+    [
+        ([0, 1], 1, [1]),  # one engine on core 0: the rest on core 1
+        ([0, 1], 0, [0, 1]),  # no engine claims: nothing moves
+        ([0, 1], 3, [1]),  # more wanted than claimable: the kept core only
+        (list(range(8)), 3, [3, 4, 5, 6, 7]),
+        ([4, 5, 6, 7], 2, [6, 7]),
+        ([3], 1, [3]),  # one core: nothing to keep off
+    ],
+)
+def test_serving_cores_are_the_ones_engines_never_claim(
+    host: list[int], engine_cores: int, serving: list[int]
+) -> None:
+    assert serving_cores(host, engine_cores) == serving
+
+
+def test_engine_claims_land_outside_the_serving_cores(tmp_path: Path) -> None:
+    """The invariant serving_cores relies on: claims of at most N cores in all, each the
+    lowest free, stay within the lowest N claimable cores, also after releases."""
+    host = list(range(8))
+    a = claim_cores(2, host, tmp_path)
+    b = claim_cores(1, host, tmp_path)
+    a.release()
+    c = claim_cores(2, host, tmp_path)
+    held = set(b.cores) | set(c.cores)
+    assert held.isdisjoint(serving_cores(host, 3))
+
+
+def test_core_lists_parse_in_vllms_syntax() -> None:
+    assert parse_cores("0-2,5,7-8") == [0, 1, 2, 5, 7, 8]
+    assert format_cores(parse_cores("3,1,2")) == "1-3"
+    for bad in ("", "a", "3-1", "-1", "1,,2"):
+        with pytest.raises(ValueError, match="not a core list"):
+            parse_cores(bad)
+
+
+def test_host_cores_come_from_the_driver_when_it_narrowed_this_process(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(HOST_CPUS_ENV, raising=False)
+    assert host_cores() == sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv(HOST_CPUS_ENV, "0-7")
+    assert host_cores() == list(range(8))
+    # An engine in a process started on the serving cores claims from the host's cores.
+    assert claim_cores(1, directory=tmp_path).env == {BIND_ENV: "0"}
+
+
+def _child_affinity() -> set[int]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, os; print(json.dumps(sorted(os.sched_getaffinity(0))))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return set(json.loads(out))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPU cores")
+def test_processes_started_inside_spawned_on_get_its_cores() -> None:
+    mine = os.sched_getaffinity(0)
+    one = [min(mine)]
+    with spawned_on(one):
+        assert _child_affinity() == set(one)
+    assert os.sched_getaffinity(0) == mine  # this thread is given its cores back
+    assert _child_affinity() == mine
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPU cores")
+def test_spawned_on_leaves_the_other_threads_of_this_process_alone() -> None:
+    seen: list[set[int]] = []
+    entered, done = threading.Event(), threading.Event()
+
+    def other() -> None:
+        entered.wait(10)
+        seen.append(os.sched_getaffinity(0))
+        done.set()
+
+    mine = os.sched_getaffinity(0)
+    thread = threading.Thread(target=other)
+    thread.start()
+    with spawned_on([min(mine)]):
+        entered.set()
+        done.wait(10)
+    thread.join(10)
+    assert seen == [mine]

@@ -1,6 +1,7 @@
 """The serving fast path: Ray Serve's throughput flags reach the Ray that fleetserve starts,
 the ingress gets the user's port and Serve's proxy a side port; a joined cluster or
-``server.direct_ingress: false`` keeps Serve's defaults."""
+``server.direct_ingress: false`` keeps Serve's defaults. A Ray started for CPU engines runs
+on the cores its engines will not claim."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ import pytest
 import ray
 from ray import serve
 
+from fleetserve.engine.cpu_binding import BIND_ENV, HOST_CPUS_ENV, format_cores
+from fleetserve.host import HostFacts
 from fleetserve.serve import runner
+from fleetserve.serve.resources import ReplicaResources, ResourcePlan
 from fleetserve.serve.runner import FleetServer, ServeOptions, fast_path_env
 from fleetserve.spec import parse_spec
 
@@ -26,6 +30,8 @@ KEYS = (
     "RAY_SERVE_PORT_QUARANTINE_S",
     "RAY_SERVE_LOG_TO_STDERR",
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S",
+    "RAY_worker_niceness",
+    HOST_CPUS_ENV,
 )
 
 
@@ -60,9 +66,12 @@ class Recorder:
     def __init__(self) -> None:
         self.env: dict[str, str] = {}
         self.http: dict[str, Any] = {}
+        self.affinity: set[int] = set()
 
     def init(self, **_: Any) -> None:
         self.env = {k: os.environ[k] for k in KEYS if k in os.environ}
+        # What Ray's daemons, started from this thread, would inherit.
+        self.affinity = os.sched_getaffinity(0)
 
     @staticmethod
     def runtime_context() -> Any:
@@ -95,6 +104,8 @@ def test_started_ray_gets_the_fast_path_and_the_proxy_moves_aside(
     assert recorder.env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
     assert recorder.env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] == "8123"
     assert recorder.env["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.5"
+    # Ray's workers (the engine's included) at vLLM's footing, not Ray's niceness 15.
+    assert recorder.env["RAY_worker_niceness"] == "0"
     assert recorder.http["host"] == "127.0.0.1"
     assert recorder.http["port"] != 8123  # the ingress replica owns 8123
 
@@ -120,3 +131,62 @@ def test_free_port_is_bindable() -> None:
     port = runner._free_port("127.0.0.1")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+CORES = sorted(os.sched_getaffinity(0))
+two_cores = pytest.mark.skipif(len(CORES) < 2, reason="needs two CPU cores")
+
+
+def _engine_server(
+    engine: str = "vllm", gpus: list[int] | None = None, tp: int = 1, replicas: int = 1
+) -> FleetServer:
+    model = {"name": "m", "source": "fake", "tensor_parallel": tp}
+    model["replicas"] = {"min": 1, "max": replicas}
+    spec = parse_spec({"models": [model]})
+    server = FleetServer(ServeOptions(spec=spec, host="127.0.0.1", port=8123, engine=engine))  # type: ignore[arg-type]
+    # What check() measured and planned: one CPU per replica, as Ray assigns it.
+    server._host = HostFacts(cpus=len(CORES), memory_mb=8192, gpu_memory_mb=gpus or [])
+    server._plan = ResourcePlan(
+        ingress=ReplicaResources(num_cpus=0.1), models={"m": ReplicaResources(num_cpus=1.0)}
+    )
+    return server
+
+
+@two_cores
+def test_ray_for_cpu_engines_starts_on_the_cores_they_do_not_claim(
+    recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(BIND_ENV, raising=False)
+    _engine_server()._start_ray()
+    # The engine claims the lowest core; Ray, Serve and the ingress get the others ...
+    assert recorder.affinity == set(CORES[1:])
+    # ... and its replica learns the host's cores, to spawn the engine on them.
+    assert recorder.env[HOST_CPUS_ENV] == format_cores(CORES)
+    assert os.sched_getaffinity(0) == set(CORES)  # the driver keeps its own
+
+
+@two_cores
+@pytest.mark.parametrize(
+    ("engine", "gpus", "tp", "bind"),
+    [
+        ("fake", None, 1, None),  # the fake engine claims no core
+        ("vllm", [81920], 1, None),  # GPU engines are not pinned to cores
+        ("vllm", None, 2, None),  # vLLM binds an engine over several processes itself
+        ("vllm", None, 1, "0"),  # the user's binding is left alone
+    ],
+)
+def test_ray_keeps_every_core_where_no_engine_claims_one(
+    recorder: Recorder,
+    monkeypatch: pytest.MonkeyPatch,
+    engine: str,
+    gpus: list[int] | None,
+    tp: int,
+    bind: str | None,
+) -> None:
+    if bind is None:
+        monkeypatch.delenv(BIND_ENV, raising=False)
+    else:
+        monkeypatch.setenv(BIND_ENV, bind)
+    _engine_server(engine, gpus, tp)._start_ray()
+    assert recorder.affinity == set(CORES)
+    assert HOST_CPUS_ENV not in recorder.env
