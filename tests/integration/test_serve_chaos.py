@@ -130,6 +130,21 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[Fl
     f.kill_everything()
 
 
+def test_every_process_of_a_started_ray_runs_at_normal_priority(fleet: Fleet) -> None:
+    # Ray starts its workers at niceness 15 unless told otherwise; in the server's own
+    # scheduling group its daemons (at 0) would then win every contest for a core against
+    # the engine (serve/runner.py, LOCAL_RAY_ENV).
+    processes = fleet.processes()
+    workers = [p for p, cmd in processes.items() if cmd.startswith("ray::")]
+    assert workers, processes  # Serve's controller and replicas are Ray workers
+    assert fleet.engines()
+    nice: dict[int, int] = {}
+    for pid in processes:
+        with contextlib.suppress(ProcessLookupError):
+            nice[pid] = os.getpriority(os.PRIO_PROCESS, pid)
+    assert {processes[p]: n for p, n in nice.items() if n != 0} == {}
+
+
 # ---------------------------------------------------------------- chaos under load
 
 

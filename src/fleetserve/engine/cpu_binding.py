@@ -25,11 +25,13 @@ parallel) keep vLLM's own binding, which lists one core set per rank.
 
 **The rest of the fleet keeps off the engines' cores.** Pinning the engine is half of it:
 Ray's daemons, the Serve controller, the ingress and the replicas' own Python still ran on
-every core, the engine's included, and a CPU engine runs at Ray's worker niceness 15, so
-each of their wake-ups preempted it (Ray's idle floor is ~11 % of a core against ~1.4 %
-for ``vllm serve``). Measured on a 2-CPU host, one server, vLLM's benchmark client at
-concurrency 8, phases alternating: 6.55 tok/s with the rest on core 1 against 6.29 with it
-on both cores (+4 %; docs/benchmarks.md, overhead). So when ``fleetserve serve`` starts a
+every core, the engine's included, and by Ray's default a CPU engine runs at the worker
+niceness 15, so each of their wake-ups preempted it (Ray's idle floor is ~11 % of a core
+against ~1.4 % for ``vllm serve``). Measured on a 2-CPU host, one server, vLLM's benchmark
+client at concurrency 8, phases alternating: the rest on core 1 gave +4 % tok/s on a quiet
+host, and on a loaded one +7 % only together with Ray's workers at niceness 0, which
+``serve/runner.py`` sets for every Ray it starts (docs/benchmarks.md, overhead: without
+it the split lost ~10 % under load). So when ``fleetserve serve`` starts a
 local Ray for CPU engines, it starts Ray on the *serving cores*
 (:func:`serving_cores`: the host's cores less those its engines will claim, which are the
 lowest claimable ones, since every claim takes the lowest free core), and every Ray process
