@@ -77,17 +77,25 @@ def thread_cores(pid: int) -> dict[int, set[int]]:
     return out
 
 
+def titled_tree(root: int) -> list[tuple[int, bytes]]:
+    """Each live process of ``root``'s tree with its command line (Ray and vLLM title their
+    processes there: ``ray::...``, ``VLLM::...``)."""
+    out: list[tuple[int, bytes]] = []
+    for pid in process_tree(root):
+        try:
+            out.append((pid, Path(f"/proc/{pid}/cmdline").read_bytes()))
+        except OSError:
+            continue
+    return out
+
+
 def split(root: int, host: set[int]) -> tuple[set[int], set[int], list[int]]:
     """The engine's processes (vLLM titles them ``VLLM::EngineCore`` / ``VLLM::Worker``),
     the cores vLLM pinned their threads to, and every other process of the server."""
     engine: set[int] = set()
     pinned: set[int] = set()
     others: list[int] = []
-    for pid in process_tree(root):
-        try:
-            title = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
+    for pid, title in titled_tree(root):
         if title.startswith(b"VLLM::"):
             engine.add(pid)
             for cores in thread_cores(pid).values():
@@ -102,15 +110,7 @@ def ray_workers(root: int) -> list[int]:
     """Every process of the server that Ray started as a worker: Ray titles them ``ray::``
     (Serve controller, proxy, replicas, idle workers) and the engine's are vLLM's
     (``VLLM::``); the raylet, GCS and agents are Ray's daemons and not among them."""
-    out: list[int] = []
-    for pid in process_tree(root):
-        try:
-            title = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if title.startswith((b"ray::", b"VLLM::")):
-            out.append(pid)
-    return out
+    return [pid for pid, title in titled_tree(root) if title.startswith((b"ray::", b"VLLM::"))]
 
 
 def place(root: int, host: set[int], mode: str, workers: list[int]) -> str:
