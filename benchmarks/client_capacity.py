@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from fleetserve.serve.ports import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 DEFAULT_TOKENIZER = Path.home() / ".cache/fleetserve/models/gemma-3-270m"
@@ -260,12 +262,6 @@ def _stats(*, offered: float, achieved: float, ttfts: list[float], starts: list[
 
 
 # ----------------------------------------------------------------------------- driver
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def ensure_tokenizer(path: Path | None, work: Path) -> Path:

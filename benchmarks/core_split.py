@@ -46,13 +46,13 @@ from pathlib import Path
 from typing import Any
 
 from fleetserve.engine.config import EngineConfig
+from fleetserve.serve.ports import free_port
 from overhead import (
     Phase,
     Server,
     background_load,
     bench_fleet,
     engine_config,
-    free_port,
     percentile,
     process_tree,
     run_vllm_phase,

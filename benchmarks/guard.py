@@ -42,8 +42,9 @@ from typing import Any
 
 import httpx
 
+from fleetserve.serve.ports import free_port
 from fleetserve.spec import DEFAULT_MODEL_SOURCE
-from overhead import Server, free_port, percentile  # same directory: run as a script
+from overhead import Server, percentile  # same directory: run as a script
 
 MODEL = "m"
 KEY_A, KEY_B = "sk-bench-flood", "sk-bench-calm"

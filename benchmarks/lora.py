@@ -39,8 +39,9 @@ import httpx
 import yaml
 
 from fleetserve.modelstore.store import ModelStore
+from fleetserve.serve.ports import free_port
 from fleetserve.spec import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE
-from overhead import Server, free_port  # same directory: run as a script
+from overhead import Server  # same directory: run as a script
 
 START_TIMEOUT_S = 1800.0
 

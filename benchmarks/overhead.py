@@ -44,7 +44,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -61,6 +60,7 @@ import yaml
 
 from fleetserve.engine.config import EngineConfig
 from fleetserve.modelstore.store import ModelStore
+from fleetserve.serve.ports import free_port
 from fleetserve.serve.settings import engine_settings
 from fleetserve.spec import FleetSpec, default_fleet
 
@@ -69,12 +69,6 @@ PROMPT = (
     "of the printing press, its inventors, how it changed science, religion and politics in "
     "Europe, and what it teaches us about new information technologies today."
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --------------------------------------------------------------------------- servers

@@ -35,7 +35,8 @@ from pathlib import Path
 
 import httpx
 
-from overhead import free_port, one_request, process_tree  # same directory: run as a script
+from fleetserve.serve.ports import free_port
+from overhead import one_request, process_tree  # same directory: run as a script
 
 MODEL = "fake-model"
 
@@ -68,9 +69,10 @@ def cpu_by_process(pids: list[int]) -> dict[int, tuple[str, float]]:
 
 
 def start_profiles(
-    procs: dict[int, tuple[str, float]], out: Path
+    procs: dict[int, tuple[str, float]], out: Path, *, native: bool = False
 ) -> list[tuple[str, subprocess.Popen[bytes], Path]]:
-    """py-spy on the ingress and the model replica for the burst (raw folded stacks)."""
+    """py-spy on the ingress and the model replica for the burst (raw folded stacks;
+    with ``native``, C/C++ frames too: where uvloop, gRPC and pickling spend)."""
     out.mkdir(parents=True, exist_ok=True)
     spies = []
     for pid, (name, _) in procs.items():
@@ -78,7 +80,9 @@ def start_profiles(
             path = out / f"{name.replace(' ', '-')}-{pid}.txt"
             spy = Path(sys.executable).with_name("py-spy")  # installed beside this Python
             argv = [str(spy), "record", "-p", str(pid), "-r", "50", "-f", "raw"]
-            argv += ["--nonblocking", "-o", str(path)]
+            # py-spy refuses --native with --nonblocking: native stacks need the process
+            # paused while sampled (which inflates the CPU table of a profiled run).
+            argv += ["-o", str(path)] + (["--native"] if native else ["--nonblocking"])
             proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             spies.append((name, proc, path))
     time.sleep(1)  # attached before the burst starts
@@ -169,7 +173,9 @@ async def measure(url: str, root: int, args: argparse.Namespace) -> PathRun:
                 for n, v in cpu_by_label(idle_before, cpu_by_process(pids)).items()
             }
         before = cpu_by_process(pids)
-        spies = start_profiles(before, args.py_spy) if args.py_spy else []
+        spies = (
+            start_profiles(before, args.py_spy, native=args.py_spy_native) if args.py_spy else []
+        )
         t0 = time.perf_counter()
         results = []
         for burst in range(args.bursts):
@@ -245,6 +251,9 @@ def main() -> None:
         type=Path,
         metavar="DIR",
         help="profile the ingress and model replica during the bursts (py-spy raw stacks)",
+    )
+    ap.add_argument(
+        "--py-spy-native", action="store_true", help="with --py-spy: sample native frames too"
     )
     args = ap.parse_args()
     runs: dict[bool, list[PathRun]] = {True: [], False: []}

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,7 +30,9 @@ import httpx
 import pytest
 
 from fleetserve.engine.config import EngineConfig
+from fleetserve.errors import ServeError
 from fleetserve.modelstore.store import ModelStore
+from fleetserve.serve import ports
 from fleetserve.serve.settings import engine_settings
 from fleetserve.spec import default_fleet
 
@@ -42,34 +42,12 @@ START_TIMEOUT_S = float(os.environ.get("FLEETSERVE_TEST_START_TIMEOUT", "2400"))
 STOP_TIMEOUT_S = 90.0
 
 
-#: Where test servers' ports come from: above Ray's worker ports (10002-19999 by default)
-#: and below the kernel's ephemeral range. A port taken with bind(0) and released is one
-#: the kernel can hand to the next bind(0) - seen in CI: the driver's gRPC server of the
-#: Ray a test server started took the port the test had chosen for that server, and its
-#: ingress then found the port in use.
-TEST_PORTS_FROM = 20000
-
-
-def _ephemeral_start() -> int:
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768  # Linux's default
-    return low if low > TEST_PORTS_FROM + 1000 else TEST_PORTS_FROM + 10000
-
-
 def free_port() -> int:
-    """A port free now, outside the ranges Ray and the kernel pick ports from."""
-    rng = random.Random()
-    for _ in range(500):
-        port = rng.randrange(TEST_PORTS_FROM, _ephemeral_start())
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    pytest.fail("no free port found for a test server")
+    """A port free now, from the band the product draws its own side ports from."""
+    try:
+        return ports.free_port()
+    except ServeError as e:
+        pytest.fail(str(e))
 
 
 class ServerProcess:

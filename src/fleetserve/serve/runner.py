@@ -60,6 +60,7 @@ from fleetserve.serve.api_keys import ApiKeyTable
 from fleetserve.serve.app import build_application, resolve_model_paths
 from fleetserve.serve.deployment_options import APP_NAME, INGRESS_DEPLOYMENT
 from fleetserve.serve.limits import RequestLimits, serve_request_timeout_s, transport_env
+from fleetserve.serve.ports import free_port
 from fleetserve.serve.resources import ClusterCapacity, ResourcePlan, fit_resources
 from fleetserve.serve.settings import engine_settings
 from fleetserve.spec import FleetSpec
@@ -114,14 +115,6 @@ def fast_path_env(port: int, *, verbose: bool) -> dict[str, str]:
 #:   (docs/benchmarks.md, overhead: +7 % at concurrency 8 with two busy processes, where
 #:   the split alone at niceness 15 lost 10 %). The raylet reads it when it starts.
 LOCAL_RAY_ENV = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5", "RAY_worker_niceness": "0"}
-
-
-def _free_port(host: str) -> int:
-    import socket  # noqa: PLC0415
-
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -315,7 +308,7 @@ class FleetServer:
 
         o = self.options
         # With direct ingress the ingress replica owns o.port; Serve's proxy moves aside.
-        proxy_port = _free_port(o.host) if self._direct_ingress else o.port
+        proxy_port = free_port(o.host) if self._direct_ingress else o.port
         for attempt in range(1, _DEPLOY_ATTEMPTS + 1):
             try:
                 serve.start(

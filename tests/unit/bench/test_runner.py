@@ -144,9 +144,16 @@ class SwallowingSender(FakeSender):
             await asyncio.sleep(self.delay_s)  # the request still finishes
 
 
+#: Far more requests than a stopped loop sends (the tests assert < 10), and few enough that
+#: building them before the clock starts is quick: the runner synthesises every prompt of a
+#: point up front, and 100,000 took ~3 CPU-s, which on a loaded CI host ran past the 5 s
+#: bound below (a flake that measured prompt synthesis, not the loop).
+MANY_REQUESTS = 1_000
+
+
 async def test_cancelled_closed_loop_stops_even_if_a_send_loses_its_cancel() -> None:
     sender = SwallowingSender(delay_s=0.02)
-    runner = BenchRunner(sender, WORKLOAD, num_requests=100_000)
+    runner = BenchRunner(sender, WORKLOAD, num_requests=MANY_REQUESTS)
     task = asyncio.create_task(runner.run(LoadPoint(kind="concurrency", concurrency=2)))
     while sender.sent < 6:
         await asyncio.sleep(0.005)
@@ -171,7 +178,7 @@ class BrokenSender(FakeSender):
 
 async def test_a_failing_worker_stops_the_closed_loop() -> None:
     sender = BrokenSender(delay_s=0.01)
-    runner = BenchRunner(sender, WORKLOAD, num_requests=100_000)
+    runner = BenchRunner(sender, WORKLOAD, num_requests=MANY_REQUESTS)
     with pytest.raises(RuntimeError, match="sender bug"):
         await asyncio.wait_for(runner.run(LoadPoint(kind="concurrency", concurrency=2)), 5)
     sent = sender.sent
