@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 import socket
+from collections.abc import Collection
 from pathlib import Path
 
 from fleetserve.errors import ServeError
@@ -51,9 +52,16 @@ def band(ephemeral_range: Path = _EPHEMERAL_RANGE) -> range:
     return range(BAND_START, end)
 
 
-def free_port(host: str = "127.0.0.1", *, rng: random.Random | None = None) -> int:
-    """A port on ``host`` that is free now, from :func:`band`.
+def free_port(
+    host: str = "127.0.0.1",
+    *,
+    avoid: Collection[int] = (),
+    rng: random.Random | None = None,
+) -> int:
+    """A port on ``host`` that is free now, from :func:`band`, and not in ``avoid``.
 
+    ``avoid``: ports promised to someone who has not bound them yet (the server's own port,
+    when it lies in the band, is free until its ingress starts).
     Raises ServeError (naming the band) when no drawn port could be bound.
     """
     ports = band()
@@ -61,6 +69,8 @@ def free_port(host: str = "127.0.0.1", *, rng: random.Random | None = None) -> i
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     for _ in range(_DRAWS):
         port = draw.randrange(ports.start, ports.stop)
+        if port in avoid:
+            continue
         with socket.socket(family) as sock:
             try:
                 sock.bind((host, port))

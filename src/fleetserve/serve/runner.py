@@ -308,7 +308,7 @@ class FleetServer:
 
         o = self.options
         # With direct ingress the ingress replica owns o.port; Serve's proxy moves aside.
-        proxy_port = free_port(o.host) if self._direct_ingress else o.port
+        proxy_port = free_port(o.host, avoid={o.port}) if self._direct_ingress else o.port
         for attempt in range(1, _DEPLOY_ATTEMPTS + 1):
             try:
                 serve.start(

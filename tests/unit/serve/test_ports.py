@@ -69,3 +69,11 @@ def test_no_free_port_is_a_message_naming_the_band(monkeypatch: pytest.MonkeyPat
         monkeypatch.setattr(ports, "band", lambda: range(taken, taken + 1))
         with pytest.raises(ServeError, match=rf"no free TCP port on 127.0.0.1 in {taken}-{taken}"):
             ports.free_port("127.0.0.1")
+
+
+def test_a_promised_port_is_never_drawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server's own port is free until its ingress binds it; the side port must differ.
+    monkeypatch.setattr(ports, "band", lambda: range(24000, 24002))
+    rng = random.Random(0)
+    draws = [ports.free_port("127.0.0.1", avoid={24000}, rng=rng) for _ in range(20)]
+    assert set(draws) == {24001}
