@@ -18,17 +18,23 @@ controller, the proxy, the replicas; Ray starts them at 15, its daemons at 0):
   ``RAY_worker_niceness=0`` before ``ray.init`` gives: ``vllm serve``'s footing);
 * ``apart-nice0``: ``apart`` with the same - how ``fleetserve serve`` starts a local Ray
   for CPU engines since 2026-12-02.
+* ``apart-nice0-engine``: ``apart-nice0``, and the engine's threads that vLLM did not pin
+  (``VLLM::EngineCore``, the worker's helper threads) kept on the engine's cores too, away
+  from the serving processes (otherwise they run on every core, as under ``vllm serve``).
 
 Modes without ``nice0`` put those threads at 15 (Ray's default).
 
 ``--background-load N`` runs every phase with N busy processes at niceness 0, each in a
 session of its own (``overhead.py``'s loaded host).
 
-The engine's processes (vLLM titles them ``VLLM::EngineCore``) are never touched; the cores
+The engine's processes (vLLM titles them ``VLLM::EngineCore``) are left alone but for the
+``-engine`` mode above; the cores
 vLLM pinned their OpenMP threads to are the engine's cores. Each phase is vLLM's own
 benchmark client (``vllm bench serve`` through its Python API, as in ``overhead.py``):
 random 128-token prompts, ``--max-tokens`` output tokens, ``ignore_eos``, closed loop at
-``--concurrency``, fresh prompts per phase. A discarded warm-up phase comes first.
+``--concurrency``, fresh prompts per phase; or, with ``--client fleetserve``,
+``overhead.py``'s own client (fixed prompts per index, so prefix-cache hits and a higher
+token rate). A discarded warm-up phase comes first.
 Reported per phase: output tok/s and TTFT p50; then each mode's mean and the ratio
 apart / shared.
 
@@ -38,6 +44,8 @@ apart / shared.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -57,8 +65,9 @@ from overhead import (
     process_tree,
     run_vllm_phase,
 )
+from overhead import run_phase as run_own_phase
 
-MODES = ("apart", "shared", "nice0", "apart-nice0")
+MODES = ("apart", "shared", "nice0", "apart-nice0", "apart-nice0-engine")
 RAY_WORKER_NICENESS = 15  # Ray 2.60's default for every worker it starts
 
 
@@ -113,7 +122,14 @@ def ray_workers(root: int) -> list[int]:
     return [pid for pid, title in titled_tree(root) if title.startswith((b"ray::", b"VLLM::"))]
 
 
-def place(root: int, host: set[int], mode: str, workers: list[int]) -> str:
+def loose_engine_threads(root: int, host: set[int]) -> list[int]:
+    """The engine's threads that may run on every core (vLLM pinned only its OpenMP ones),
+    read once before any phase moves them."""
+    engine, _, _ = split(root, host)
+    return [tid for pid in engine for tid, cores in thread_cores(pid).items() if cores == host]
+
+
+def place(root: int, host: set[int], mode: str, workers: list[int], loose: list[int]) -> str:
     """Put every non-engine thread on the cores ``mode`` says and Ray's workers' threads at
     its niceness; a line describing it."""
     engine, pinned, others = split(root, host)
@@ -129,6 +145,11 @@ def place(root: int, host: set[int], mode: str, workers: list[int]) -> str:
                 moved += 1
             except OSError:
                 continue
+    # The engine's threads vLLM did not pin: on the engine's cores in the -engine mode,
+    # else on every core (as vLLM leaves them).
+    for tid in loose:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(tid, pinned if mode.endswith("-engine") else host)
     for pid in workers:
         for tid in thread_cores(pid):
             try:
@@ -140,14 +161,20 @@ def place(root: int, host: set[int], mode: str, workers: list[int]) -> str:
     return (
         f"{mode}: {moved} threads of {len(others)} processes on cores {sorted(cores)}; "
         f"engine {sorted(engine)} pinned to {sorted(pinned)}; {reniced} threads of "
-        f"{len(workers)} Ray workers at niceness {nice}"
+        f"{len(workers)} Ray workers at niceness {nice}; {len(loose)} unpinned engine threads on "
+        f"{sorted(pinned if mode.endswith('-engine') else host)}"
     )
 
 
 def run_phase(
     server: Server, config: EngineConfig, args: argparse.Namespace, name: str, seed: int
 ) -> Phase:
-    """One phase of vLLM's client (overhead.py's runner, so the same arguments)."""
+    """One phase of the chosen client (overhead.py's runners, so the same arguments)."""
+    if args.client == "fleetserve":
+        per_client = -(-args.requests // args.concurrency)
+        return asyncio.run(
+            run_own_phase(server.url, config.name, args.concurrency, per_client, args.max_tokens)
+        )
     result = args.out / f"{name}.json"
     return run_vllm_phase(
         server.url, config, args.concurrency, args.requests, args.max_tokens, seed, result
@@ -157,6 +184,7 @@ def run_phase(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--phases", nargs="+", choices=MODES, default=["apart", "shared"] * 3)
+    parser.add_argument("--client", choices=["vllm", "fleetserve"], default="vllm")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--requests", type=int, default=16, help="requests per phase")
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -178,9 +206,10 @@ def main() -> None:
         print(f"ready in {server.start(args.ready_timeout_s):.0f} s", flush=True)
         assert server.root is not None
         workers = ray_workers(server.root)
+        loose = loose_engine_threads(server.root, host)
         run_phase(server, config, args, "warmup", 1)
         for i, mode in enumerate(args.phases):
-            print(place(server.root, host, mode, workers), flush=True)
+            print(place(server.root, host, mode, workers, loose), flush=True)
             with background_load(args.background_load, max_s=1800):
                 phase = run_phase(server, config, args, f"{i}-{mode}", 100 + i)
             row = {
