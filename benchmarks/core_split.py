@@ -28,8 +28,8 @@ Modes without ``nice0`` put those threads at 15 (Ray's default).
 session of its own (``overhead.py``'s loaded host).
 
 The engine's processes (vLLM titles them ``VLLM::EngineCore``) are left alone but for the
-``-engine`` mode above; the cores
-vLLM pinned their OpenMP threads to are the engine's cores. Each phase is vLLM's own
+``-engine`` mode above; the cores vLLM pinned their OpenMP threads to are the engine's
+cores. Each phase is vLLM's own
 benchmark client (``vllm bench serve`` through its Python API, as in ``overhead.py``):
 random 128-token prompts, ``--max-tokens`` output tokens, ``ignore_eos``, closed loop at
 ``--concurrency``, fresh prompts per phase; or, with ``--client fleetserve``,
