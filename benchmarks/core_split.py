@@ -48,6 +48,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import statistics
 import sys
 from pathlib import Path
@@ -136,7 +137,7 @@ def place(root: int, host: set[int], mode: str, workers: list[int], loose: list[
     if not pinned:
         raise SystemExit("no engine thread is pinned to a core here: nothing to compare")
     cores = host - pinned if mode.startswith("apart") else host
-    nice = 0 if mode.endswith("nice0") else RAY_WORKER_NICENESS
+    nice = 0 if "nice0" in mode else RAY_WORKER_NICENESS
     moved = reniced = 0
     for pid in others:
         for tid in thread_cores(pid):
@@ -195,6 +196,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("out/core-split"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    # A SIGTERM (``timeout``) unwinds like Ctrl-C, so the server below is stopped, not left
+    # running with its Ray.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     config = engine_config(bench_fleet({}))
     host = os.sched_getaffinity(0)
