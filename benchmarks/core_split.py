@@ -138,6 +138,9 @@ def place(root: int, host: set[int], mode: str, workers: list[int], loose: list[
         raise SystemExit("no engine thread is pinned to a core here: nothing to compare")
     cores = host - pinned if mode.startswith("apart") else host
     nice = 0 if "nice0" in mode else RAY_WORKER_NICENESS
+    # The engine's threads vLLM did not pin: on the engine's cores in the -engine mode,
+    # else on every core (as vLLM leaves them).
+    loose_cores = pinned if mode.endswith("-engine") else host
     moved = reniced = 0
     for pid in others:
         for tid in thread_cores(pid):
@@ -146,11 +149,9 @@ def place(root: int, host: set[int], mode: str, workers: list[int], loose: list[
                 moved += 1
             except OSError:
                 continue
-    # The engine's threads vLLM did not pin: on the engine's cores in the -engine mode,
-    # else on every core (as vLLM leaves them).
     for tid in loose:
         with contextlib.suppress(OSError):
-            os.sched_setaffinity(tid, pinned if mode.endswith("-engine") else host)
+            os.sched_setaffinity(tid, loose_cores)
     for pid in workers:
         for tid in thread_cores(pid):
             try:
@@ -163,7 +164,7 @@ def place(root: int, host: set[int], mode: str, workers: list[int], loose: list[
         f"{mode}: {moved} threads of {len(others)} processes on cores {sorted(cores)}; "
         f"engine {sorted(engine)} pinned to {sorted(pinned)}; {reniced} threads of "
         f"{len(workers)} Ray workers at niceness {nice}; {len(loose)} unpinned engine threads on "
-        f"{sorted(pinned if mode.endswith('-engine') else host)}"
+        f"{sorted(loose_cores)}"
     )
 
 

@@ -44,6 +44,7 @@ async def hop(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 
 def deadline(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``Gateway._relay``'s loop without its error events (which a Gateway instance needs)."""
     deadlines = Deadlines(600.0)
     wait = deadlines.open("m")
 
