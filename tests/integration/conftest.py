@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -161,6 +162,8 @@ def joined_ray(server: ServerProcess) -> Iterator[None]:
 #: workers and vLLM's processes inherit the server's environment, so the value finds every
 #: process of that server's tree, whatever session or process group Ray put it in.
 MARK_VAR = "FLEETSERVE_TEST_TREE"
+#: ``MARK_VAR``'s value on the session's shared ``fleetserve_url`` server.
+SHARED_MARK = f"shared-{uuid.uuid4().hex[:12]}"
 
 
 def marked_processes(mark: str) -> dict[int, str]:
@@ -214,11 +217,23 @@ def fleetserve_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     port = free_port()
     log = tmp_path_factory.mktemp("fleetserve") / "fleetserve.log"
-    server = ServerProcess("fleetserve", fleetserve_argv("--port", str(port)), log)
+    server = ServerProcess(
+        "fleetserve", fleetserve_argv("--port", str(port)), log, env={MARK_VAR: SHARED_MARK}
+    )
     url = f"http://127.0.0.1:{port}"
     server.wait_ready(f"{url}/ready", log_line=FLEETSERVE_READY)
     yield url
     server.stop()
+
+
+@pytest.fixture
+def fleetserve_processes(fleetserve_url: str) -> dict[int, str]:
+    """PID -> command line of every live process of the ``fleetserve_url`` server now, the
+    ``fleetserve serve`` driver included; skips where that server is not ours to inspect
+    (``FLEETSERVE_TEST_URL``)."""
+    if os.environ.get("FLEETSERVE_TEST_URL"):
+        pytest.skip("FLEETSERVE_TEST_URL: the server's processes are not this session's")
+    return marked_processes(SHARED_MARK)
 
 
 @pytest.fixture(scope="session")

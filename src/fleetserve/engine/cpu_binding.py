@@ -35,10 +35,21 @@ it the split lost ~10 % under load). So when ``fleetserve serve`` starts a
 local Ray for CPU engines, it starts Ray on the *serving cores*
 (:func:`serving_cores`: the host's cores less those its engines will claim, which are the
 lowest claimable ones, since every claim takes the lowest free core), and every Ray process
-and worker inherits that affinity. An engine's own processes are spawned with the host's
-cores (:func:`spawned_on`; ``FLEETSERVE_HOST_CPUS`` carries them from the driver), so vLLM
-can pin its OpenMP threads to the claimed cores (libgomp drops places outside the affinity
-it starts with) and an unpinned engine can use every core.
+and worker inherits that affinity.
+
+**An engine's own processes start on its claimed cores** (:func:`engine_cores`,
+:func:`spawned_on`), not on the serving cores the replica inherited from Ray: libgomp drops
+OpenMP places outside the affinity a process starts with, so vLLM could not pin its threads
+to the claimed cores from there. Nor on the host's: vLLM pins only its OpenMP threads, and
+the rest of ``VLLM::EngineCore`` (its scheduler loop and socket threads, which busy-poll
+while the model steps) would roam every core, the serving layer's and other engines'
+included. Measured in place on one loaded 2-CPU server (our client, concurrency 8, phases
+alternating): those threads kept on the engine's core gave +2.0 % tok/s, every such phase
+ahead (docs/benchmarks.md, overhead). It also puts vLLM's memory-node choice (the node of
+the first core the worker may use) on the node of the cores it computes on. An engine that
+claimed nothing (``nobind``: more engines than cores) starts on the host's cores
+(``FLEETSERVE_HOST_CPUS`` carries them from a driver that narrowed its own), so it can use
+every core.
 """
 
 from __future__ import annotations
@@ -132,6 +143,12 @@ def spawned_on(cores: list[int]) -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
+
+
+def engine_cores(claim: CoreClaim | None, host: list[int]) -> list[int]:
+    """The cores an engine's processes start on: the cores it claimed, else (vLLM's own
+    binding, or ``nobind``) the host's."""
+    return list(claim.cores) if claim is not None and claim.cores else list(host)
 
 
 def format_cores(cores: list[int]) -> str:

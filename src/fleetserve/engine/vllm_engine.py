@@ -43,6 +43,7 @@ from fleetserve.engine.cpu_binding import (
     CoreClaim,
     claim_cores,
     cores_wanted,
+    engine_cores,
     host_cores,
     spawned_on,
 )
@@ -124,9 +125,9 @@ class VllmEngine:
         # The engine core process AsyncLLM spawns must not outlive this replica
         # (engine/reaper.py): note our children before, guard the new ones after.
         self._processes = EngineProcesses()
-        # The engine core starts on the host's cores, not the serving cores this replica
-        # inherited from Ray, so that vLLM can pin it to the claimed ones (cpu_binding).
-        with spawned_on(host_cores()):
+        # The engine core and its worker start on the cores this engine claimed, not on the
+        # serving cores this replica inherited from Ray (cpu_binding.engine_cores).
+        with spawned_on(engine_cores(self._cores, host_cores())):
             self._engine = AsyncLLM.from_vllm_config(
                 vllm_config=vllm_config,
                 usage_context=UsageContext.OPENAI_API_SERVER,

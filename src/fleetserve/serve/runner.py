@@ -253,7 +253,8 @@ class FleetServer:
             os.environ.setdefault(key, value)
         serving = self._serving_cores()
         if serving is not None:
-            # Engines spawn their processes on the host's cores again (cpu_binding).
+            # Engines claim from the host's cores, not the serving cores they inherit, and
+            # an engine that claims none spawns its processes there (cpu_binding).
             host = format_cores(sorted(os.sched_getaffinity(0)))
             os.environ.setdefault(HOST_CPUS_ENV, host)
             self.console.print(

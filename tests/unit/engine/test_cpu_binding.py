@@ -20,6 +20,7 @@ from fleetserve.engine.cpu_binding import (
     claim_cores,
     claimable,
     cores_wanted,
+    engine_cores,
     format_cores,
     host_cores,
     parse_cores,
@@ -186,3 +187,32 @@ def test_spawned_on_leaves_the_other_threads_of_this_process_alone() -> None:
         done.wait(10)
     thread.join(10)
     assert seen == [mine]
+
+
+def test_an_engine_starts_on_its_claimed_cores_else_the_hosts(tmp_path: Path) -> None:
+    host = list(range(4))
+    claim = claim_cores(2, affinity=host, directory=tmp_path)
+    try:
+        assert engine_cores(claim, host) == [0, 1]
+    finally:
+        claim.release()
+    # more engines than cores (nobind), or vLLM's own binding: the host's cores
+    held = claim_cores(3, affinity=host, directory=tmp_path)
+    try:
+        unpinned = claim_cores(1, affinity=host, directory=tmp_path)
+        assert unpinned.env[BIND_ENV] == NO_BIND
+        assert engine_cores(unpinned, host) == host
+    finally:
+        held.release()
+    assert engine_cores(None, host) == host
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPU cores")
+def test_an_engines_processes_get_the_cores_it_claimed(tmp_path: Path) -> None:
+    host = sorted(os.sched_getaffinity(0))
+    claim = claim_cores(1, affinity=host, directory=tmp_path)
+    try:
+        with spawned_on(engine_cores(claim, host)):
+            assert _child_affinity() == set(claim.cores) == {host[0]}
+    finally:
+        claim.release()

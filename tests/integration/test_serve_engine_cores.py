@@ -1,0 +1,92 @@
+"""Where the processes of a running fleetserve run, on the real engine (default fleet).
+
+``engine/cpu_binding.py`` gives a CPU engine cores of its own and keeps the rest of the
+fleet off them. vLLM pins only its OpenMP threads; every other thread of ``VLLM::EngineCore``
+and ``VLLM::Worker`` (the scheduler loop and socket threads busy-poll while the model steps)
+runs wherever the process started. They must start on the engine's claimed cores, or they
+roam the serving layer's core and other engines' cores. The fake-engine and unit seams
+are in tests/unit/engine/test_cpu_binding.py; this is vLLM's own process tree.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fleetserve.engine.cpu_binding import BIND_ENV, NO_BIND, parse_cores
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(1800)]
+
+
+def thread_cores(pid: int) -> dict[int, list[int]]:
+    """Thread id -> the cores it may run on, for every thread of ``pid`` still alive."""
+    out: dict[int, list[int]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except OSError:
+            continue  # the thread ended while we looked
+        for line in status.splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                out[int(task.name)] = parse_cores(line.split(":", 1)[1].strip())
+    return out
+
+
+def affinity(pid: int) -> set[int]:
+    """The cores ``pid`` may run on; none for a process that has ended."""
+    try:
+        return os.sched_getaffinity(pid)
+    except ProcessLookupError:
+        return set()
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
+
+
+def test_the_engines_processes_and_only_they_run_on_its_claimed_cores(
+    fleetserve_processes: dict[int, str],
+) -> None:
+    # vLLM's processes, and the idle resource tracker Python's multiprocessing starts with
+    # the first process it spawns (the engine core): both start on the engine's cores.
+    engine = {
+        p: c
+        for p, c in fleetserve_processes.items()
+        if "VLLM::" in c or "multiprocessing.resource_tracker" in c
+    }
+    names = sorted(engine.values())
+    assert any("VLLM::EngineCore" in c for c in names), fleetserve_processes
+    core = next(p for p, c in engine.items() if "VLLM::EngineCore" in c)
+    binding = environ(core).get(BIND_ENV)
+    assert binding is not None, f"no {BIND_ENV} in the engine core's environment"
+    if binding == NO_BIND:
+        pytest.skip(f"the engine claimed no core on this host ({BIND_ENV}={NO_BIND})")
+    claimed = set(parse_cores(binding))
+    host = set(os.sched_getaffinity(0))
+
+    roaming = {
+        (engine[pid], tid): cores
+        for pid in engine
+        for tid, cores in thread_cores(pid).items()
+        if not set(cores) <= claimed
+    }
+    assert roaming == {}, f"engine threads outside its cores {sorted(claimed)}"
+
+    if claimed == host:
+        return  # a one-core host: nothing is left to keep the rest of the fleet on
+    # Ray's daemons and workers (the replica's own Python included) run on the serving
+    # cores; the `fleetserve serve` driver keeps the host's.
+    rest = {
+        pid: cmd
+        for pid, cmd in fleetserve_processes.items()
+        if pid not in engine and "fleetserve.cli serve" not in cmd
+    }
+    assert rest, fleetserve_processes
+    on_engine = {
+        cmd: sorted(cores) for pid, cmd in rest.items() if (cores := affinity(pid)) & claimed
+    }
+    assert on_engine == {}, f"processes on the engine's cores {sorted(claimed)}"
