@@ -20,16 +20,17 @@ controller, the proxy, the replicas; Ray starts them at 15, its daemons at 0):
   for CPU engines since 2026-12-02.
 * ``apart-nice0-engine``: ``apart-nice0``, and the engine's threads that vLLM did not pin
   (``VLLM::EngineCore``, the worker's helper threads) kept on the engine's cores too, away
-  from the serving processes (otherwise they run on every core, as under ``vllm serve``).
+  from the serving processes - how ``fleetserve serve`` starts them since a8436e3. The
+  other modes put those threads on every core, as ``vllm serve`` and the builds before
+  a8436e3 leave them.
 
 Modes without ``nice0`` put those threads at 15 (Ray's default).
 
 ``--background-load N`` runs every phase with N busy processes at niceness 0, each in a
 session of its own (``overhead.py``'s loaded host).
 
-The engine's processes (vLLM titles them ``VLLM::EngineCore``) are left alone but for the
-``-engine`` mode above; the cores vLLM pinned their OpenMP threads to are the engine's
-cores. Each phase is vLLM's own
+The engine's pinned threads are left alone; the cores vLLM pinned its OpenMP threads to
+are the engine's cores. Each phase is vLLM's own
 benchmark client (``vllm bench serve`` through its Python API, as in ``overhead.py``):
 random 128-token prompts, ``--max-tokens`` output tokens, ``ignore_eos``, closed loop at
 ``--concurrency``, fresh prompts per phase; or, with ``--client fleetserve``,
@@ -124,10 +125,17 @@ def ray_workers(root: int) -> list[int]:
 
 
 def loose_engine_threads(root: int, host: set[int]) -> list[int]:
-    """The engine's threads that may run on every core (vLLM pinned only its OpenMP ones),
-    read once before any phase moves them."""
-    engine, _, _ = split(root, host)
-    return [tid for pid in engine for tid, cores in thread_cores(pid).items() if cores == host]
+    """The engine's threads vLLM did not pin, read once before any phase moves them: every
+    thread of ``VLLM::EngineCore`` (it runs no OpenMP; the worker does) and any other engine
+    thread that may run on every core. Since a8436e3 fleetserve starts them on the engine's
+    cores, so ``cores == host`` alone no longer finds them."""
+    return [
+        tid
+        for pid, title in titled_tree(root)
+        if title.startswith(b"VLLM::")
+        for tid, cores in thread_cores(pid).items()
+        if cores == host or title.startswith(b"VLLM::EngineCore")
+    ]
 
 
 def place(root: int, host: set[int], mode: str, workers: list[int], loose: list[int]) -> str:
