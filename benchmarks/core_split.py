@@ -23,6 +23,8 @@ controller, the proxy, the replicas; Ray starts them at 15, its daemons at 0):
   from the serving processes - how ``fleetserve serve`` starts them since a8436e3. The
   other modes put those threads on every core, as ``vllm serve`` and the builds before
   a8436e3 leave them.
+* ``apart-nice0-serving``: ``apart-nice0``, with those threads on the serving cores
+  instead (the worker's cores left to its OpenMP threads alone).
 
 Modes without ``nice0`` put those threads at 15 (Ray's default).
 
@@ -69,7 +71,7 @@ from overhead import (
 )
 from overhead import run_phase as run_own_phase
 
-MODES = ("apart", "shared", "nice0", "apart-nice0", "apart-nice0-engine")
+MODES = ("apart", "shared", "nice0", "apart-nice0", "apart-nice0-engine", "apart-nice0-serving")
 RAY_WORKER_NICENESS = 15  # Ray 2.60's default for every worker it starts
 
 
@@ -100,17 +102,20 @@ def titled_tree(root: int) -> list[tuple[int, bytes]]:
     return out
 
 
-def split(root: int, host: set[int]) -> tuple[set[int], set[int], list[int]]:
+def split(
+    root: int, host: set[int], loose: frozenset[int] = frozenset()
+) -> tuple[set[int], set[int], list[int]]:
     """The engine's processes (vLLM titles them ``VLLM::EngineCore`` / ``VLLM::Worker``),
-    the cores vLLM pinned their threads to, and every other process of the server."""
+    the cores vLLM pinned their threads to (the ``loose`` threads, which phases move, are
+    not vLLM's pinning), and every other process of the server."""
     engine: set[int] = set()
     pinned: set[int] = set()
     others: list[int] = []
     for pid, title in titled_tree(root):
         if title.startswith(b"VLLM::"):
             engine.add(pid)
-            for cores in thread_cores(pid).values():
-                if cores < host:
+            for tid, cores in thread_cores(pid).items():
+                if cores < host and tid not in loose:
                     pinned.update(cores)
         else:
             others.append(pid)
@@ -141,14 +146,16 @@ def loose_engine_threads(root: int, host: set[int]) -> list[int]:
 def place(root: int, host: set[int], mode: str, workers: list[int], loose: list[int]) -> str:
     """Put every non-engine thread on the cores ``mode`` says and Ray's workers' threads at
     its niceness; a line describing it."""
-    engine, pinned, others = split(root, host)
+    engine, pinned, others = split(root, host, frozenset(loose))
     if not pinned:
         raise SystemExit("no engine thread is pinned to a core here: nothing to compare")
     cores = host - pinned if mode.startswith("apart") else host
     nice = 0 if "nice0" in mode else RAY_WORKER_NICENESS
-    # The engine's threads vLLM did not pin: on the engine's cores in the -engine mode,
-    # else on every core (as vLLM leaves them).
-    loose_cores = pinned if mode.endswith("-engine") else host
+    # The engine's threads vLLM did not pin: on the engine's cores in the -engine mode, on
+    # the serving cores in the -serving mode, else on every core (as vLLM leaves them).
+    loose_cores = (
+        pinned if mode.endswith("-engine") else host - pinned if mode.endswith("-serving") else host
+    )
     moved = reniced = 0
     for pid in others:
         for tid in thread_cores(pid):

@@ -616,6 +616,56 @@ def describe_processes(root: int, top: int = 6) -> list[dict[str, Any]]:
     return rows[:top]
 
 
+def place_like_fleetserve(root: int) -> str:
+    """Give a running ``vllm serve`` fleetserve's CPU layout for a CPU engine: every thread
+    of its engine processes (``VLLM::EngineCore``, ``VLLM::Worker``) on the cores vLLM pinned
+    the worker's OpenMP threads to, every other thread (the API server) on the rest.
+
+    Why: fleetserve starts its engine's processes on the engine's claimed cores and its
+    serving layer on the others (engine/cpu_binding.py), while ``vllm serve`` leaves
+    ``EngineCore`` (its scheduler loop and socket threads busy-poll while the model steps)
+    and the API server on every core. A ratio above 1 must come from such a difference, not
+    from the layer; this puts both servers on one layout so the ratio measures the layer.
+    """
+    host = set(os.sched_getaffinity(0))
+    tree: list[tuple[int, bool, dict[int, set[int]]]] = []
+    for pid in process_tree(root):
+        try:
+            engine = Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::")
+            threads = {
+                int(tid): set(os.sched_getaffinity(int(tid)))
+                for tid in os.listdir(f"/proc/{pid}/task")
+            }
+        except OSError:
+            continue
+        tree.append((pid, engine, threads))
+    pinned = {
+        c
+        for _, e, threads in tree
+        if e
+        for cores in threads.values()
+        if cores < host
+        for c in cores
+    }
+    if not pinned or pinned == host:
+        return "vllm serve: no engine thread is pinned to a subset of the cores; left as started"
+    rest = host - pinned
+    moved = {"engine": 0, "serving": 0}
+    for _, engine, threads in tree:
+        for tid, cores in threads.items():
+            if engine and cores < host:
+                continue  # vLLM's own pinning
+            try:
+                os.sched_setaffinity(tid, pinned if engine else rest)
+            except OSError:
+                continue  # the thread ended
+            moved["engine" if engine else "serving"] += 1
+    return (
+        f"vllm serve placed like fleetserve: {moved['engine']} engine threads on cores "
+        f"{sorted(pinned)}, {moved['serving']} API server threads on {sorted(rest)}"
+    )
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -677,6 +727,13 @@ def main() -> None:
         type=int,
         default=0,
         help="start `vllm serve` at this niceness (Ray runs its engines at 15)",
+    )
+    ap.add_argument(
+        "--vllm-placement",
+        choices=["as-started", "fleetserve"],
+        default="as-started",
+        help="fleetserve: once `vllm serve` is ready, put its engine processes on the cores "
+        "vLLM pinned its worker to and its API server on the others, fleetserve's layout",
     )
     ap.add_argument(
         "--engine-arg",
@@ -799,6 +856,10 @@ def main() -> None:
                 server.launch()
             took = server.wait_ready(args.start_timeout)
             print(f"  {server.name} ready in {took:.0f} s", flush=True)
+            if target_of(server) == "vllm" and args.vllm_placement == "fleetserve":
+                if server.root is None:
+                    raise SystemExit("--vllm-placement fleetserve needs a vllm serve it starts")
+                print(f"  {place_like_fleetserve(server.root)}", flush=True)
             # Warm-up, discarded: one phase per concurrency and client, so the batch shapes
             # each server meets first (vLLM CPU compiles some on first sight) are not timed.
             # An attached server was warmed up by the run that started it.
