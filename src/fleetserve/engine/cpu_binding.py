@@ -43,9 +43,10 @@ OpenMP places outside the affinity a process starts with, so vLLM could not pin 
 to the claimed cores from there. Nor on the host's: vLLM pins only its OpenMP threads, and
 the rest of ``VLLM::EngineCore`` (its scheduler loop and socket threads, which busy-poll
 while the model steps) would roam every core, the serving layer's and other engines'
-included. Measured in place on one loaded 2-CPU server (our client, concurrency 8, phases
-alternating): those threads kept on the engine's core gave +2.0 % tok/s, every such phase
-ahead (docs/benchmarks.md, overhead). It also puts vLLM's memory-node choice (the node of
+included. Measured in place on one 2-CPU server (our client, phases alternating), those
+threads on the engine's core against on every core: +2.0 % tok/s loaded at concurrency 8,
++6.6 % quiet at 32; on the serving core instead they lost 23 % (docs/benchmarks.md,
+overhead). It also puts vLLM's memory-node choice (the node of
 the first core the worker may use) on the node of the cores it computes on. An engine that
 claimed nothing (``nobind``: more engines than cores) starts on the host's cores
 (``FLEETSERVE_HOST_CPUS`` carries them from a driver that narrowed its own), so it can use
