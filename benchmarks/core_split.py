@@ -66,40 +66,14 @@ from overhead import (
     bench_fleet,
     engine_config,
     percentile,
-    process_tree,
     run_vllm_phase,
+    thread_cores,
+    titled_tree,
 )
 from overhead import run_phase as run_own_phase
 
 MODES = ("apart", "shared", "nice0", "apart-nice0", "apart-nice0-engine", "apart-nice0-serving")
 RAY_WORKER_NICENESS = 15  # Ray 2.60's default for every worker it starts
-
-
-def thread_cores(pid: int) -> dict[int, set[int]]:
-    """Each thread of ``pid`` and its CPU affinity (threads that exit are skipped)."""
-    out: dict[int, set[int]] = {}
-    try:
-        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            out[tid] = os.sched_getaffinity(tid)
-        except OSError:
-            continue
-    return out
-
-
-def titled_tree(root: int) -> list[tuple[int, bytes]]:
-    """Each live process of ``root``'s tree with its command line (Ray and vLLM title their
-    processes there: ``ray::...``, ``VLLM::...``)."""
-    out: list[tuple[int, bytes]] = []
-    for pid in process_tree(root):
-        try:
-            out.append((pid, Path(f"/proc/{pid}/cmdline").read_bytes()))
-        except OSError:
-            continue
-    return out
 
 
 def split(

@@ -534,6 +534,33 @@ def process_tree(root: int) -> list[int]:
     return out
 
 
+def thread_cores(pid: int) -> dict[int, set[int]]:
+    """Each thread of ``pid`` and its CPU affinity (threads that exit are skipped)."""
+    out: dict[int, set[int]] = {}
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            out[tid] = os.sched_getaffinity(tid)
+        except OSError:
+            continue
+    return out
+
+
+def titled_tree(root: int) -> list[tuple[int, bytes]]:
+    """Each live process of ``root``'s tree with its command line (Ray and vLLM title their
+    processes there: ``ray::...``, ``VLLM::...``)."""
+    out: list[tuple[int, bytes]] = []
+    for pid in process_tree(root):
+        try:
+            out.append((pid, Path(f"/proc/{pid}/cmdline").read_bytes()))
+        except OSError:
+            continue
+    return out
+
+
 def tree_cpu(root: int) -> dict[int, tuple[bool, float]]:
     """CPU seconds so far of every process under `root`, flagged True for vLLM's engine
     processes (titled ``VLLM::EngineCore`` and, for its model runner, ``VLLM::Worker``)."""
@@ -628,21 +655,11 @@ def place_like_fleetserve(root: int) -> str:
     from the layer; this puts both servers on one layout so the ratio measures the layer.
     """
     host = set(os.sched_getaffinity(0))
-    tree: list[tuple[int, bool, dict[int, set[int]]]] = []
-    for pid in process_tree(root):
-        try:
-            engine = Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::")
-            threads = {
-                int(tid): set(os.sched_getaffinity(int(tid)))
-                for tid in os.listdir(f"/proc/{pid}/task")
-            }
-        except OSError:
-            continue
-        tree.append((pid, engine, threads))
+    tree = [(title.startswith(b"VLLM::"), thread_cores(pid)) for pid, title in titled_tree(root)]
     pinned = {
         c
-        for _, e, threads in tree
-        if e
+        for engine, threads in tree
+        if engine
         for cores in threads.values()
         if cores < host
         for c in cores
@@ -651,7 +668,7 @@ def place_like_fleetserve(root: int) -> str:
         return "vllm serve: no engine thread is pinned to a subset of the cores; left as started"
     rest = host - pinned
     moved = {"engine": 0, "serving": 0}
-    for _, engine, threads in tree:
+    for engine, threads in tree:
         for tid, cores in threads.items():
             if engine and cores < host:
                 continue  # vLLM's own pinning

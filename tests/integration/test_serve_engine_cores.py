@@ -20,26 +20,17 @@ from fleetserve.engine.cpu_binding import BIND_ENV, NO_BIND, parse_cores
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
-def thread_cores(pid: int) -> dict[int, list[int]]:
-    """Thread id -> the cores it may run on, for every thread of ``pid`` still alive."""
-    out: dict[int, list[int]] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            status = (task / "status").read_text()
-        except OSError:
-            continue  # the thread ended while we looked
-        for line in status.splitlines():
-            if line.startswith("Cpus_allowed_list:"):
-                out[int(task.name)] = parse_cores(line.split(":", 1)[1].strip())
-    return out
-
-
-def affinity(pid: int) -> set[int]:
-    """The cores ``pid`` may run on; none for a process that has ended."""
+def affinity(task: int) -> set[int]:
+    """The cores a process or thread may run on; none for one that has ended."""
     try:
-        return os.sched_getaffinity(pid)
+        return os.sched_getaffinity(task)
     except ProcessLookupError:
         return set()
+
+
+def thread_cores(pid: int) -> dict[int, set[int]]:
+    """Thread id -> the cores it may run on, for every thread of ``pid``."""
+    return {int(t): affinity(int(t)) for t in os.listdir(f"/proc/{pid}/task")}
 
 
 def environ(pid: int) -> dict[str, str]:
@@ -72,7 +63,7 @@ def test_the_engines_processes_and_only_they_run_on_its_claimed_cores(
         (engine[pid], tid): cores
         for pid in engine
         for tid, cores in thread_cores(pid).items()
-        if not set(cores) <= claimed
+        if not cores <= claimed
     }
     assert roaming == {}, f"engine threads outside its cores {sorted(claimed)}"
 
