@@ -4,8 +4,10 @@ Design note. On a CPU (or small) host every CPU-second the serving layer spends 
 from the engine, so the cost that matters is CPU time per streamed token, not latency on an
 idle box. This benchmark isolates the serving layer: ``fleetserve serve --engine fake``
 (no model; the fake engine streams one SSE event per token every ``--token-delay``
-seconds) is started once with ``server.direct_ingress: true`` (direct ingress + gRPC, the
-default) and once with ``false`` (Ray Serve's proxy path), alternating over ``--rounds``.
+seconds) is started once per ``--paths`` entry, alternating over ``--rounds``: ``direct``
+(the default: direct ingress + gRPC, responses over the multiplexed stream relay),
+``direct-serve-relay`` (the same with ``server.stream_relay: serve``: one Serve streaming
+call per request) and ``proxy`` (``server.direct_ingress: false``: Ray Serve's proxy).
 Each round measures TTFT at concurrency 1 (sequential requests; the fake's first token
 comes after one token delay, so TTFT - delay is the path's latency) and then a burst of
 ``2 x concurrency`` streams, during which the CPU time of every process under the server
@@ -39,6 +41,19 @@ from fleetserve.serve.ports import free_port
 from overhead import one_request, process_tree  # same directory: run as a script
 
 MODEL = "fake-model"
+
+#: Serving paths: name -> (table label, the spec's server block).
+PATHS = {
+    "proxy": ("Serve proxy (direct_ingress: false)", {"direct_ingress": "false"}),
+    "direct-serve-relay": (
+        "fast path, Serve streaming calls (stream_relay: serve)",
+        {"direct_ingress": "true", "stream_relay": "serve"},
+    ),
+    "direct": (
+        "fast path (default: multiplexed relay)",
+        {"direct_ingress": "true", "stream_relay": "multiplexed"},
+    ),
+}
 
 
 @dataclass
@@ -192,17 +207,17 @@ async def measure(url: str, root: int, args: argparse.Namespace) -> PathRun:
     return PathRun(statistics.median(ttfts) * 1000, tokens, wall, cpu_by_label(before, after), idle)
 
 
-def run_server(direct_ingress: bool, args: argparse.Namespace, tmp: Path) -> PathRun:
-    spec = tmp / f"fleet-{direct_ingress}.yaml"
+def run_server(path: str, args: argparse.Namespace, tmp: Path) -> PathRun:
+    spec = tmp / f"fleet-{path}.yaml"
     spec.write_text(
         f"models:\n  - name: {MODEL}\n    source: fake\n    max_model_len: 2048\n"
         f"    replicas: {{max_ongoing_requests: {4 * args.concurrency}}}\n"
-        f"server:\n  direct_ingress: {str(direct_ingress).lower()}\n"
+        "server:\n" + "".join(f"  {k}: {v}\n" for k, v in PATHS[path][1].items())
     )
     port = free_port()
     argv = [sys.executable, "-m", "fleetserve.cli", "serve", str(spec), "--port", str(port)]
     argv += ["--engine", "fake", "--fake-token-delay", str(args.token_delay)]
-    log = (tmp / f"serve-{direct_ingress}.log").open("wb")
+    log = (tmp / f"serve-{path}.log").open("wb")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -242,9 +257,9 @@ def main() -> None:
     ap.add_argument(
         "--paths",
         nargs="+",
-        choices=["direct", "proxy"],
-        default=["direct", "proxy"],
-        help="which serving paths to start (fast path = direct)",
+        choices=list(PATHS),
+        default=list(PATHS),
+        help="which serving paths to start (direct = the default fast path)",
     )
     ap.add_argument(
         "--py-spy",
@@ -256,16 +271,16 @@ def main() -> None:
         "--py-spy-native", action="store_true", help="with --py-spy: sample native frames too"
     )
     args = ap.parse_args()
-    runs: dict[bool, list[PathRun]] = {True: [], False: []}
+    runs: dict[str, list[PathRun]] = {p: [] for p in PATHS}
     with tempfile.TemporaryDirectory(prefix="fs-serve-path-") as tmp:
         for rnd in range(args.rounds):
-            order = (True, False) if rnd % 2 == 0 else (False, True)
-            for direct in (d for d in order if ("direct" if d else "proxy") in args.paths):
-                r = run_server(direct, args, Path(tmp))
-                runs[direct].append(r)
+            order = args.paths if rnd % 2 == 0 else args.paths[::-1]
+            for path in order:
+                r = run_server(path, args, Path(tmp))
+                runs[path].append(r)
                 cpu = sum(r.cpu_s.values())
                 print(
-                    f"round {rnd + 1} direct_ingress={direct!s:<5} ttft p50 "
+                    f"round {rnd + 1} {path:<18} ttft p50 "
                     f"{r.ttft_p50_ms:.1f} ms, {r.tokens} tokens, "
                     f"{1000 * cpu / r.tokens:.2f} CPU-ms/token, idle "
                     f"{sum(r.idle_pct.values()):.1f} % of a core",
@@ -281,12 +296,8 @@ def main() -> None:
         + " |"
     )
     print("|---|---:|---:|---:|" + "---:|" * len(names))
-    paths = (
-        (False, "Serve proxy (direct_ingress: false)"),
-        (True, "fast path (default)"),
-    )
-    for direct, label in paths:
-        rs = runs[direct]
+    for path, (label, _) in PATHS.items():
+        rs = runs[path]
         if not rs:
             continue
         tokens = sum(r.tokens for r in rs)
@@ -309,8 +320,8 @@ def main() -> None:
         print("Idle CPU, % of one core (mean over starts):")
         print("| path | total | " + " | ".join(idle_names) + " |")
         print("|---|---:|" + "---:|" * len(idle_names))
-        for direct, label in paths:
-            rs = runs[direct]
+        for path, (label, _) in PATHS.items():
+            rs = runs[path]
             if not rs:
                 continue
             per = {n: statistics.mean(r.idle_pct.get(n, 0.0) for r in rs) for n in idle_names}

@@ -819,6 +819,16 @@ class ServerSpec(StrictModel):
         "skips the HTTP proxy's hop. Off: Serve's proxy listens on `port`. A joined "
         "cluster (--address) keeps its own settings.",
     )
+    stream_relay: Literal["multiplexed", "serve"] = Field(
+        default="multiplexed",
+        description="How model replicas send responses to the ingress. `multiplexed`: "
+        "requests go through Ray Serve, responses over one connection per replica and "
+        "ingress process, one write per event-loop pass for all of its streams (the ingress "
+        "listens on a Unix socket and on TCP at its Ray node's address, any free port, "
+        "guarded by a per-process secret). `serve`: one Serve streaming call per request, "
+        "one message per chunk (for networks where Ray pods may not reach each other on "
+        "any port).",
+    )
 
 
 #: Render's own volume in every pod: Ray's temp directory (a spec volume may not shadow it).

@@ -181,6 +181,7 @@ def build_application(
             guard.to_args(),
             quota,
             limits=RequestLimits.from_spec(spec.server).to_args(),
+            stream_relay=spec.server.stream_relay,
         )
     )
     return app

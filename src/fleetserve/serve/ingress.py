@@ -18,7 +18,7 @@ from fleetserve.serve.api_keys import ApiKeyTable
 from fleetserve.serve.gateway import Gateway, ModelRoute, create_api
 from fleetserve.serve.limits import RequestLimits, install_http_guard
 from fleetserve.serve.metrics import RayMetricsSink
-from fleetserve.serve.model_client import HandleModelClient
+from fleetserve.serve.model_client import HandleModelClient, StreamRelay
 from fleetserve.serve.quota_guard import GuardConfig, TenantGuard
 from fleetserve.serve.quota_store import HandleQuotaStore
 from fleetserve.serve.scale_to_zero import ColdStart, ColdStartClient
@@ -75,6 +75,7 @@ class Ingress:
         quota: Any = None,
         *,
         limits: dict[str, Any] | None = None,
+        stream_relay: StreamRelay = "multiplexed",
     ) -> None:
         self.limits = RequestLimits.from_args(limits)
         # Before Serve starts this replica's HTTP server (direct ingress): header limits
@@ -83,7 +84,8 @@ class Ingress:
         install_http_guard(self.limits)
         install_address_reuse()
         # Models with replicas.min 0: a request waits (bounded) for their first replica.
-        models = HandleModelClient(handles)
+        models = HandleModelClient(handles, relay=stream_relay)
+        self._models = models
         client = ColdStartClient(
             models,
             {m: ColdStart(**c) for m, c in (cold_starts or {}).items()},
@@ -122,3 +124,9 @@ class Ingress:
         for streams); returns how many were ended. Async: it must run on the loop that
         serves the requests (Serve runs sync methods in a thread)."""
         return self.gateway.deadlines.cut_all("drain")
+
+    def __del__(self) -> None:
+        # Serve calls this when the replica shuts down: stop the relay's listeners.
+        models = getattr(self, "_models", None)  # absent when __init__ failed
+        if models is not None:
+            models.close()

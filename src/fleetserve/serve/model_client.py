@@ -1,6 +1,8 @@
 """How the ingress reaches a model's replicas: a Protocol with a Ray and a local version.
 
-``HandleModelClient`` streams through Ray Serve ``DeploymentHandle``s (the real path);
+``HandleModelClient`` calls the replicas through Ray Serve ``DeploymentHandle``s (the real
+path) and receives their responses over the stream relay (``serve/relay.py``) or, with
+``server.stream_relay: serve``, over Serve's own streaming calls;
 ``LocalModelClient`` calls engines in this process (unit tests of routing, auth and
 errors without Ray). Both map transport failures to the errors the ingress turns into
 HTTP: :class:`ModelOverloadedError` (503 + Retry-After), :class:`ModelUnavailableError`
@@ -11,14 +13,16 @@ Ray's internals (actor ids, class names); the cause is logged on the ingress ins
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from fleetserve.engine.protocol import Engine, EngineRequest, EngineStats, ResponseHead
 from fleetserve.errors import EngineError, ServeError
 from fleetserve.serve.probes import ModelHealth, model_health, status_name
+from fleetserve.serve.relay import END_OF_STREAM, RelayError, RelayReceiver
 from fleetserve.serve.routing import registry
 
 logger = logging.getLogger(__name__)
@@ -27,6 +31,10 @@ logger = logging.getLogger(__name__)
 #: liveness (an engine that died or cannot start), which orchestrators probe every ~10 s;
 #: the replica counts behind fail-fast and readiness are pushed, never cached.
 STATUS_REFRESH_S = 5.0
+
+#: How replicas send responses back: one relay connection per replica (``serve/relay.py``)
+#: or one Serve streaming call per request.
+StreamRelay = Literal["multiplexed", "serve"]
 
 
 class ModelOverloadedError(ServeError):
@@ -78,16 +86,75 @@ class LocalModelClient:
 class HandleModelClient:
     """Ray Serve deployment handles, by model name."""
 
-    def __init__(self, handles: Mapping[str, Any]) -> None:
+    def __init__(self, handles: Mapping[str, Any], relay: StreamRelay = "multiplexed") -> None:
         # Streaming handles are made once: ``.options()`` per request costs a copy.
         self._streams = {
             name: h.options(stream=True, _by_reference=False) for name, h in handles.items()
         }
         self._handles = dict(handles)
+        self._relay_mode = relay
+        self._relay: asyncio.Task[RelayReceiver] | None = None
         # (when read, (application, deployment) -> status) of the last status read.
         self._statuses: tuple[float, dict[tuple[str, str], str]] | None = None
 
-    async def open(self, model: str, request: EngineRequest) -> AsyncIterator[ResponseHead | bytes]:
+    def open(self, model: str, request: EngineRequest) -> AsyncIterator[ResponseHead | bytes]:
+        if self._relay_mode == "serve":
+            return self._open_streaming(model, request)
+        return self._open_relayed(model, request)
+
+    async def _receiver(self) -> RelayReceiver:
+        """This process's relay receiver, started on first use on the loop that serves."""
+        if self._relay is None or (self._relay.done() and self._relay.exception() is not None):
+            self._relay = asyncio.ensure_future(_start_receiver())
+        return await asyncio.shield(self._relay)
+
+    async def _open_relayed(
+        self, model: str, request: EngineRequest
+    ) -> AsyncIterator[ResponseHead | bytes]:
+        try:
+            receiver = await self._receiver()
+        except Exception as e:
+            logger.error("the stream relay cannot start: %r", e)
+            raise ModelUnavailableError(f"model '{model}' cannot be reached; retry later") from e
+        ticket, inbox = receiver.open_stream()
+        try:
+            # A streaming call with one item, the relay connection's id, at its end (see
+            # ModelServer.handle_relayed for why not a unary call).
+            response = self._streams[model].handle_relayed.remote(request, ticket)
+        except Exception as e:
+            receiver.close_stream(inbox)
+            raise _translate(model, e) from e
+        call = asyncio.ensure_future(_outcome(response))
+        call.add_done_callback(functools.partial(receiver.call_done, inbox))
+        finished = False
+        started = False
+        try:
+            while True:
+                item = await inbox.get()
+                if item is END_OF_STREAM:
+                    if not started:
+                        raise ModelUnavailableError(f"model '{model}' returned no response")
+                    break
+                if isinstance(item, RelayError):
+                    logger.warning("model %r: %s", model, item)
+                    raise ModelUnavailableError(
+                        f"model '{model}': the connection to its replica was lost; retry later"
+                    ) from item
+                if isinstance(item, Exception):
+                    raise _translate(model, item) from item
+                assert isinstance(item, ResponseHead | bytes)
+                started = True
+                yield item
+            finished = True
+        finally:
+            receiver.close_stream(inbox)
+            if not finished:
+                # Client gone or error: make sure the replica stops generating.
+                response.cancel()
+
+    async def _open_streaming(
+        self, model: str, request: EngineRequest
+    ) -> AsyncIterator[ResponseHead | bytes]:
         gen = self._streams[model].handle.remote(request)
         finished = False
         try:
@@ -108,6 +175,11 @@ class HandleModelClient:
             if not finished:
                 # Client gone or error: make sure the replica stops generating.
                 gen.cancel()
+
+    def close(self) -> None:
+        """Stop the relay's listeners (the ingress replica is shutting down)."""
+        if self._relay is not None and self._relay.done() and self._relay.exception() is None:
+            self._relay.result().close()
 
     async def stats(self, model: str, timeout_s: float) -> EngineStats:
         try:
@@ -165,6 +237,23 @@ class HandleModelClient:
                 raise RuntimeError(f"serve.status() has no deployment for model '{model}'")
             out[model] = model_health(dep.replica_states, dep.status)
         return out
+
+
+async def _outcome(response: Any) -> Any:
+    """The last item of a Serve streaming call (a coroutine, so it can run as a task)."""
+    last = None
+    async for item in response:
+        last = item
+    return last
+
+
+async def _start_receiver() -> RelayReceiver:
+    import ray  # noqa: PLC0415 - Ray only where Ray runs
+
+    return await RelayReceiver.start(
+        node_id=ray.get_runtime_context().get_node_id(),
+        tcp_host=ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
+    )
 
 
 def fleet_health(

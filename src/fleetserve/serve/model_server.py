@@ -1,9 +1,11 @@
 """The Ray Serve deployment of one model: a replica owns one engine.
 
 Replicas are started by Serve with the engine's config as a plain dict (it travels in a
-Serve config); ``handle`` streams the engine's response items back to the ingress over a
-streaming ``DeploymentHandle`` call. Serve's health check calls ``check_health``; a dead
-vLLM engine makes the replica unhealthy and Serve replaces it.
+Serve config). ``handle_relayed`` runs one request and sends the engine's response items to
+the ingress over the stream relay (``serve/relay.py``, the default); ``handle`` streams them
+back over a streaming ``DeploymentHandle`` call (``server.stream_relay: serve``). Serve's
+health check calls ``check_health``; a dead vLLM engine makes the replica unhealthy and
+Serve replaces it.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
+import ray
 from ray import serve
 
 from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.factory import create_engine
 from fleetserve.engine.protocol import EngineRequest, ResponseHead
 from fleetserve.engine.signals import KV_CAPACITY_TOKENS, engine_signals
+from fleetserve.serve.relay import RelaySender, RelayTicket, relay_stream
 from fleetserve.serve.routing.ledger import CacheLedger
 
 
@@ -35,6 +39,8 @@ class ModelServer:
         self._engine = create_engine(self._config)
         # The prompt blocks this replica served, reported to the routers (routing.ledger).
         self._ledger = CacheLedger(block_chars)
+        # Connections to the ingresses' stream relays, made on their first stream.
+        self._relay = RelaySender(ray.get_runtime_context().get_node_id())
         await self._engine.start()
 
     async def handle(self, request: EngineRequest) -> AsyncIterator[ResponseHead | bytes]:
@@ -42,6 +48,22 @@ class ModelServer:
         self._ledger.observe(request)
         async for item in self._engine.handle(request):
             yield item
+
+    async def handle_relayed(
+        self, request: EngineRequest, ticket: RelayTicket
+    ) -> AsyncIterator[int]:
+        """Run one request and send its response over the ingress's stream relay.
+
+        The call lasts as long as the stream (Serve counts it as ongoing and cancels it when
+        the ingress does; cancelling closes the engine's stream, which aborts the request).
+        Its one item, at the end, is the relay connection's id: the END frame is queued on
+        it by then. A streaming call, not a unary one, although it carries one item: over
+        gRPC, Serve's router learns that a unary call was accepted only when it has ended,
+        so its routed hook (our routers' load and affinity bookkeeping) would come after
+        the request's completion; a streaming call is confirmed before the first item.
+        """
+        self._ledger.observe(request)
+        yield await relay_stream(self._relay, ticket, self._engine.handle(request))
 
     async def check_health(self) -> None:
         await self._engine.check_health()
@@ -69,4 +91,5 @@ class ModelServer:
         return {**signals, "running": float(stats.running)}
 
     async def __del__(self) -> None:
+        self._relay.close()
         await self._engine.shutdown()
