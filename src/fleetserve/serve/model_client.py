@@ -94,6 +94,9 @@ class HandleModelClient:
         self._handles = dict(handles)
         self._relay_mode = relay
         self._relay: asyncio.Task[RelayReceiver] | None = None
+        # The relayed calls' outcome tasks: held here, since the loop keeps only weak
+        # references to tasks and nobody awaits these (their done callback does the work).
+        self._outcomes: set[asyncio.Future[Any]] = set()
         # (when read, (application, deployment) -> status) of the last status read.
         self._statuses: tuple[float, dict[tuple[str, str], str]] | None = None
 
@@ -104,7 +107,7 @@ class HandleModelClient:
 
     async def _receiver(self) -> RelayReceiver:
         """This process's relay receiver, started on first use on the loop that serves."""
-        if self._relay is None or (self._relay.done() and self._relay.exception() is not None):
+        if self._relay is None or (self._relay.done() and not _succeeded(self._relay)):
             self._relay = asyncio.ensure_future(_start_receiver())
         return await asyncio.shield(self._relay)
 
@@ -125,6 +128,8 @@ class HandleModelClient:
             receiver.close_stream(inbox)
             raise _translate(model, e) from e
         call = asyncio.ensure_future(_outcome(response))
+        self._outcomes.add(call)
+        call.add_done_callback(self._outcomes.discard)
         call.add_done_callback(functools.partial(receiver.call_done, inbox))
         finished = False
         started = False
@@ -178,7 +183,7 @@ class HandleModelClient:
 
     def close(self) -> None:
         """Stop the relay's listeners (the ingress replica is shutting down)."""
-        if self._relay is not None and self._relay.done() and self._relay.exception() is None:
+        if self._relay is not None and self._relay.done() and _succeeded(self._relay):
             self._relay.result().close()
 
     async def stats(self, model: str, timeout_s: float) -> EngineStats:
@@ -237,6 +242,11 @@ class HandleModelClient:
                 raise RuntimeError(f"serve.status() has no deployment for model '{model}'")
             out[model] = model_health(dep.replica_states, dep.status)
         return out
+
+
+def _succeeded(task: asyncio.Future[Any]) -> bool:
+    """A done task that returned (neither cancelled nor raised)."""
+    return not task.cancelled() and task.exception() is None
 
 
 async def _outcome(response: Any) -> Any:
