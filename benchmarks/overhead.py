@@ -49,7 +49,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -412,9 +412,12 @@ def run_vllm_phase(
     max_tokens: int,
     seed: int,
     result: Path,
+    cpus: set[int] | None = None,
 ) -> Phase:
     result.unlink(missing_ok=True)
     argv = [sys.executable, __file__, "--vllm-bench"]
+    if cpus is not None:
+        argv += ["--pin", cpu_list(cpus)]
     argv += vllm_bench_argv(url, config, concurrency, requests, max_tokens, seed, result)
     log = result.with_suffix(".log")
     with log.open("wb") as out:
@@ -437,9 +440,32 @@ def run_vllm_phase(
 
 # --------------------------------------------------------------------------- host load
 
+#: The cores this script may use when it starts (before any --client-cpus pinning).
+HOST_CPUS = frozenset(os.sched_getaffinity(0))
+
+
+def cpu_list(cpus: Iterable[int]) -> str:
+    return ",".join(map(str, sorted(cpus)))
+
+
+@contextmanager
+def pinned(cpus: set[int] | None) -> Iterator[None]:
+    """This thread (the client's event loop) on ``cpus`` while the block runs."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 _BUSY = """
 import os, sys, time
 parent, deadline = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])
+os.sched_setaffinity(0, {int(c) for c in sys.argv[3].split(",")})
 try:
     os.setpriority(os.PRIO_PROCESS, 0, 0)  # normal priority even under a niced parent
 except OSError:
@@ -460,7 +486,8 @@ def background_load(n: int, max_s: float) -> Iterator[None]:
     whichever comes first."""
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _BUSY, str(os.getpid()), str(max_s)],
+            # On every core, even while this process is pinned (--client-cpus).
+            [sys.executable, "-c", _BUSY, str(os.getpid()), str(max_s), cpu_list(HOST_CPUS)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             # Each in a session of its own, like other users' jobs: with sched_autogroup
@@ -688,7 +715,11 @@ def place_like_fleetserve(root: int) -> str:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--vllm-bench":  # child: vLLM's client
-        run_vllm_bench(sys.argv[2:])
+        argv = sys.argv[2:]
+        if argv[:1] == ["--pin"]:  # --client-cpus
+            os.sched_setaffinity(0, {int(c) for c in argv[1].split(",")})
+            argv = argv[2:]
+        run_vllm_bench(argv)
         return
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -786,6 +817,13 @@ def main() -> None:
         help="stop (SIGSTOP) the other servers' processes during each phase, so their idle "
         "CPU does not count against the server measured",
     )
+    ap.add_argument(
+        "--client-cpus",
+        type=lambda v: {int(c) for c in v.split(",")},
+        help="pin the load client (either) to these cores, e.g. the serving core both servers "
+        "share, so where the client's own CPU lands is the same for both (background load "
+        "stays on every core)",
+    )
     ap.add_argument("--serve-rayllm", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--engine-config", help=argparse.SUPPRESS)
@@ -849,11 +887,14 @@ def main() -> None:
                 n = max(c * per_client, min_req)
                 result = args.out / "vllm-client" / f"phase-{next(seq):04d}.json"
                 result.parent.mkdir(exist_ok=True)
-                p = run_vllm_phase(server.url, config, c, n, args.max_tokens, seed, result)
+                p = run_vllm_phase(
+                    server.url, config, c, n, args.max_tokens, seed, result, args.client_cpus
+                )
             else:
-                p = asyncio.run(
-                    run_phase(server.url, config.name, c, per_client, args.max_tokens, min_req)
-                )  # fmt: skip
+                with pinned(args.client_cpus):
+                    p = asyncio.run(
+                        run_phase(server.url, config.name, c, per_client, args.max_tokens, min_req)
+                    )  # fmt: skip
             if root is not None:
                 p.cpu_engine_s, p.cpu_serving_s = cpu_split(before, root)
             return p
