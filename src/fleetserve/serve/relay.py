@@ -27,6 +27,10 @@ step for all of its streams. The relay gives the Ray hop the same shape:
   closes the engine's stream (vLLM aborts the request); frames still in flight for a closed
   stream are dropped.
 
+No flow control, as with Serve's streaming calls (unbounded by default): a slow HTTP client
+lets its stream's frames wait in the ingress's memory, bounded by the request's own
+max_tokens, while the connection keeps serving the other streams.
+
 What must stay true: one stream's frames are written in order on one connection; a replica
 returns from the call only after the stream's END frame is queued on that connection (the
 call's result names it, so a stream whose frames were all lost is still failed); the ingress
@@ -71,6 +75,8 @@ _KINDS = frozenset({HELLO, HEAD, DATA, END})
 #: frames come on (both left the replica before the call's result; the result can still
 #: arrive first). A connection that never says hello then cannot deliver them.
 HELLO_GRACE_S = 30.0
+#: Seconds a new connection has to present the secret (a replica sends it at once).
+HELLO_TIMEOUT_S = 10.0
 #: Ids of closed connections remembered (a call's result may name one after it closed).
 _CLOSED_IDS_KEPT = 4096
 SECRET_BYTES = 32
@@ -231,7 +237,6 @@ class RelayReceiver:
     """The ingress's end: its listeners, its open streams and the replicas' connections."""
 
     def __init__(self, node_id: str, secret: bytes) -> None:
-        self._node_id = node_id
         self._secret = secret
         #: Where replicas reach this receiver (complete once :meth:`start` has listened).
         self.endpoint = RelayEndpoint(node_id, secret)
@@ -396,6 +401,14 @@ class _IngressConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports (Ray Serve's loop) are not asyncio.Transport subclasses.
         self._transport = cast(asyncio.Transport, transport)
+        # A connection that does not say hello in time is dropped: the listeners are open
+        # to the node's network, and a silent connection must not be held for ever.
+        asyncio.get_running_loop().call_later(HELLO_TIMEOUT_S, self._hello_deadline)
+
+    def _hello_deadline(self) -> None:
+        if self._id is None and self._transport is not None and not self._transport.is_closing():
+            logger.warning("relay: dropping a connection that did not say hello")
+            self.abort(RelayError("no hello in time"))
 
     def data_received(self, data: bytes) -> None:
         try:

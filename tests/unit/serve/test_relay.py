@@ -296,3 +296,16 @@ async def test_the_receiver_closes_from_another_thread() -> None:
     assert ticket.endpoint.tcp is not None
     with pytest.raises(ConnectionRefusedError):
         await asyncio.open_connection(*ticket.endpoint.tcp)
+
+
+async def test_a_connection_that_never_says_hello_is_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(relay, "HELLO_TIMEOUT_S", 0.05)
+    receiver = await _receiver(tcp_host="127.0.0.1", unix=False)
+    try:
+        assert receiver.endpoint.tcp is not None
+        reader, _ = await asyncio.open_connection(*receiver.endpoint.tcp)
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the ingress
+    finally:
+        receiver.close()
