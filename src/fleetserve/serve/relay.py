@@ -568,18 +568,13 @@ class RelayConnection(asyncio.Protocol):
         """Queue a head or body frame of ``stream`` (RelayError when the connection is gone)."""
         if isinstance(item, ResponseHead):
             self._write(encode_frame(stream, HEAD, encode_head(item)))
-        elif len(item) <= DATA_FRAME_BYTES:
-            if item:
-                self._write(_HEADER.pack(stream, DATA, len(item)) + item)
-        else:
-            view = memoryview(item)
-            for start in range(0, len(item), DATA_FRAME_BYTES):
-                self._write(
-                    encode_frame(stream, DATA, bytes(view[start : start + DATA_FRAME_BYTES]))
-                )
+            return
+        # One frame for a usual item (a whole-bytes slice is the object itself, no copy).
+        for start in range(0, len(item), DATA_FRAME_BYTES):
+            self._write(encode_frame(stream, DATA, item[start : start + DATA_FRAME_BYTES]))
 
     def end(self, stream: int) -> None:
-        self._write(_HEADER.pack(stream, END, 0))
+        self._write(encode_frame(stream, END))
 
     def _write(self, frame: bytes) -> None:
         if self.lost is not None:
