@@ -42,10 +42,6 @@ class CapacityError(UsageError):
     """The fleet cannot fit the cluster or GPUs it is given (names the arithmetic)."""
 
 
-class PlanError(FleetServeError):
-    """The planner could not produce a plan (distinct from an infeasible result)."""
-
-
 class ModelPreparationError(FleetServeError):
     """The model could not be located, assembled or converted."""
 

@@ -50,6 +50,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fleetserve.engine.settings import DEFAULT_BATCHED_TOKENS
 from fleetserve.plan.architecture import ModelConfig, load_model_config, parse_config
 from fleetserve.units import GiB, MiB
 
@@ -213,7 +214,7 @@ def kv_bytes_per_sequence(
     kv_cache_dtype: KvDtype = "auto",
     *,
     tensor_parallel: int = 1,
-    in_flight_tokens: int = 2048,
+    in_flight_tokens: int = DEFAULT_BATCHED_TOKENS,
     block_size: int = BLOCK_SIZE,
 ) -> int:
     """KV bytes vLLM reserves for one sequence of ``tokens`` tokens, in whole blocks.
@@ -323,7 +324,7 @@ def estimate_replica(
     max_model_len: int,
     concurrency: int,
     max_num_seqs: int | None = None,
-    max_num_batched_tokens: int = 2048,
+    max_num_batched_tokens: int = DEFAULT_BATCHED_TOKENS,
     dtype: Dtype = "auto",
     quantization: Quantization = None,
     kv_cache_dtype: KvDtype = "auto",

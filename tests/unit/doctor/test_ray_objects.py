@@ -9,7 +9,7 @@ from fleetserve.k8s.doctor.ray_objects import (
     cluster_spec,
     groups,
     parse_quantity,
-    serve_deployments,
+    serve_apps,
 )
 
 
@@ -110,7 +110,7 @@ spec:
           - name: B
 """
     [m] = load_text(text).manifests
-    names = [(n, p) for n, _, p in serve_deployments(m)]
+    names = [(d.name, d.path) for app in serve_apps(m) for d in app.deployments]
     assert names == [
         ("app/A", "spec.serveConfigV2:applications[0].deployments[0]"),
         ("app/B", "spec.serveConfigV2:applications[0].deployments[1]"),

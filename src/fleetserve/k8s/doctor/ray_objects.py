@@ -90,11 +90,6 @@ def fmt_num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def fmt_bytes(x: float) -> str:
-    """Bytes in messages, in GiB with up to 2 decimals."""
-    return f"{x / 2**30:.2f}".rstrip("0").rstrip(".") + " GiB"
-
-
 @dataclass(frozen=True, eq=False)
 class GroupView:
     """The head group or one worker group, as both Kubernetes and Ray see it."""
@@ -519,11 +514,6 @@ def serve_apps(m: Manifest) -> list[ServeApp]:
         )
         out.append(ServeApp(name, path, app, items))
     return out
-
-
-def serve_deployments(m: Manifest) -> list[tuple[str, dict[str, Any], str]]:
-    """Every Serve deployment of a RayService: (``app/deployment``, its dict, its path)."""
-    return [(d.name, d.body, d.path) for app in serve_apps(m) for d in app.deployments]
 
 
 def env_value(m: Manifest, name: str) -> tuple[str, str] | None:
