@@ -28,6 +28,14 @@ unpinned) from just before its first request to just after its last. Each busy p
 stops by itself when its parent dies or after ``--background-max-s``, so a killed run
 leaves no load behind. Every row records its client and condition.
 
+Control target ``vllm-floor`` (``--floor-pct P``): `vllm serve` again, plus one process in
+its session that burns ``P`` % of a core (CPU time, not wall time), waking every 10 ms -
+a stand-in for a serving layer's fixed cost beside the engine, such as Ray's
+daemons and Serve's actors (``benchmarks/serve_path.py`` measures fleetserve's idle CPU).
+With ``--vllm-placement fleetserve`` it runs on the serving cores like the API server.
+Its ratio to `vllm serve` is what that much CPU beside the engine costs by itself; a
+fleetserve ratio close to it puts the rest of the layer (relay, routing) at no cost.
+
 Processes: after warm-up the report lists, per server started here, the busiest processes
 of its tree with their niceness and CPU affinity, and the distinct niceness / affinity of
 their threads (vLLM CPU binds its OpenMP threads per thread), read from /proc.
@@ -150,7 +158,8 @@ def bench_fleet(engine_args: dict[str, Any]) -> FleetSpec:
 
 
 def target_of(server: Server) -> str:
-    return {"vllm serve": "vllm", "fleetserve": "fleetserve"}.get(server.name, "rayllm")
+    names = {"vllm serve": "vllm", "vllm serve + floor": "vllm-floor", "fleetserve": "fleetserve"}
+    return names.get(server.name, "rayllm")
 
 
 def stop_group(pid: int) -> None:
@@ -178,32 +187,78 @@ def engine_config(spec: FleetSpec) -> EngineConfig:
     return EngineConfig.from_spec(model, model_path=path, settings=settings)
 
 
+def _vllm_argv(config: EngineConfig, port: int, vllm_nice: int) -> list[str]:
+    # Ray starts its workers - engines included - at niceness 15 (RAY_worker_niceness);
+    # --vllm-nice 15 puts `vllm serve` on the same footing against the load client.
+    return [
+        *(["nice", "-n", str(vllm_nice)] if vllm_nice else []),
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *config.vllm_cli_args(),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--disable-uvicorn-access-log",
+    ]
+
+
+#: The floor process's period: Ray's daemons and Serve's actors wake about this often.
+FLOOR_PERIOD_S = 0.010
+
+
+def burn_floor(pct: float, parent: int) -> None:
+    """Burn ``pct`` % of one core: wake every period and spin off what this process owes,
+    ``pct`` % of the time since the last wake-up less the CPU it used meanwhile (wake-ups
+    included; a preempted spin does not count). A long gap - the process stopped by
+    ``--freeze-others`` - earns at most two periods, so it never spins to catch up. Ends
+    when ``parent`` (the server it stands beside) is gone."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    owed = 0.0
+    while os.getppid() == parent:
+        now, used = time.perf_counter(), time.process_time()
+        owed += min(now - wall, 2 * FLOOR_PERIOD_S) * pct / 100 - (used - cpu)
+        wall, cpu = now, used
+        while time.process_time() - used < owed:
+            pass
+        time.sleep(FLOOR_PERIOD_S)
+
+
+def with_floor(argv: list[str]) -> None:
+    """``--with-floor P -- CMD...``: start the floor process, then exec CMD in its place."""
+    pct, sep, cmd = argv[0], argv[1], argv[2:]
+    if sep != "--" or not cmd:
+        raise SystemExit("usage: overhead.py --with-floor PCT -- COMMAND...")
+    subprocess.Popen(
+        [sys.executable, __file__, "--burn-floor", pct, str(os.getpid())],
+        stdin=subprocess.DEVNULL,
+    )
+    os.execvp(cmd[0], cmd)
+
+
 def make_servers(
     config: EngineConfig,
     targets: list[str],
     logs: Path,
     vllm_nice: int = 0,
     fleet_file: Path | None = None,
+    floor_pct: float = 9.5,
 ) -> list[Server]:
     servers = []
     for target in targets:
         port = free_port()
         if target == "vllm":
-            # Ray starts its workers - engines included - at niceness 15 (RAY_worker_niceness);
-            # --vllm-nice 15 puts `vllm serve` on the same footing against the load client.
-            argv = [
-                *(["nice", "-n", str(vllm_nice)] if vllm_nice else []),
-                sys.executable,
-                "-m",
-                "vllm.entrypoints.openai.api_server",
-                *config.vllm_cli_args(),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--disable-uvicorn-access-log",
-            ]
+            argv = _vllm_argv(config, port, vllm_nice)
             servers.append(Server("vllm serve", argv, port, "/v1/models", logs / "vllm.log"))
+        elif target == "vllm-floor":
+            # The floor process must be in the server's session (the scheduler's group the
+            # server's CPU is shared in): this script starts it, then becomes `vllm serve`.
+            argv = [sys.executable, __file__, "--with-floor", str(floor_pct), "--"]
+            argv += _vllm_argv(config, port, vllm_nice)
+            servers.append(
+                Server("vllm serve + floor", argv, port, "/v1/models", logs / "vllm-floor.log")
+            )
         elif target == "fleetserve":
             argv = [sys.executable, "-m", "fleetserve.cli", "serve", "--port", str(port)]
             if fleet_file is not None:
@@ -721,6 +776,12 @@ def main() -> None:
             argv = argv[2:]
         run_vllm_bench(argv)
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "--with-floor":  # the vllm-floor target
+        with_floor(sys.argv[2:])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--burn-floor":  # its floor process
+        burn_floor(float(sys.argv[2]), int(sys.argv[3]))
+        return
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -824,6 +885,13 @@ def main() -> None:
         "share, so where the client's own CPU lands is the same for both (background load "
         "stays on every core)",
     )
+    ap.add_argument(
+        "--floor-pct",
+        type=float,
+        default=9.5,
+        help="the vllm-floor target's extra CPU beside the engine, in %% of one core "
+        "(default: fleetserve's idle CPU on the 2-core host, benchmarks/serve_path.py)",
+    )
     ap.add_argument("--serve-rayllm", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--engine-config", help=argparse.SUPPRESS)
@@ -849,7 +917,9 @@ def main() -> None:
         fleet_file = args.out / "fleet.yaml"
         fleet_file.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=True)))
     print(f"engine options (all servers): {' '.join(config.vllm_cli_args())}")
-    servers = make_servers(config, args.targets, args.out, args.vllm_nice, fleet_file)
+    servers = make_servers(
+        config, args.targets, args.out, args.vllm_nice, fleet_file, args.floor_pct
+    )
     given = dict(u.split("=", 1) for u in args.url)
     attached = json.loads(args.attach.read_text()) if args.attach else {}
     for server in servers:
@@ -914,7 +984,7 @@ def main() -> None:
                 server.launch()
             took = server.wait_ready(args.start_timeout)
             print(f"  {server.name} ready in {took:.0f} s", flush=True)
-            if target_of(server) == "vllm" and args.vllm_placement == "fleetserve":
+            if target_of(server) in ("vllm", "vllm-floor") and args.vllm_placement == "fleetserve":
                 if server.root is None:
                     raise SystemExit("--vllm-placement fleetserve needs a vllm serve it starts")
                 print(f"  {place_like_fleetserve(server.root)}", flush=True)
