@@ -33,8 +33,8 @@ its session that burns ``P`` % of a core (CPU time, not wall time), waking every
 a stand-in for a serving layer's fixed cost beside the engine, such as Ray's
 daemons and Serve's actors (``benchmarks/serve_path.py`` measures fleetserve's idle CPU).
 With ``--vllm-placement fleetserve`` it runs on the serving cores like the API server.
-Its ratio to `vllm serve` is what that much CPU beside the engine costs by itself; a
-fleetserve ratio close to it puts the rest of the layer (relay, routing) at no cost.
+Its ratio to `vllm serve` is what that much CPU beside the engine costs by itself;
+fleetserve's ratio to it is what the rest of the layer (relay, routing, ingress) costs.
 
 Processes: after warm-up the report lists, per server started here, the busiest processes
 of its tree with their niceness and CPU affinity, and the distinct niceness / affinity of
@@ -204,8 +204,12 @@ def _vllm_argv(config: EngineConfig, port: int, vllm_nice: int) -> list[str]:
     ]
 
 
-#: The floor process's period: Ray's daemons and Serve's actors wake about this often.
+#: The floor process's period: short against an engine step (~100 ms here), so its CPU is
+#: spread over every step like many processes' small wake-ups, not one block.
 FLOOR_PERIOD_S = 0.010
+#: ``--floor-pct``'s default: fleetserve's idle CPU on the 2-core host, 9.3-9.6 % of one core
+#: by start (``serve_path.py``'s idle table, docs/benchmarks.md).
+FLOOR_PCT = 9.5
 
 
 def burn_floor(pct: float, parent: int) -> None:
@@ -227,9 +231,9 @@ def burn_floor(pct: float, parent: int) -> None:
 
 def with_floor(argv: list[str]) -> None:
     """``--with-floor P -- CMD...``: start the floor process, then exec CMD in its place."""
-    pct, sep, cmd = argv[0], argv[1], argv[2:]
-    if sep != "--" or not cmd:
+    if len(argv) < 3 or argv[1] != "--":
         raise SystemExit("usage: overhead.py --with-floor PCT -- COMMAND...")
+    pct, cmd = argv[0], argv[2:]
     subprocess.Popen(
         [sys.executable, __file__, "--burn-floor", pct, str(os.getpid())],
         stdin=subprocess.DEVNULL,
@@ -243,7 +247,7 @@ def make_servers(
     logs: Path,
     vllm_nice: int = 0,
     fleet_file: Path | None = None,
-    floor_pct: float = 9.5,
+    floor_pct: float = FLOOR_PCT,
 ) -> list[Server]:
     servers = []
     for target in targets:
@@ -888,7 +892,7 @@ def main() -> None:
     ap.add_argument(
         "--floor-pct",
         type=float,
-        default=9.5,
+        default=FLOOR_PCT,
         help="the vllm-floor target's extra CPU beside the engine, in %% of one core "
         "(default: fleetserve's idle CPU on the 2-core host, benchmarks/serve_path.py)",
     )
