@@ -48,11 +48,6 @@ class HamiConfig:
     force_overwrite_default_scheduler: bool = True
     device_memory_scaling: float = 1.0
 
-    @property
-    def hami_resources(self) -> tuple[str, str, str]:
-        """The resource names only HAMi understands (memory, memory %, cores)."""
-        return (self.resource_mem, self.resource_mem_percentage, self.resource_cores)
-
 
 def _bool(x: Any, default: bool) -> bool:
     if isinstance(x, bool):

@@ -174,11 +174,6 @@ class EngineReplica:
         """Field path that sets engine argument ``key`` (the replica's path if unknown)."""
         return self.engine_paths.get(key, self.path)
 
-    def autoscaling(self) -> dict[str, Any]:
-        """The written ``autoscaling_config`` ({} when absent or not a mapping)."""
-        cfg = self.options.get("autoscaling_config")
-        return cfg if isinstance(cfg, dict) else {}
-
 
 def can_host(group: GroupView, r: EngineReplica) -> bool:
     """Whether pods of ``group`` can run replica ``r``: a worker group with at least one
