@@ -21,6 +21,12 @@ Hot-path choices:
   ``asyncio.wait`` over the two, which leaves the handler task - and the generation -
   running for nobody. Streams end either way (Starlette's task group is cancelled with the
   app task, and cancelling vLLM's generator aborts the request inside AsyncLLM).
+* Back-pressure: the app's ``send`` of a body chunk waits while more than
+  :data:`BUFFER_BYTES` of the body are queued and not taken, as uvicorn's ``send`` waits on
+  a full socket for ``vllm serve``. A caller that stops pulling items (the stream relay
+  pauses a stream whose HTTP client reads slowly) so stops vLLM's streaming response, and
+  vLLM merges that request's outputs until it is read again, instead of this queue
+  growing by an SSE event per token for as long as the request runs.
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ AsgiApp = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
 _END = object()
 #: After a disconnect, how long the app may take to see it and end by itself.
 DISCONNECT_GRACE_S = 2.0
+#: Body bytes queued and not taken above which the app's ``send`` waits (about a thousand
+#: SSE events; a caller that keeps up never holds more than a few).
+BUFFER_BYTES = 256 * 1024
 
 
 class AsgiBridge:
@@ -80,6 +89,8 @@ class AsgiBridge:
         queue: asyncio.Queue[object] = asyncio.Queue()
         disconnected = asyncio.Event()
         body_sent = False
+        queued = 0  # body bytes in the queue
+        taken = asyncio.Event()  # set when the caller takes body bytes
 
         async def receive() -> Message:
             nonlocal body_sent
@@ -90,12 +101,17 @@ class AsgiBridge:
             return {"type": "http.disconnect"}
 
         async def send(message: Message) -> None:
+            nonlocal queued
             kind = message["type"]
             if kind == "http.response.start":
                 queue.put_nowait(message)
             elif kind == "http.response.body":
                 chunk = message.get("body", b"")
                 if chunk:
+                    while queued > BUFFER_BYTES:  # back-pressure (see the module note)
+                        taken.clear()
+                        await taken.wait()
+                    queued += len(chunk)
                     queue.put_nowait(bytes(chunk))
                 if not message.get("more_body", False):
                     queue.put_nowait(_END)
@@ -122,19 +138,20 @@ class AsgiBridge:
                 if item is _END:
                     break
                 assert isinstance(item, bytes)
-                if queue.empty():
-                    yield item
-                    continue
-                parts = [item]
                 done = False
-                while not queue.empty():
-                    nxt = queue.get_nowait()
-                    if nxt is _END:
-                        done = True
-                        break
-                    assert isinstance(nxt, bytes)
-                    parts.append(nxt)
-                yield b"".join(parts)
+                if not queue.empty():
+                    parts = [item]
+                    while not queue.empty():
+                        nxt = queue.get_nowait()
+                        if nxt is _END:
+                            done = True
+                            break
+                        assert isinstance(nxt, bytes)
+                        parts.append(nxt)
+                    item = b"".join(parts)
+                queued -= len(item)
+                taken.set()
+                yield item
                 if done:
                     break
             finished = True

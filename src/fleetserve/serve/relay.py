@@ -27,14 +27,21 @@ step for all of its streams. The relay gives the Ray hop the same shape:
   closes the engine's stream (vLLM aborts the request); frames still in flight for a closed
   stream are dropped.
 
-No flow control, as with Serve's streaming calls (unbounded by default): a slow HTTP client
-lets its stream's frames wait in the ingress's memory, bounded by the request's own
-max_tokens, while the connection keeps serving the other streams.
+Flow control per stream, never per connection: when a stream's unread body at the ingress
+passes :data:`PAUSE_BYTES` (its HTTP client reads slower than the engine writes), the
+ingress sends that stream's PAUSE back on the connection and the replica stops pulling the
+stream from its engine until RESUME (unread bytes down to :data:`RESUME_BYTES`). The
+connection's other streams keep flowing; the engine's side holds its own bounded buffer
+(engine/asgi_bridge.py) and then vLLM merges the stream's outputs until it is read again.
+So a slow or stalled reader holds at most about ``PAUSE_BYTES`` plus the frames in flight
+in the ingress, whatever its ``max_tokens`` (Serve's own streaming calls have no such
+bound).
 
 What must stay true: one stream's frames are written in order on one connection; a replica
 returns from the call only after the stream's END frame is queued on that connection (the
 call's result names it, so a stream whose frames were all lost is still failed); the ingress
-trusts a frame only from a connection that presented the secret.
+trusts a frame only from a connection that presented the secret; a pause holds one stream,
+never the connection (that would stall every other stream on it).
 """
 
 from __future__ import annotations
@@ -70,7 +77,18 @@ HEAD = 1
 DATA = 2
 #: A stream's last frame (empty payload).
 END = 3
-_KINDS = frozenset({HELLO, HEAD, DATA, END})
+#: Ingress to replica: stop pulling this stream from the engine (empty payload).
+PAUSE = 4
+#: Ingress to replica: go on with this stream (empty payload).
+RESUME = 5
+_KINDS = frozenset({HELLO, HEAD, DATA, END, PAUSE, RESUME})
+#: Unread body bytes of one stream at the ingress that pause it at the replica; about a
+#: thousand streamed tokens (an SSE event is ~250 bytes), far more than a reader that keeps
+#: up ever holds, so only a slow or stalled reader meets it.
+PAUSE_BYTES = 256 * 1024
+#: Unread body bytes at or below which a paused stream resumes (hysteresis: a reader at
+#: the line does not send a PAUSE and a RESUME per chunk).
+RESUME_BYTES = 64 * 1024
 #: A stream whose call ended well waits this long for the hello of the connection its
 #: frames come on (both left the replica before the call's result; the result can still
 #: arrive first). A connection that never says hello then cannot deliver them.
@@ -195,21 +213,29 @@ class StreamInbox:
     its HTTP client once per wake-up, not once per token.
     """
 
-    __slots__ = ("_items", "_waiter", "bound", "ended", "stream")
+    __slots__ = ("_items", "_unread", "_waiter", "bound", "ended", "paused", "stream")
 
     def __init__(self, stream: int) -> None:
         self.stream = stream
         self._items: deque[InboxItem] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        #: Body bytes pushed and not yet read (flow control, see the module note).
+        self._unread = 0
         #: The connection its frames come on (set by its first frame or by the call's result).
         self.bound: _IngressConnection | None = None
         #: An END or an error was pushed: nothing after it matters.
         self.ended = False
+        #: A PAUSE was sent for it and no RESUME since.
+        self.paused = False
 
     def push(self, item: InboxItem) -> None:
         if self.ended:
             return
-        if isinstance(item, _End | BaseException):
+        if isinstance(item, bytes):
+            self._unread += len(item)
+            if self._unread > PAUSE_BYTES and not self.paused and self.bound is not None:
+                self.paused = self.bound.control(self.stream, PAUSE)
+        elif isinstance(item, _End | BaseException):
             self.ended = True
         self._items.append(item)
         waiter = self._waiter
@@ -225,11 +251,17 @@ class StreamInbox:
             finally:
                 self._waiter = None
         item = items.popleft()
-        if isinstance(item, bytes) and items and isinstance(items[0], bytes):
+        if not isinstance(item, bytes):
+            return item
+        if items and isinstance(items[0], bytes):
             parts = [item]
             while items and isinstance(items[0], bytes):
                 parts.append(items.popleft())  # type: ignore[arg-type]
-            return b"".join(parts)
+            item = b"".join(parts)
+        self._unread -= len(item)
+        if self.paused and self._unread <= RESUME_BYTES and self.bound is not None:
+            self.bound.control(self.stream, RESUME)
+            self.paused = False
         return item
 
 
@@ -437,6 +469,15 @@ class _IngressConnection(asyncio.Protocol):
         # Past the hello, frames carry response bodies.
         self._decoder.max_payload = MAX_FRAME_BYTES
 
+    def control(self, stream: int, kind: int) -> bool:
+        """Send ``stream``'s PAUSE or RESUME to the replica; False when the connection is
+        gone (its streams are failed then, nothing is left to pause)."""
+        transport = self._transport
+        if transport is None or transport.is_closing() or self._id is None:
+            return False
+        transport.write(encode_frame(stream, kind))
+        return True
+
     def abort(self, error: BaseException) -> None:
         if self._transport is not None:
             self._transport.abort()
@@ -535,14 +576,24 @@ async def relay_stream(
     the request in the engine.
     """
     conn = await sender.connection(ticket.endpoint)
+    stream = ticket.stream
+    conn.open(stream)
+    it = aiter(items)
     try:
-        async for item in items:
-            conn.send(ticket.stream, item)
+        while True:
+            if conn.paused(stream):  # its reader is behind: leave the rest in the engine
+                await conn.resumed(stream)
+            try:
+                item = await anext(it)
+            except StopAsyncIteration:
+                break
+            conn.send(stream, item)
     finally:
+        conn.forget(stream)
         aclose = getattr(items, "aclose", None)
         if aclose is not None:
             await aclose()
-    conn.end(ticket.stream)
+    conn.end(stream)
     return conn.id
 
 
@@ -556,6 +607,12 @@ class RelayConnection(asyncio.Protocol):
         self.id = secrets.randbits(64)
         self.lost: BaseException | None = None
         self.on_lost: Callable[[], None] | None = None
+        # The ingress writes only PAUSE and RESUME frames, which carry nothing.
+        self._decoder = FrameDecoder(max_payload=0)
+        #: Streams being relayed now (a PAUSE for any other is late and ignored).
+        self._active: set[int] = set()
+        #: Paused streams, with the future their relay waits on (None: nobody waits yet).
+        self._paused: dict[int, asyncio.Future[None] | None] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports (Ray Serve's loop) are not asyncio.Transport subclasses.
@@ -589,12 +646,50 @@ class RelayConnection(asyncio.Protocol):
         if self._transport is not None and self.lost is None and pending:
             self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
 
+    def open(self, stream: int) -> None:
+        self._active.add(stream)
+
+    def forget(self, stream: int) -> None:
+        self._active.discard(stream)
+        self._wake(stream)
+
+    def paused(self, stream: int) -> bool:
+        return stream in self._paused
+
+    async def resumed(self, stream: int) -> None:
+        """Wait until ``stream`` is not paused (or the connection is gone: the next send
+        then raises)."""
+        while stream in self._paused and self.lost is None:
+            waiter = self._paused[stream]
+            if waiter is None:
+                waiter = self._paused[stream] = self._loop.create_future()
+            await waiter
+
+    def _wake(self, stream: int) -> None:
+        waiter = self._paused.pop(stream, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     def data_received(self, data: bytes) -> None:
-        pass  # the ingress never writes
+        try:
+            for stream, kind, _ in self._decoder.feed(data):
+                if kind == PAUSE:
+                    if stream in self._active:
+                        self._paused.setdefault(stream, None)
+                elif kind == RESUME:
+                    self._wake(stream)
+                else:
+                    raise FrameError(f"relay frame kind {kind} from the ingress")
+        except RelayError as e:
+            logger.warning("relay: closing the connection to the ingress: %s", e)
+            if self._transport is not None:
+                self._transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = exc or RelayError("closed by the ingress")
         self._pending = []
+        for stream in list(self._paused):
+            self._wake(stream)
         if self.on_lost is not None:
             self.on_lost()
 

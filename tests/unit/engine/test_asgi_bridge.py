@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from fleetserve.engine.asgi_bridge import AsgiBridge
+from fleetserve.engine.asgi_bridge import BUFFER_BYTES, AsgiBridge, Message, Receive, Send
 from fleetserve.engine.protocol import EngineRequest, ResponseHead
 
 
@@ -115,3 +115,27 @@ async def test_app_that_raises_before_responding_surfaces_an_error() -> None:
     with pytest.raises(RuntimeError, match="boom"):
         await collect(bridge, EngineRequest("POST", "/x"))
     assert bridge.in_flight == 0
+
+
+async def test_a_caller_that_stops_pulling_stops_the_app_and_then_gets_everything() -> None:
+    produced = 0
+    chunk = b"x" * 1024
+
+    async def flood(scope: Message, receive: Receive, send: Send) -> None:
+        nonlocal produced
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for _ in range(2000):  # ~2 MiB, eight times the bridge's buffer
+            produced += 1
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    bridge = AsgiBridge(flood)
+    stream = bridge.handle(EngineRequest("POST", "/flood"))
+    assert isinstance(await anext(stream), ResponseHead)
+    for _ in range(50):  # the caller is paused: the app gets many loop passes to run ahead
+        await asyncio.sleep(0)
+    held = produced
+    assert held * len(chunk) <= BUFFER_BYTES + 2 * len(chunk)  # the app waits on a full buffer
+    got = b"".join([item async for item in stream if isinstance(item, bytes)])
+    assert got == chunk * 2000  # nothing lost, in order
+    assert (bridge.completed, bridge.aborted, bridge.in_flight) == (1, 0, 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator
 
 import pytest
 from hypothesis import given
@@ -16,6 +17,8 @@ from fleetserve.serve.relay import (
     END,
     END_OF_STREAM,
     HEAD,
+    PAUSE,
+    PAUSE_BYTES,
     FrameDecoder,
     FrameError,
     RelayConnection,
@@ -25,6 +28,7 @@ from fleetserve.serve.relay import (
     StreamInbox,
     encode_frame,
     encode_head,
+    relay_stream,
 )
 
 HEAD_ITEM = ResponseHead(
@@ -308,4 +312,98 @@ async def test_a_connection_that_never_says_hello_is_dropped(
         reader, _ = await asyncio.open_connection(*receiver.endpoint.tcp)
         assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the ingress
     finally:
+        receiver.close()
+
+
+class Engine:
+    """A stream of ``n`` body chunks that counts how many were pulled (one loop pass each,
+    as an engine step is)."""
+
+    def __init__(self, n: int, size: int = 4096) -> None:
+        self.n, self.size, self.pulled = n, size, 0
+
+    async def items(self, tag: bytes) -> AsyncIterator[ResponseHead | bytes]:
+        yield HEAD_ITEM
+        for i in range(self.n):
+            await asyncio.sleep(0)
+            self.pulled += 1
+            yield tag + i.to_bytes(4, "big") + b"." * (self.size - len(tag) - 4)
+
+    def body(self, tag: bytes) -> bytes:
+        return b"".join(
+            tag + i.to_bytes(4, "big") + b"." * (self.size - len(tag) - 4) for i in range(self.n)
+        )
+
+
+async def _whole(inbox: StreamInbox) -> list[object]:
+    """A stream read to its end, its body chunks joined (they arrive as they come)."""
+    items = await _drain(inbox)
+    body = [i for i in items if isinstance(i, bytes)]
+    return [items[0], b"".join(body), items[-1]] if body else items
+
+
+async def _pulled_settles(engine: Engine) -> int:
+    before = -1
+    while engine.pulled != before:
+        before = engine.pulled
+        await asyncio.sleep(0.05)
+    return before
+
+
+async def test_a_slow_reader_pauses_its_stream_only_and_loses_nothing() -> None:
+    receiver = await _receiver(tcp_host=None)
+    sender = RelaySender("node-a")
+    try:
+        (t_slow, slow), (t_fast, fast) = receiver.open_stream(), receiver.open_stream()
+        e_slow, e_fast = Engine(400), Engine(400)  # 1.6 MiB each, 6x the pause threshold
+        s_task = asyncio.create_task(relay_stream(sender, t_slow, e_slow.items(b"s")))
+        f_task = asyncio.create_task(relay_stream(sender, t_fast, e_fast.items(b"f")))
+        # The other stream on the same connection runs to its end meanwhile.
+        assert await _whole(fast) == [HEAD_ITEM, e_fast.body(b"f"), END_OF_STREAM]
+        await f_task
+        # Nobody reads the slow one: its relay stopped pulling from its engine.
+        held = await _pulled_settles(e_slow)
+        assert held * e_slow.size < PAUSE_BYTES + 256 * 1024 < e_slow.n * e_slow.size
+        assert slow.paused
+        assert not s_task.done()
+        # Reading it resumes it; every byte arrives, in order.
+        assert await _whole(slow) == [HEAD_ITEM, e_slow.body(b"s"), END_OF_STREAM]
+        await asyncio.wait_for(s_task, 5)
+        assert e_slow.pulled == e_slow.n
+    finally:
+        sender.close()
+        receiver.close()
+
+
+async def test_a_paused_stream_fails_when_its_connection_drops() -> None:
+    receiver = await _receiver(tcp_host=None)
+    sender = RelaySender("node-a")
+    try:
+        ticket, inbox = receiver.open_stream()
+        engine = Engine(400)
+        task = asyncio.create_task(relay_stream(sender, ticket, engine.items(b"s")))
+        await _pulled_settles(engine)
+        assert inbox.paused
+        receiver.close()
+        with pytest.raises(RelayError):
+            await asyncio.wait_for(task, 5)
+        assert engine.pulled < engine.n  # the engine's stream was closed, not run out
+    finally:
+        sender.close()
+        receiver.close()
+
+
+async def test_the_replica_ignores_a_late_pause_and_drops_a_bad_frame() -> None:
+    receiver = await _receiver(tcp_host=None)
+    sender = RelaySender("node-a")
+    try:
+        ticket, _ = receiver.open_stream()
+        conn = await sender.connection(ticket.endpoint)
+        conn.data_received(encode_frame(ticket.stream, PAUSE))  # no such stream being sent
+        assert not conn.paused(ticket.stream)
+        conn.data_received(encode_frame(ticket.stream, DATA, b""))  # the ingress never sends it
+        await asyncio.sleep(0.05)
+        assert conn.lost is not None
+    finally:
+        sender.close()
         receiver.close()
