@@ -825,7 +825,8 @@ class ServerSpec(StrictModel):
         "requests go through Ray Serve, responses over one connection per replica and "
         "ingress process, one write per event-loop pass for all of its streams (the ingress "
         "listens on a Unix socket and on TCP at its Ray node's address, any free port, "
-        "guarded by a per-process secret). `serve`: one Serve streaming call per request, "
+        "guarded by a per-process secret; a stream whose client reads slowly is paused at "
+        "the replica past 256 KiB unread). `serve`: one Serve streaming call per request, "
         "one message per chunk (for networks where Ray pods may not reach each other on "
         "any port).",
     )
