@@ -146,7 +146,7 @@ VLLM_VARIANTS: dict[str, dict[str, Any]] = {
 def vllm_argv(spec_model: dict[str, Any], port: int) -> list[str]:
     """``vllm serve`` with the engine options fleetserve gives ``spec_model`` (one source:
     :meth:`EngineConfig.vllm_cli_args`, as the engine parity test does)."""
-    from fleetserve.engine.config import EngineConfig  # noqa: PLC0415 - imports vLLM config
+    from fleetserve.engine.config import EngineConfig, vllm_server_argv  # noqa: PLC0415 - imports vLLM config
     from fleetserve.serve.settings import engine_settings  # noqa: PLC0415
     from fleetserve.spec import parse_spec  # noqa: PLC0415
 
@@ -155,16 +155,7 @@ def vllm_argv(spec_model: dict[str, Any], port: int) -> list[str]:
     settings = engine_settings(spec)[model.name]
     path = ModelStore().resolve(DEFAULT_MODEL_SOURCE)
     config = EngineConfig.from_spec(model, model_path=path, settings=settings)
-    return [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        *config.vllm_cli_args(),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
+    return vllm_server_argv(config.vllm_cli_args(), host="127.0.0.1", port=port)
 
 
 def measure_engine(

@@ -66,7 +66,7 @@ from typing import Any
 import httpx
 import yaml
 
-from fleetserve.engine.config import EngineConfig
+from fleetserve.engine.config import EngineConfig, vllm_server_argv
 from fleetserve.modelstore.store import ModelStore
 from fleetserve.serve.ports import free_port
 from fleetserve.serve.settings import engine_settings
@@ -192,14 +192,7 @@ def _vllm_argv(config: EngineConfig, port: int, vllm_nice: int) -> list[str]:
     # --vllm-nice 15 puts `vllm serve` on the same footing against the load client.
     return [
         *(["nice", "-n", str(vllm_nice)] if vllm_nice else []),
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        *config.vllm_cli_args(),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
+        *vllm_server_argv(config.vllm_cli_args(), host="127.0.0.1", port=port),
         "--disable-uvicorn-access-log",
     ]
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetserve.engine.config import EngineConfig
+from fleetserve.engine.config import EngineConfig, vllm_server_argv
 from fleetserve.errors import ServeError
 from fleetserve.modelstore.store import ModelStore
 from fleetserve.serve import ports
@@ -260,16 +260,7 @@ def vllm_url(
         return
     port = free_port()
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    argv = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        *default_engine_args,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
+    argv = vllm_server_argv(default_engine_args, host="127.0.0.1", port=port)
     server = ServerProcess("vllm serve", argv, log)
     url = f"http://127.0.0.1:{port}"
     server.wait_ready(f"{url}/v1/models")

