@@ -5,7 +5,10 @@ on the cores its engines will not claim."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -28,8 +31,7 @@ KEYS = (
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S",
     "RAY_SERVE_PORT_QUARANTINE_S",
     "RAY_SERVE_LOG_TO_STDERR",
-    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S",
-    "RAY_worker_niceness",
+    *runner.LOCAL_RAY_ENV,
     HOST_CPUS_ENV,
 )
 
@@ -183,3 +185,39 @@ def test_ray_keeps_every_core_where_no_engine_claims_one(
     _engine_server(engine, gpus, tp)._start_ray()
     assert recorder.affinity == set(CORES)
     assert HOST_CPUS_ENV not in recorder.env
+
+
+def test_every_local_ray_setting_is_one_ray_reads() -> None:
+    # A name Ray stopped reading would be a silent no-op: the daemons start with the
+    # runner's environment, so read each setting back the way Ray's own modules do.
+    probe = (
+        "import json\n"
+        "from ray._private import log_monitor\n"
+        "from ray.dashboard import consts\n"
+        "from ray.dashboard.modules.reporter import reporter_consts\n"
+        "from ray.serve._private import constants as serve\n"
+        "print(json.dumps({\n"
+        "  'RAY_SERVE_CONTROL_LOOP_INTERVAL_S': serve.CONTROL_LOOP_INTERVAL_S,\n"
+        "  'RAY_LOG_MONITOR_MANY_FILES_THRESHOLD':\n"
+        "      log_monitor.RAY_LOG_MONITOR_MANY_FILES_THRESHOLD,\n"
+        "  'LOG_NAME_UPDATE_INTERVAL_S': log_monitor.LOG_NAME_UPDATE_INTERVAL_S,\n"
+        "  'RAY_DASHBOARD_AGENT_CHECK_PARENT_INTERVAL_S':\n"
+        "      consts.DASHBOARD_AGENT_CHECK_PARENT_INTERVAL_S,\n"
+        "  'REPORTER_UPDATE_INTERVAL_MS': reporter_consts.REPORTER_UPDATE_INTERVAL_MS,\n"
+        "}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in runner.LOCAL_RAY_ENV}
+    read = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", probe],
+            env={**env, **runner.LOCAL_RAY_ENV},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    for name, value in read.items():
+        assert float(value) == float(runner.LOCAL_RAY_ENV[name]), name
+    # The worker niceness is the raylet's (C++): tests/integration/test_serve_chaos.py
+    # reads it back from a running server's processes.
+    assert set(read) | {"RAY_worker_niceness"} == set(runner.LOCAL_RAY_ENV)
