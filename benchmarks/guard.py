@@ -283,9 +283,13 @@ def main() -> None:
         f"bound {res.a_bound}: {'ok' if ok_tokens else 'MISSED'}); {res.a_admitted}/"
         f"{res.a_sent} admitted, {res.a_refused_429} got 429"
     )
-    print(
-        f"replica kill: first success after {res.recovery_s} s; errors {res.errors_during_recovery}"
+    # recovery_s is None when no request succeeded within --kill-timeout.
+    recovered = (
+        f"first success after {res.recovery_s:.1f} s"
+        if res.recovery_s is not None
+        else f"no success within {args.kill_timeout:.0f} s (MISSED)"
     )
+    print(f"replica kill: {recovered}; errors {res.errors_during_recovery}")
 
 
 if __name__ == "__main__":
