@@ -187,7 +187,7 @@ def main(argv: list[str]) -> int:
     watched = _parse(argv[0])
     roots = [r for a in argv[1:] for r in _parse(a)]
     with contextlib.suppress(Exception):
-        import setproctitle  # noqa: PLC0415 - optional (ships with Ray)
+        import setproctitle  # noqa: PLC0415 - a title only: never worth failing the reaper
 
         setproctitle.setproctitle("fleetserve::engine-reaper")
 
