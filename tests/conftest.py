@@ -7,11 +7,15 @@
 * ``default_model_dir``: the built-in default model (Gemma 3 270M), prepared once per
   machine into the normal cache (``$FLEETSERVE_CACHE`` or ``~/.cache/fleetserve``) and
   shared by all engine tests; preparing takes about a minute the first time, then nothing.
+* The session fails if the test process itself is left a Ray driver (see
+  ``RAY_DRIVER_THREADS``): tests ask a Ray cluster through a probe process instead
+  (``integration/conftest.py``, ``RayProbe``).
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -43,3 +47,39 @@ def default_model_dir() -> Path:
         return Path(store.resolve(DEFAULT_MODEL_SOURCE))
     except ModelPreparationError as e:
         pytest.fail(f"cannot prepare the default model: {e}", pytrace=False)
+
+
+#: Native threads a Ray driver leaves in its process even after ``ray.shutdown()``. With them
+#: alive, interpreter exit ran one into freed memory: pytest segfaulted after every test had
+#: passed (``make test`` then fails). Thread names as Linux reports them (15 characters).
+RAY_DRIVER_THREADS = frozenset({"gcs_client_io_s"})
+
+
+def native_threads() -> Counter[str]:
+    """This process's threads by name (Linux ``/proc``; empty elsewhere)."""
+    names: Counter[str] = Counter()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return names
+    for task in tasks:
+        try:
+            names[Path(f"/proc/self/task/{task}/comm").read_text().strip()] += 1
+        except OSError:
+            continue  # the thread ended meanwhile
+    return names
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    left = sorted(RAY_DRIVER_THREADS & native_threads().keys())
+    if left and exitstatus == pytest.ExitCode.OK:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = (
+            f"the test process joined a Ray cluster itself (threads left: {', '.join(left)}); "
+            "they can crash interpreter exit - ask the cluster through a RayProbe process"
+        )
+        if reporter is not None:
+            reporter.write("\n")
+            reporter.write_line(f"ERROR: {message}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -17,15 +17,19 @@ the tail is shown if a server fails to come up.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -135,27 +139,151 @@ def fleetserve_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "fleetserve.cli", "serve", *args]
 
 
-@contextlib.contextmanager
-def joined_ray(server: ServerProcess) -> Iterator[None]:
-    """This test process as a driver of the Ray cluster ``server`` started, then detached.
+#: A Ray driver joined to one server's cluster, answering one JSON query per stdin line with
+#: one ``PROBE_REPLY``-prefixed JSON line (anything else Ray prints is skipped).
+PROBE_REPLY = "fleetserve-probe: "
+_PROBE_SCRIPT = r"""
+import json, os, sys
+import ray
+from ray import serve
+from ray._private.authentication.authentication_token_setup import (
+    maybe_enable_token_auth_if_token_available,
+)
 
-    Joins by the exact address the server logged, never ``address="auto"``: with several
-    clusters on the host (another test's, a leftover) Ray picks any of them.
-    """
-    import ray  # noqa: PLC0415 - Ray is slow to import; only tests that join pay for it
-    from ray._private.authentication.authentication_token_setup import (  # noqa: PLC0415
-        maybe_enable_token_auth_if_token_available,
-    )
+REPLY = sys.argv[2]
 
-    # A local ray.init() cluster uses token auth (token in ~/.ray/auth_token), but Ray opts a
-    # driver in only when it finds the cluster itself ("auto"); by address we opt in the way
-    # Ray does there - setting RAY_AUTH_MODE alone misses Ray's already-loaded config.
+
+def replica_stats(deployment):
+    out = {}
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        name = actor["name"]
+        if actor["namespace"] == "serve" and f"#{deployment}#" in name:
+            ref = ray.get_actor(name, namespace="serve").record_routing_stats.remote()
+            out[name.rsplit("#", 1)[1]] = ray.get(ref, timeout=60)
+    return out
+
+
+def running(deployment):
+    dep = serve.status().applications["fleetserve"].deployments[deployment]
+    states = {str(getattr(k, "value", k)): n for k, n in dep.replica_states.items()}
+    return int(states.get("RUNNING", 0))
+
+
+def reply(payload):
+    as_json = lambda o: sorted(o) if isinstance(o, (set, frozenset)) else str(o)
+    sys.stdout.write(REPLY + json.dumps(payload, default=as_json) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    # A local ray.init() cluster uses token auth (token in ~/.ray/auth_token), but Ray opts
+    # a driver in only when it finds the cluster itself ("auto"); by address we opt in the
+    # way Ray does there - setting RAY_AUTH_MODE alone misses Ray's already-loaded config.
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
-    ray.init(address=server.ray_address(), log_to_driver=False)
+    ray.init(address=sys.argv[1], log_to_driver=False)
+    reply({"result": "ready"})
+    for line in sys.stdin:
+        query = json.loads(line)
+        try:
+            op = {"replica_stats": replica_stats, "running": running}[query["op"]]
+            reply({"result": op(query["deployment"])})
+        except Exception as e:
+            reply({"error": f"{type(e).__name__}: {e}"})
+    ray.shutdown()
+    os._exit(0)  # past Ray's native teardown: only the answers mattered
+"""
+
+
+class RayProbe:
+    """Questions to a server's Ray cluster, asked by a driver in a process of its own.
+
+    Why not ``ray.init`` in the pytest process: a driver that joins and leaves clusters
+    there leaves Ray's native threads behind, and at interpreter exit one of them jumped
+    into freed memory - pytest segfaulted after every test had passed (the kernel logged an
+    instruction fetch from the heap on a non-main thread; Ray #31145 is the same family).
+    The probe joins by the exact address the server logged, never ``address="auto"``: with
+    several clusters on the host (another test's, a leftover) Ray picks any of them.
+    """
+
+    START_TIMEOUT_S = 180.0
+    QUERY_TIMEOUT_S = 120.0
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.log = server.log.with_name(f"{server.log.stem}-ray-probe.log")
+        self._log_file = self.log.open("wb")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _PROBE_SCRIPT, server.ray_address(), PROBE_REPLY],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log_file,
+            text=True,
+        )
+        # A reader thread, so a wait for a reply can time out (a pipe read cannot).
+        self._replies: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, name="ray-probe-reader", daemon=True).start()
+        self._reply(self.START_TIMEOUT_S, "joining the cluster")
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            if line.startswith(PROBE_REPLY):
+                self._replies.put(line[len(PROBE_REPLY) :])
+        self._replies.put(None)  # the probe exited
+
+    def _reply(self, timeout_s: float, what: str) -> Any:
+        try:
+            line = self._replies.get(timeout=timeout_s)
+        except queue.Empty:
+            self.close()
+            pytest.fail(f"Ray probe: no answer within {timeout_s:.0f} s to {what}")
+        if line is None:
+            tail = self.log.read_text(errors="replace")[-3000:]
+            pytest.fail(f"Ray probe exited while {what}; its log tail:\n{tail}")
+        answer: dict[str, Any] = json.loads(line)
+        if "error" in answer:
+            pytest.fail(f"Ray probe: {what}: {answer['error']}")
+        return answer["result"]
+
+    def _ask(self, op: str, deployment: str) -> Any:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps({"op": op, "deployment": deployment}) + "\n")
+        self._proc.stdin.flush()
+        return self._reply(self.QUERY_TIMEOUT_S, f"{op}({deployment})")
+
+    def replica_stats(self, deployment: str) -> dict[str, dict[str, Any]]:
+        """Replica id -> that live replica's ``record_routing_stats`` report, from itself."""
+        stats: dict[str, dict[str, Any]] = self._ask("replica_stats", deployment)
+        return stats
+
+    def served(self, deployment: str) -> dict[str, int]:
+        """Replica id -> requests that live replica of ``deployment`` has taken."""
+        return {k: int(v["served"]) for k, v in self.replica_stats(deployment).items()}
+
+    def running(self, deployment: str) -> int:
+        """Replicas of ``deployment`` Serve reports RUNNING."""
+        return int(self._ask("running", deployment))
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            assert self._proc.stdin is not None
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()  # the probe leaves the cluster and exits
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._log_file.close()
+
+
+@contextlib.contextmanager
+def ray_probe(server: ServerProcess) -> Iterator[RayProbe]:
+    """A :class:`RayProbe` on ``server``'s cluster for the ``with`` block."""
+    probe = RayProbe(server)
     try:
-        yield
+        yield probe
     finally:
-        ray.shutdown()  # disconnects this driver only; the server owns the cluster
+        probe.close()
 
 
 #: Environment variable a test sets on a server it starts, with a value of its own: Ray's
@@ -196,7 +324,7 @@ class Servers:
     mark_var = MARK_VAR
     free_port = staticmethod(free_port)
     fleetserve_argv = staticmethod(fleetserve_argv)
-    joined_ray = staticmethod(joined_ray)
+    ray_probe = staticmethod(ray_probe)
     marked_processes = staticmethod(marked_processes)
 
 

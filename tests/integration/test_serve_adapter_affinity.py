@@ -39,8 +39,14 @@ models:
 
 
 class Fleet:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, ray: Any) -> None:
         self.url = url
+        self._ray = ray
+
+    def served(self) -> dict[str, int]:
+        """Requests each live replica has taken (from the replicas)."""
+        served: dict[str, int] = self._ray.served(DEPLOYMENT)
+        return served
 
     def ask(self, model: str, n: int, max_tokens: int = 2) -> int:
         # Distinct prompts: nothing to share by prefix, only the adapter.
@@ -55,21 +61,6 @@ class Fleet:
             timeout=180,
         )
         return r.status_code
-
-    @staticmethod
-    def served() -> dict[str, int]:
-        """Requests each live replica has taken (from the replicas)."""
-        import ray  # noqa: PLC0415
-
-        out: dict[str, int] = {}
-        for actor in ray.util.list_named_actors(all_namespaces=True):
-            name = actor["name"]
-            if actor["namespace"] == "serve" and f"#{DEPLOYMENT}#" in name:
-                handle = ray.get_actor(name, namespace="serve")
-                ref: Any = handle.record_routing_stats.remote()
-                stats: dict[str, Any] = ray.get(ref, timeout=30)
-                out[name.rsplit("#", 1)[1]] = int(stats["served"])
-        return out
 
 
 def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
@@ -94,8 +85,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[Fl
     url = f"http://127.0.0.1:{port}"
     try:
         server.wait_ready(f"{url}/ready", timeout_s=600, log_line=servers.ready_line)
-        with servers.joined_ray(server):
-            yield Fleet(url)
+        with servers.ray_probe(server) as ray:
+            yield Fleet(url, ray)
     finally:
         server.stop()
 

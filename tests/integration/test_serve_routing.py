@@ -11,7 +11,7 @@ One ``fleetserve serve`` (own Ray) serves four models:
   ``cold_start_timeout_s`` the wait ends in 503 + Retry-After.
 
 Which replica answered is read from the replicas themselves (their ``record_routing_stats``
-report, over Ray from this test process), never from timing.
+report, over Ray by a probe process), never from timing.
 """
 
 from __future__ import annotations
@@ -69,8 +69,11 @@ SYSTEM = "You are the routing test assistant. Answer briefly and precisely. " * 
 
 
 class Fleet:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, ray: Any) -> None:
         self.url = url
+        # Which replica served what, and how many run: asked of the replicas and Serve.
+        self.served = ray.served
+        self.running = ray.running
 
     def chat(self, model: str, messages: list[dict[str, str]], max_tokens: int = 2) -> Any:
         r = httpx.post(
@@ -79,29 +82,6 @@ class Fleet:
             timeout=180,
         )
         return r
-
-    @staticmethod
-    def served(deployment: str) -> dict[str, int]:
-        """Requests each live replica of ``deployment`` has taken (from the replicas)."""
-        import ray  # noqa: PLC0415
-
-        out: dict[str, int] = {}
-        for actor in ray.util.list_named_actors(all_namespaces=True):
-            name = actor["name"]
-            if actor["namespace"] == "serve" and f"#{deployment}#" in name:
-                handle = ray.get_actor(name, namespace="serve")
-                ref: Any = handle.record_routing_stats.remote()
-                stats: dict[str, Any] = ray.get(ref, timeout=30)
-                out[name.rsplit("#", 1)[1]] = int(stats["served"])
-        return out
-
-    @staticmethod
-    def running(deployment: str) -> int:
-        from ray import serve  # noqa: PLC0415
-
-        dep = serve.status().applications["fleetserve"].deployments[deployment]
-        states = {str(getattr(k, "value", k)): n for k, n in dep.replica_states.items()}
-        return int(states.get("RUNNING", 0))
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +97,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[Fl
     url = f"http://127.0.0.1:{port}"
     try:
         server.wait_ready(f"{url}/ready", timeout_s=600, log_line=servers.ready_line)
-        # Join the server's Ray cluster, to ask replicas what they served.
-        with servers.joined_ray(server):
-            yield Fleet(url)
+        with servers.ray_probe(server) as ray:
+            yield Fleet(url, ray)
     finally:
         server.stop()
 

@@ -13,6 +13,7 @@ graphs off (``enforce_eager``) so the test does not spend minutes in torch.compi
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,25 +41,22 @@ SYSTEMS = {
 }
 
 
-def replica_counters() -> dict[str, dict[str, float]]:
-    import ray  # noqa: PLC0415
-
-    out: dict[str, dict[str, float]] = {}
-    for actor in ray.util.list_named_actors(all_namespaces=True):
-        name = actor["name"]
-        if actor["namespace"] == "serve" and f"#{DEPLOYMENT}#" in name:
-            ref: Any = ray.get_actor(name, namespace="serve").record_routing_stats.remote()
-            stats: dict[str, Any] = ray.get(ref, timeout=60)
-            out[name.rsplit("#", 1)[1]] = {
-                "served": float(stats["served"]),
-                "hits": float(stats.get("prefix_cache_hits", 0.0)),
-                "queries": float(stats.get("prefix_cache_queries", 0.0)),
-            }
-    return out
+def replica_counters(ray: Any) -> dict[str, dict[str, float]]:
+    """Per live replica: requests served and vLLM's prefix-cache hits and queries."""
+    return {
+        replica: {
+            "served": float(stats["served"]),
+            "hits": float(stats.get("prefix_cache_hits", 0.0)),
+            "queries": float(stats.get("prefix_cache_queries", 0.0)),
+        }
+        for replica, stats in ray.replica_stats(DEPLOYMENT).items()
+    }
 
 
 @pytest.fixture(scope="module")
-def two_replicas(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[str]:
+def two_replicas(
+    tmp_path_factory: pytest.TempPathFactory, servers: Any
+) -> Iterator[tuple[str, Any]]:
     tmp = tmp_path_factory.mktemp("routing-engine")
     spec = tmp / "fleet.yaml"
     spec.write_text(SPEC)
@@ -68,22 +66,21 @@ def two_replicas(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iter
     url = f"http://127.0.0.1:{port}"
     try:
         server.wait_ready(f"{url}/ready", log_line=servers.ready_line)
-        with servers.joined_ray(server):  # to read the replicas' prefix-cache counters
-            yield url
+        with servers.ray_probe(server) as ray:  # to read the replicas' prefix-cache counters
+            yield url, ray
     finally:
         server.stop()
 
 
-def test_prefix_cache_hits_follow_the_router(two_replicas: str) -> None:
-    import time  # noqa: PLC0415
-
+def test_prefix_cache_hits_follow_the_router(two_replicas: tuple[str, Any]) -> None:
+    url, ray = two_replicas
     homes: dict[str, str] = {}
     for topic, system in SYSTEMS.items():
         messages = [{"role": "user", "content": f"{system}\n\nFirst question about {topic}?"}]
-        before = replica_counters()
+        before = replica_counters(ray)
         for turn in range(4):
             r = httpx.post(
-                f"{two_replicas}/v1/chat/completions",
+                f"{url}/v1/chat/completions",
                 json={
                     "model": "gemma-3-270m",
                     "messages": messages,
@@ -99,7 +96,7 @@ def test_prefix_cache_hits_follow_the_router(two_replicas: str) -> None:
                 {"role": "user", "content": f"Follow-up {turn} about {topic}, please."},
             ]
         time.sleep(2)  # vLLM's stat loggers record after the engine's last step
-        after = replica_counters()
+        after = replica_counters(ray)
         served = {k: after[k]["served"] - before.get(k, {}).get("served", 0) for k in after}
         hits = {k: after[k]["hits"] - before.get(k, {}).get("hits", 0) for k in after}
         home = max(served, key=lambda k: served[k])
