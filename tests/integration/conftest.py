@@ -17,6 +17,7 @@ the tail is shown if a server fails to come up.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import queue
@@ -137,6 +138,47 @@ RAY_STARTED = re.compile(r"fleetserve: Ray started at (\S+)")
 
 def fleetserve_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "fleetserve.cli", "serve", *args]
+
+
+#: How long a fleet on the fake engine may take to come up (Ray and Serve only, no weights).
+FAKE_START_TIMEOUT_S = 600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StartedServer:
+    """A ``fleetserve serve`` that answered ``/ready``; the caller stops ``server``."""
+
+    server: ServerProcess
+    url: str  # base URL, no /v1
+    port: int
+
+
+def start_fleetserve(
+    tmp: Path,
+    spec: str,
+    name: str,
+    *,
+    fake_token_delay: float | None = None,
+    env: dict[str, str] | None = None,
+) -> StartedServer:
+    """``fleetserve serve`` of the fleet ``spec`` (YAML text, written to ``tmp/fleet.yaml``) on
+    a free port, its log in ``tmp/serve.log``; returns once it is ready.
+
+    ``fake_token_delay`` given: the fake engine, streaming a token per that many seconds;
+    otherwise the spec's real engines (and the long start timeout they need here).
+    """
+    path = tmp / "fleet.yaml"
+    path.write_text(spec)
+    port = free_port()
+    args = [str(path), "--port", str(port)]
+    timeout_s = START_TIMEOUT_S
+    if fake_token_delay is not None:
+        args += ["--engine", "fake", "--fake-token-delay", f"{fake_token_delay:g}"]
+        timeout_s = FAKE_START_TIMEOUT_S
+    server = ServerProcess(f"fleetserve ({name})", fleetserve_argv(*args), tmp / "serve.log", env)
+    url = f"http://127.0.0.1:{port}"
+    server.wait_ready(f"{url}/ready", timeout_s=timeout_s, log_line=FLEETSERVE_READY)
+    return StartedServer(server, url, port)
 
 
 #: A Ray driver joined to one server's cluster, answering one JSON query per stdin line with
@@ -324,6 +366,7 @@ class Servers:
     mark_var = MARK_VAR
     free_port = staticmethod(free_port)
     fleetserve_argv = staticmethod(fleetserve_argv)
+    start_fleetserve = staticmethod(start_fleetserve)
     ray_probe = staticmethod(ray_probe)
     marked_processes = staticmethod(marked_processes)
 

@@ -75,20 +75,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[Fl
         (adapters / name).mkdir(parents=True)
         config = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "v_proj"]}
         (adapters / name / "adapter_config.json").write_text(json.dumps(config))
-    path = tmp / "fleet.yaml"
-    path.write_text(spec(adapters))
-    port = servers.free_port()
-    argv = servers.fleetserve_argv(
-        str(path), "--port", str(port), "--engine", "fake", "--fake-token-delay", "0.05"
-    )
-    server = servers.Process("fleetserve (adapters)", argv, Path(tmp) / "serve.log")
-    url = f"http://127.0.0.1:{port}"
+    started = servers.start_fleetserve(tmp, spec(adapters), "adapters", fake_token_delay=0.05)
     try:
-        server.wait_ready(f"{url}/ready", timeout_s=600, log_line=servers.ready_line)
-        with servers.ray_probe(server) as ray:
-            yield Fleet(url, ray)
+        with servers.ray_probe(started.server) as ray:
+            yield Fleet(started.url, ray)
     finally:
-        server.stop()
+        started.server.stop()
 
 
 def test_an_adapters_requests_stay_on_the_replica_that_loaded_it(fleet: Fleet) -> None:

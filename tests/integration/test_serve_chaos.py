@@ -97,18 +97,14 @@ class Fleet:
 def start_fleet(tmp: Path, servers: Any, *, direct_ingress: bool = True) -> Fleet:
     mark = uuid.uuid4().hex[:12]
     model = f"chaos-{mark[:6]}"
-    spec = tmp / "fleet.yaml"
-    spec.write_text(spec_text(model, direct_ingress=direct_ingress))
-    port = servers.free_port()
-    argv = servers.fleetserve_argv(
-        str(spec), "--port", str(port), "--engine", "fake", "--fake-token-delay", "0.02"
+    started = servers.start_fleetserve(
+        tmp,
+        spec_text(model, direct_ingress=direct_ingress),
+        "chaos",
+        fake_token_delay=0.02,
+        env={servers.mark_var: mark},
     )
-    server = servers.Process(
-        "fleetserve (chaos)", argv, tmp / "serve.log", env={servers.mark_var: mark}
-    )
-    url = f"http://127.0.0.1:{port}"
-    server.wait_ready(f"{url}/ready", timeout_s=600, log_line=servers.ready_line)
-    return Fleet(server, url, mark, model, servers.marked_processes)
+    return Fleet(started.server, started.url, mark, model, servers.marked_processes)
 
 
 def wait_until(check: Any, timeout_s: float, what: str) -> None:

@@ -39,18 +39,11 @@ STALL_S = 15.0
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("flow")
-    spec = tmp / "fleet.yaml"
-    spec.write_text(SPEC)
-    port = servers.free_port()
-    argv = servers.fleetserve_argv(
-        str(spec), "--port", str(port), "--engine", "fake", "--fake-token-delay", "0"
+    started = servers.start_fleetserve(
+        tmp_path_factory.mktemp("flow"), SPEC, "flow control", fake_token_delay=0
     )
-    server = servers.Process("fleetserve (flow control)", argv, tmp / "serve.log")
-    base = f"http://127.0.0.1:{port}"
-    server.wait_ready(f"{base}/ready", timeout_s=600, log_line=servers.ready_line)
-    yield base
-    server.stop()
+    yield started.url
+    started.server.stop()
 
 
 def engine_stats(url: str) -> dict[str, int]:

@@ -49,18 +49,11 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[Fleet]:
-    tmp = tmp_path_factory.mktemp("guard")
-    spec = tmp / "fleet.yaml"
-    spec.write_text(SPEC)
-    port = servers.free_port()
-    argv = servers.fleetserve_argv(
-        str(spec), "--port", str(port), "--engine", "fake", "--fake-token-delay", "0.05"
+    started = servers.start_fleetserve(
+        tmp_path_factory.mktemp("guard"), SPEC, "guard", fake_token_delay=0.05
     )
-    server = servers.Process("fleetserve (guard)", argv, tmp / "serve.log")
-    url = f"http://127.0.0.1:{port}"
-    server.wait_ready(f"{url}/ready", timeout_s=600, log_line=servers.ready_line)
-    yield Fleet(server, url, port)
-    server.stop()
+    yield Fleet(started.server, started.url, started.port)
+    started.server.stop()
 
 
 def chat(max_tokens: int = 2, **extra: Any) -> dict[str, Any]:

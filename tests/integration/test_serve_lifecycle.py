@@ -50,17 +50,9 @@ class FakeFleet:
 @pytest.fixture(scope="module")
 def fake_fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[FakeFleet]:
     tmp = tmp_path_factory.mktemp("fake-fleet")
-    spec = tmp / "fleet.yaml"
-    spec.write_text(SPEC)
-    port = servers.free_port()
-    argv = servers.fleetserve_argv(
-        str(spec), "--port", str(port), "--engine", "fake", "--fake-token-delay", "0.05"
-    )
-    server = servers.Process("fleetserve (fake engine)", argv, tmp / "serve.log", env=ENV)
-    url = f"http://127.0.0.1:{port}"
-    server.wait_ready(f"{url}/ready", timeout_s=600, log_line=servers.ready_line)
-    yield FakeFleet(server, url)
-    server.stop()
+    started = servers.start_fleetserve(tmp, SPEC, "fake engine", fake_token_delay=0.05, env=ENV)
+    yield FakeFleet(started.server, started.url)
+    started.server.stop()
 
 
 def chat(model: str, max_tokens: int = 2) -> dict[str, object]:

@@ -67,17 +67,9 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("quota-fleet")
-    spec = tmp / "fleet.yaml"
-    spec.write_text(SPEC)
-    port = servers.free_port()
-    argv = servers.fleetserve_argv(
-        str(spec), "--port", str(port), "--engine", "fake", "--fake-token-delay", "0.01"
-    )
-    server = servers.Process("fleetserve (quotas)", argv, tmp / "serve.log", env=ENV)
-    url = f"http://127.0.0.1:{port}"
-    server.wait_ready(f"{url}/ready", timeout_s=600, log_line=servers.ready_line)
-    yield Fleet(server, url)
-    server.stop()
+    started = servers.start_fleetserve(tmp, SPEC, "quotas", fake_token_delay=0.01, env=ENV)
+    yield Fleet(started.server, started.url)
+    started.server.stop()
 
 
 def chat(max_tokens: int = 8, model: str = "m") -> dict[str, Any]:

@@ -21,7 +21,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -164,17 +163,9 @@ def day_tokens_used(r: httpx.Response) -> int:
 def fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("recovery")
     mark = uuid.uuid4().hex[:12]
-    spec = tmp / "fleet.yaml"
-    spec.write_text(SPEC)
-    port = servers.free_port()
-    argv = servers.fleetserve_argv(
-        str(spec), "--port", str(port), "--engine", "fake", "--fake-token-delay", "0.02"
-    )
     env = {servers.mark_var: mark, "FS_RECOVERY_KEY": KEY, "FS_RECOVERY_COUNTED": "sk-counted"}
-    server = servers.Process("fleetserve (recovery)", argv, Path(tmp) / "serve.log", env=env)
-    url = f"http://127.0.0.1:{port}"
-    server.wait_ready(f"{url}/ready", timeout_s=600, log_line=servers.ready_line)
-    f = Fleet(server, url, mark, servers.marked_processes)
+    started = servers.start_fleetserve(tmp, SPEC, "recovery", fake_token_delay=0.02, env=env)
+    f = Fleet(started.server, started.url, mark, servers.marked_processes)
     yield f
     f.server.stop()
     f.kill_everything()

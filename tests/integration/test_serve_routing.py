@@ -19,7 +19,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -87,20 +86,12 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("routing-fleet")
-    spec = tmp / "fleet.yaml"
-    spec.write_text(SPEC)
-    port = servers.free_port()
-    argv = servers.fleetserve_argv(
-        str(spec), "--port", str(port), "--engine", "fake", "--fake-token-delay", "0.05"
-    )
-    server = servers.Process("fleetserve (routing)", argv, Path(tmp) / "serve.log", env=ENV)
-    url = f"http://127.0.0.1:{port}"
+    started = servers.start_fleetserve(tmp, SPEC, "routing", fake_token_delay=0.05, env=ENV)
     try:
-        server.wait_ready(f"{url}/ready", timeout_s=600, log_line=servers.ready_line)
-        with servers.ray_probe(server) as ray:
-            yield Fleet(url, ray)
+        with servers.ray_probe(started.server) as ray:
+            yield Fleet(started.url, ray)
     finally:
-        server.stop()
+        started.server.stop()
 
 
 def conversation(user: str, turns: int) -> list[dict[str, str]]:

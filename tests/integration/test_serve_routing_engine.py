@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -57,19 +56,14 @@ def replica_counters(ray: Any) -> dict[str, dict[str, float]]:
 def two_replicas(
     tmp_path_factory: pytest.TempPathFactory, servers: Any
 ) -> Iterator[tuple[str, Any]]:
-    tmp = tmp_path_factory.mktemp("routing-engine")
-    spec = tmp / "fleet.yaml"
-    spec.write_text(SPEC)
-    port = servers.free_port()
-    argv = servers.fleetserve_argv(str(spec), "--port", str(port))
-    server = servers.Process("fleetserve (2 vLLM replicas)", argv, Path(tmp) / "serve.log")
-    url = f"http://127.0.0.1:{port}"
+    started = servers.start_fleetserve(
+        tmp_path_factory.mktemp("routing-engine"), SPEC, "2 vLLM replicas"
+    )
     try:
-        server.wait_ready(f"{url}/ready", log_line=servers.ready_line)
-        with servers.ray_probe(server) as ray:  # to read the replicas' prefix-cache counters
-            yield url, ray
+        with servers.ray_probe(started.server) as ray:  # the replicas' prefix-cache counters
+            yield started.url, ray
     finally:
-        server.stop()
+        started.server.stop()
 
 
 def test_prefix_cache_hits_follow_the_router(two_replicas: tuple[str, Any]) -> None:
