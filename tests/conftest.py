@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import os
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -55,16 +54,16 @@ def default_model_dir() -> Path:
 RAY_DRIVER_THREADS = frozenset({"gcs_client_io_s"})
 
 
-def native_threads() -> Counter[str]:
-    """This process's threads by name (Linux ``/proc``; empty elsewhere)."""
-    names: Counter[str] = Counter()
+def native_thread_names() -> set[str]:
+    """The names of this process's threads (Linux ``/proc``; empty elsewhere)."""
+    names: set[str] = set()
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
         return names
     for task in tasks:
         try:
-            names[Path(f"/proc/self/task/{task}/comm").read_text().strip()] += 1
+            names.add(Path(f"/proc/self/task/{task}/comm").read_text().strip())
         except OSError:
             continue  # the thread ended meanwhile
     return names
@@ -72,7 +71,7 @@ def native_threads() -> Counter[str]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    left = sorted(RAY_DRIVER_THREADS & native_threads().keys())
+    left = sorted(RAY_DRIVER_THREADS & native_thread_names())
     if left and exitstatus == pytest.ExitCode.OK:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         message = (

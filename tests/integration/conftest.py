@@ -276,6 +276,7 @@ class RayProbe:
         try:
             line = self._replies.get(timeout=timeout_s)
         except queue.Empty:
+            self._proc.kill()  # stuck in Ray: no point asking it to leave
             self.close()
             pytest.fail(f"Ray probe: no answer within {timeout_s:.0f} s to {what}")
         if line is None:

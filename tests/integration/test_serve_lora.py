@@ -132,20 +132,11 @@ def lora_fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterat
     }
     import yaml  # noqa: PLC0415
 
-    spec_file = root / "fleet.yaml"
-    spec_file.write_text(yaml.safe_dump(spec))
-    port = servers.free_port()
-    server = servers.Process(
-        "fleetserve (lora)",
-        servers.fleetserve_argv(str(spec_file), "--port", str(port)),
-        root / "fleetserve.log",
-    )
-    url = f"http://127.0.0.1:{port}"
-    server.wait_ready(f"{url}/ready", log_line=servers.ready_line)
+    started = servers.start_fleetserve(root, yaml.safe_dump(spec), "lora")
     try:
-        yield {"url": url, "root": root, "refs": refs, "base_path": base_path}
+        yield {"url": started.url, "root": root, "refs": refs, "base_path": base_path}
     finally:
-        server.stop()
+        started.server.stop()
 
 
 def _hash(key: str) -> str:
