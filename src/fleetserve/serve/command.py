@@ -7,6 +7,7 @@ import errno
 import socket
 from typing import Any
 
+from fleetserve.engine.vllm_version import require_supported_vllm
 from fleetserve.errors import UsageError
 from fleetserve.serve.runner import FleetServer, ServeOptions
 from fleetserve.spec import default_fleet, load_spec
@@ -77,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else spec.server.port
     if args.fake_token_delay < 0:
         raise UsageError("--fake-token-delay must be >= 0")
+    if args.engine == "vllm" and args.address is None:
+        # Before Ray starts: a vLLM outside the adapter's range would fail inside a replica.
+        # (A joined cluster's replicas run the cluster's vLLM: engine/vllm_api.py checks it.)
+        require_supported_vllm()
     if args.address is None:
         _check_port(host, port)
     server = FleetServer(

@@ -13,6 +13,8 @@ from fleetserve.engine.vllm_engine import parse_vllm_args
 from fleetserve.errors import EngineError
 from fleetserve.spec import ModelSpec
 
+pytestmark = pytest.mark.vllm
+
 SETTINGS = EngineSettings(
     gpu_memory_utilization=0.17,
     max_num_seqs=16,
