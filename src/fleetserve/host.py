@@ -7,9 +7,12 @@ Ray is given more CPUs than the planner planned for (a container pinned to 2 CPU
 
 * CPUs: the CPUs this process may run on (``sched_getaffinity``), capped by the cgroup v2
   CPU quota (``cpu.max``: quota / period, rounded up to a whole CPU).
-* memory: RAM as vLLM CPU measures it, because its ``gpu_memory_utilization`` is a fraction
-  of that figure: NUMA node 0's MemTotal clamped to the cgroup limit (mirrors
-  vllm/utils/cpu_resource_utils.py ``get_memory_node_info``); else physical RAM.
+* memory: on a CPU host, RAM as vLLM CPU measures it, because its ``gpu_memory_utilization``
+  is a fraction of that figure: NUMA node 0's MemTotal clamped to the cgroup limit (mirrors
+  vllm/utils/cpu_resource_utils.py ``get_memory_node_info``); else physical RAM. On a GPU
+  host the engines' budget is card memory and host RAM only holds processes, which Ray
+  places on the whole machine: physical RAM clamped to the cgroup limit (node 0 alone can
+  be a fraction of it - a VM whose hot-plugged memory forms other nodes).
 * GPUs: each visible CUDA card's total memory (MiB), from torch when CUDA is available
   (it honours CUDA_VISIBLE_DEVICES, as Ray and vLLM do).
 
@@ -40,7 +43,7 @@ class HostFacts:
     cpus: int
     """Logical CPUs this process may use (affinity, cgroup quota)."""
     memory_mb: int
-    """RAM as vLLM CPU measures it (MiB)."""
+    """RAM a fleet may use (MiB): vLLM CPU's measure on a CPU host, else the machine's."""
     gpu_memory_mb: list[int] = field(default_factory=list)
     """Total memory of each visible CUDA card (MiB); empty without CUDA."""
 
@@ -89,6 +92,15 @@ def engine_visible_memory() -> int:
                 total = int(parts[3]) * 1024
     except (OSError, ValueError):
         pass
+    return _cgroup_clamped(total)
+
+
+def host_memory() -> int:
+    """The machine's RAM (bytes), clamped to the cgroup limit (see the module note)."""
+    return _cgroup_clamped(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _cgroup_clamped(total: int) -> int:
     try:
         limit = CGROUP_MEMORY_MAX.read_text().strip()
         if limit.isdigit():
@@ -116,9 +128,16 @@ def gpu_memory_mb() -> list[int]:
 
 def probe() -> HostFacts:
     """This machine's CPUs, RAM and GPUs (the one measurement every command uses)."""
-    return HostFacts(
-        cpus=usable_cpus(), memory_mb=engine_visible_memory() // _MiB, gpu_memory_mb=gpu_memory_mb()
-    )
+    gpus = gpu_memory_mb()
+    memory = host_memory() if gpus else engine_visible_memory()
+    return HostFacts(cpus=usable_cpus(), memory_mb=memory // _MiB, gpu_memory_mb=gpus)
 
 
-__all__ = ["HostFacts", "engine_visible_memory", "gpu_memory_mb", "probe", "usable_cpus"]
+__all__ = [
+    "HostFacts",
+    "engine_visible_memory",
+    "gpu_memory_mb",
+    "host_memory",
+    "probe",
+    "usable_cpus",
+]

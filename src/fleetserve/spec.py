@@ -128,7 +128,10 @@ class ReplicaSpec(StrictModel):
         default=64,
         ge=1,
         le=100_000,
-        description="Requests a replica accepts at once; more queue, then get 503.",
+        description=(
+            "Requests a replica accepts at once; more queue, then get 503 (default: the "
+            "larger of 64 and the model's max_num_seqs, so a full batch is admitted)."
+        ),
     )
     max_queued_requests: int = Field(
         default=256,
@@ -491,7 +494,20 @@ class ModelSpec(StrictModel):
                 "adapter on the device is also held in CPU memory (vLLM refuses this)"
             )
         self._check_adapters()
+        self._admit_a_full_batch()
         return self
+
+    def _admit_a_full_batch(self) -> None:
+        """Unless set, ``replicas.max_ongoing_requests`` is at least the batch the engine
+        runs at once: a replica admitting fewer than ``max_num_seqs`` keeps requests
+        queued in Serve while vLLM's batch has room (measured on an H200 at concurrency
+        256 with the old flat 64: TTFT p50 3.3 s against ``vllm serve``'s 0.8 s)."""
+        if "max_ongoing_requests" in self.replicas.model_fields_set:
+            return
+        batch = self.max_num_seqs or self.concurrency
+        if batch > self.replicas.max_ongoing_requests:
+            replicas = self.replicas.model_copy(update={"max_ongoing_requests": batch})
+            object.__setattr__(self, "replicas", replicas)  # frozen: set once, here
 
     def _check_adapters(self) -> None:
         _unique("adapters", [a.name for a in self.adapters])
@@ -564,6 +580,12 @@ class ModelSpec(StrictModel):
     def lora_enabled(self) -> bool:
         """Whether the replicas run with LoRA (static adapters or an adapter directory)."""
         return bool(self.adapters) or self.adapter_dir is not None
+
+    @property
+    def loads_weights(self) -> bool:
+        """False when vLLM makes random weights of the config's shapes (``engine_args``
+        ``load_format: dummy``): the source then needs only its config and tokenizer."""
+        return self.engine_args.get("load_format") != "dummy"
 
     @property
     def gpus_per_replica(self) -> int:

@@ -62,3 +62,19 @@ def test_ray_gets_no_more_cpus_than_the_plan_was_made_for(
     monkeypatch.setattr(runner, "probe", lambda: pytest.fail("Ray must reuse check()'s probe"))
     server._start_ray()
     assert started["num_cpus"] == planned.cpus == 2
+
+
+def test_a_gpu_host_counts_the_machines_ram_not_numa_node_0(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """vLLM CPU's budget is node 0; on a GPU host RAM only holds processes, which Ray places
+    on the whole machine (a VM's hot-plugged memory can form other nodes)."""
+    node0 = tmp_path / "meminfo"
+    node0.write_text("Node 0 MemTotal:        8388608 kB\n")
+    monkeypatch.setattr(host, "NUMA_NODE0_MEMINFO", node0)
+    monkeypatch.setattr(host, "CGROUP_MEMORY_MAX", tmp_path / "no-memory.max")
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    monkeypatch.setattr(host, "gpu_memory_mb", list)
+    assert host.probe().memory_mb == 8192  # CPU host: vLLM CPU's node-0 figure
+    monkeypatch.setattr(host, "gpu_memory_mb", lambda: [143_155])
+    assert host.probe().memory_mb == machine

@@ -111,15 +111,19 @@ class ModelStore:
 
     # ------------------------------------------------------------------ resolve
 
-    def resolve(self, source: str) -> str:
-        """What to hand vLLM as ``model`` for ``source`` (see the module's design note)."""
+    def resolve(self, source: str, *, weights: bool = True) -> str:
+        """What to hand vLLM as ``model`` for ``source`` (see the module's design note).
+
+        ``weights``: False for a model vLLM loads with random weights (``load_format:
+        dummy``), whose directory needs only config.json and the tokenizer.
+        """
         if not source or source != source.strip():
             raise ModelPreparationError(f"invalid model source {source!r}")
         if source.startswith(BUILTIN_PREFIX):
             return str(self.prepare(source.removeprefix(BUILTIN_PREFIX)))
         path = Path(source).expanduser()
         if _looks_like_path(source) or path.exists():
-            return str(validate_model_dir(path))
+            return str(validate_model_dir(path, weights=weights))
         if _HF_REPO_ID.match(source):
             return source
         raise ModelPreparationError(
@@ -239,9 +243,10 @@ def read_marker(directory: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def validate_model_dir(path: Path) -> Path:
+def validate_model_dir(path: Path, *, weights: bool = True) -> Path:
     """Check that ``path`` is a HF-format model directory; return it absolute.
 
+    ``weights``: whether weight files must be there (not for ``load_format: dummy``).
     Raises ModelPreparationError naming the path and what is missing.
     """
     path = path.expanduser().absolute()
@@ -270,9 +275,10 @@ def validate_model_dir(path: Path) -> Path:
         raise ModelPreparationError(
             f"{config_path} is not a model config: it has neither 'model_type' nor 'architectures'"
         )
-    if not any(next(path.glob(pattern), None) for pattern in _WEIGHT_GLOBS):
+    if weights and not any(next(path.glob(pattern), None) for pattern in _WEIGHT_GLOBS):
         raise ModelPreparationError(
             f"{path} has no weights (expected {', '.join(_WEIGHT_GLOBS)})",
+            hint="serve it with random weights of its shapes: engine_args: {load_format: dummy}",
         )
     return path
 

@@ -22,7 +22,13 @@ from fleetserve.plan.memory import estimate_replica
 from fleetserve.plan.planner import PoolCard, build_problem, compose_result, solve
 from fleetserve.plan.problem import DEVICE_SPLIT_COUNT, PoolShape
 from fleetserve.plan.result import PlanResult, PoolUsage, ReplicaPlacement, Unplaced
-from fleetserve.plan.sizing import margin_mb, model_config_for, replica_args, resolved_limits
+from fleetserve.plan.sizing import (
+    CUDA_VISIBLE_FRACTION,
+    margin_mb,
+    model_config_for,
+    replica_args,
+    resolved_limits,
+)
 from fleetserve.plan.vllm_rules import model_refusals
 from fleetserve.spec import FleetSpec, GpuSpec, PoolSpec
 from fleetserve.units import mib_to_gib
@@ -42,7 +48,10 @@ def plan_local(spec: FleetSpec, host: LocalHost) -> PlanResult:
 
 
 def _plan_gpu(spec: FleetSpec, host: LocalHost) -> PlanResult:
-    card_mb = min(host.gpu_memory_mb)  # engines may land on any card: plan for the smallest
+    # Engines may land on any card: plan for the smallest. The probe reads CUDA's figure
+    # (torch), the sizing takes a card's nominal memory (nvidia-smi's, what HAMi and the
+    # GPU catalogue count) and applies CUDA's share itself: convert back, once, here.
+    card_mb = round(min(host.gpu_memory_mb) / CUDA_VISIBLE_FRACTION)
     gpu = GpuType("local", card_mb, 0, known=False)  # capability not probed: rules skipped
     pool = PoolSpec(
         name="local",
@@ -62,8 +71,13 @@ def _plan_gpu(spec: FleetSpec, host: LocalHost) -> PlanResult:
         split_count=DEVICE_SPLIT_COUNT,
     )
     pools = [PoolCard(pool, gpu, shape)]
+    # The machine is the spec's one pool here, so that every diagnosis that names a pool
+    # (pools[i]...) names it instead of failing to find it among the spec's cluster pools.
     local_spec = spec.model_copy(
-        update={"models": [m.model_copy(update={"pools": None}) for m in spec.models]}
+        update={
+            "models": [m.model_copy(update={"pools": None}) for m in spec.models],
+            "pools": [pool],
+        }
     )
     problem, plans = build_problem(local_spec, pools, "local")
     packing = solve(problem, time_limit_s=5.0)

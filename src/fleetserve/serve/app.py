@@ -95,7 +95,7 @@ def resolve_model_paths(spec: FleetSpec, engine: EngineKind) -> dict[str, str]:
     from fleetserve.modelstore.store import ModelStore  # noqa: PLC0415 - heavy, vllm only
 
     store = ModelStore()
-    return {name: store.resolve(source) for name, source in sources.items()}
+    return {m.name: store.resolve(sources[m.name], weights=m.loads_weights) for m in spec.models}
 
 
 def build_application(

@@ -293,6 +293,23 @@ def test_directory_without_weights(tmp_path: Path) -> None:
     assert validate_model_dir(target) == target
 
 
+def test_weight_free_directory_for_dummy_load(tmp_path: Path) -> None:
+    """``load_format: dummy`` (random weights of the config's shapes) needs only the config
+    and the tokenizer; without it the refusal says how to serve such a directory."""
+    target = tmp_path / "m"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"model_type": "gemma3_text"}))
+    (target / "tokenizer.json").write_text("{}")
+    store, _ = make_store(tmp_path)
+    with pytest.raises(ModelPreparationError, match="load_format: dummy"):
+        store.resolve(str(target))
+    assert store.resolve(str(target), weights=False) == str(target)
+    # the config is still required: dummy weights take their shapes from it
+    (target / "config.json").unlink()
+    with pytest.raises(ModelPreparationError, match=r"no config\.json"):
+        store.resolve(str(target), weights=False)
+
+
 # --------------------------------------------------------------------------- hub ids
 
 

@@ -129,3 +129,39 @@ def test_local_plan_is_json_serialisable(gpus: list[int]) -> None:
     result = plan_local(default_fleet(), LocalHost(cpus=4, memory_mb=32_000, gpu_memory_mb=gpus))
     data = result.model_dump(mode="json")
     assert data["scenario"] == "local"
+
+
+def test_gpu_host_short_of_ram_names_the_machine_not_a_crash() -> None:
+    """Four models on one card of a host whose RAM holds three replicas' processes: the
+    plan says which replica does not fit and why (it raised KeyError 'local' on an H200,
+    diagnosing a pool the spec does not list)."""
+    spec = parse_spec(
+        {
+            "models": [
+                {"name": n, "source": "x", "config": c, "max_model_len": 4096, "concurrency": 16}
+                for n, c in [
+                    ("s", "gemma-3-270m"),
+                    ("m", "gemma-3-1b"),
+                    ("l", "gemma-3-4b"),
+                    ("xl", "gemma-3-12b"),
+                ]
+            ]
+        }
+    )
+    result = plan_local(spec, LocalHost(cpus=16, memory_mb=16_000, gpu_memory_mb=[143_155]))
+    assert not result.feasible
+    assert len(result.replicas) == 3
+    (short,) = result.unplaced
+    assert short.resource == "host_memory" or "RAM" in short.reason
+    assert "local" in short.reason
+
+
+def test_gpu_host_card_is_planned_at_its_nominal_memory() -> None:
+    """The probe reads CUDA's figure (143,155 MiB on an H200); the plan takes the card's
+    nominal one (nvidia-smi's 143,771) and applies CUDA's share once: each engine's fraction
+    times CUDA's figure is what the plan gave it."""
+    spec = parse_spec({"models": [{"name": "a", "source": "x", "config": "gemma-3-4b"}]})
+    result = plan_local(spec, LocalHost(cpus=16, memory_mb=128_000, gpu_memory_mb=[143_155]))
+    assert result.pools[0].card_memory_mb == 143_771
+    (replica,) = result.replicas
+    assert replica.engine.gpu_memory_utilization * 143_155 == pytest.approx(replica.need_mb, 0.002)

@@ -11,6 +11,7 @@ from fleetserve.errors import SpecError
 from fleetserve.spec import (
     DEFAULT_MODEL_NAME,
     FleetSpec,
+    ModelSpec,
     SecretRef,
     default_fleet,
     load_spec,
@@ -138,3 +139,18 @@ def test_cli_unknown_command_exits_2(capsys: pytest.CaptureFixture[str]) -> None
         main(["no-such-command"])
     assert e.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_a_replica_admits_a_full_batch_unless_told_otherwise() -> None:
+    """max_ongoing_requests follows the engine's batch (H200, concurrency 256: a flat 64
+    left 192 requests queued in Serve while vLLM's batch had room)."""
+
+    def admitted(**fields: object) -> int:
+        model = ModelSpec.model_validate({"name": "m", "source": "x", **fields})
+        return model.replicas.max_ongoing_requests
+
+    assert admitted() == 64  # concurrency 8: the floor
+    assert admitted(concurrency=256) == 256
+    assert admitted(concurrency=100, max_num_seqs=300) == 300
+    # set by the user: kept, even below the batch
+    assert admitted(concurrency=256, replicas={"max_ongoing_requests": 32}) == 32
