@@ -359,8 +359,37 @@ def marked_processes(mark: str) -> dict[int, str]:
     return out
 
 
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def vllm_roles(processes: dict[int, str]) -> dict[int, str]:
+    """PID -> ``EngineCore`` or ``Worker`` for the vLLM processes among ``processes`` (PID ->
+    command line). By title where ``/proc/<pid>/cmdline`` shows it, else by parentage:
+    vLLM spawns its engine core from the replica and the worker from the core, both through
+    multiprocessing's ``spawn_main`` - a CI run read ``spawn_main`` for both after the engine
+    had answered a request, so a title alone is not a reliable mark."""
+    spawned = {p for p, c in processes.items() if "VLLM::" in c or "spawn_main" in c}
+    roles: dict[int, str] = {}
+    for pid in spawned:
+        cmd = processes[pid]
+        if "VLLM::EngineCore" in cmd:
+            roles[pid] = "EngineCore"
+        elif "VLLM::Worker" in cmd:
+            roles[pid] = "Worker"
+        else:
+            roles[pid] = "Worker" if _ppid(pid) in spawned else "EngineCore"
+    return roles
+
+
 class Servers:
     """Helpers for tests that start their own server (conftest is not importable)."""
+
+    vllm_roles = staticmethod(vllm_roles)
 
     Process = ServerProcess
     ready_line = FLEETSERVE_READY

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,18 +41,18 @@ def environ(pid: int) -> dict[str, str]:
 
 
 def test_the_engines_processes_and_only_they_run_on_its_claimed_cores(
-    fleetserve_processes: dict[int, str],
+    fleetserve_processes: dict[int, str], servers: Any
 ) -> None:
     # vLLM's processes, and the idle resource tracker Python's multiprocessing starts with
     # the first process it spawns (the engine core): both start on the engine's cores.
+    roles = servers.vllm_roles(fleetserve_processes)
     engine = {
         p: c
         for p, c in fleetserve_processes.items()
-        if "VLLM::" in c or "multiprocessing.resource_tracker" in c
+        if p in roles or "multiprocessing.resource_tracker" in c
     }
-    names = sorted(engine.values())
-    assert any("VLLM::EngineCore" in c for c in names), fleetserve_processes
-    core = next(p for p, c in engine.items() if "VLLM::EngineCore" in c)
+    assert "EngineCore" in roles.values(), fleetserve_processes
+    core = next(p for p, role in roles.items() if role == "EngineCore")
     binding = environ(core).get(BIND_ENV)
     assert binding is not None, f"no {BIND_ENV} in the engine core's environment"
     if binding == NO_BIND:
