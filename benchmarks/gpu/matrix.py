@@ -119,30 +119,48 @@ def stop(server: Server, sig: int = signal.SIGINT, wait_s: float = 60) -> None:
 # ----------------------------------------------------------------------------- CPU accounting
 
 
-def _tree_cpu(root: int) -> tuple[float, float]:
-    """(serving CPU s, engine CPU s) of ``root`` and its descendants (Ray's daemons, Serve's
-    actors and the engines are all started under the server's process); vLLM's engine
-    processes are told apart by their title (``VLLM::EngineCore``, ``VLLM::Worker``)."""
+def _tree_cpu(root: int) -> dict[int, tuple[str, float]]:
+    """PID -> (command line, CPU seconds) of ``root`` and its descendants: Ray's daemons,
+    Serve's actors and the engines all start under the server's process."""
     import psutil  # noqa: PLC0415 - on the GPU host's image
 
-    serving = engine = 0.0
     try:
         top = psutil.Process(root)
         procs = [top, *top.children(recursive=True)]
     except psutil.Error:
-        return 0.0, 0.0
+        return {}
+    out: dict[int, tuple[str, float]] = {}
     for p in procs:
         try:
-            cmd = " ".join(p.cmdline()) + " " + p.name()
+            cmd = " ".join(p.cmdline()) or p.name()
             t = p.cpu_times()
         except psutil.Error:
             continue
-        cpu = t.user + t.system
-        if any(k in cmd for k in ENGINE_TITLES):
-            engine += cpu
+        out[p.pid] = (cmd, t.user + t.system)
+    return out
+
+
+def _is_engine(cmd: str) -> bool:
+    """vLLM's engine processes: titled ``VLLM::<role>``, or still showing the
+    ``spawn_main`` command line multiprocessing starts them with (a title is not always
+    visible in /proc: seen in CI)."""
+    return any(k in cmd for k in ENGINE_TITLES) or "spawn_main" in cmd
+
+
+def cpu_split(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> tuple[float, float, list[tuple[str, float]]]:
+    """(serving CPU s, engine CPU s, the ten busiest processes) between two readings."""
+    serving = engine = 0.0
+    used: list[tuple[str, float]] = []
+    for pid, (cmd, cpu) in after.items():
+        delta = cpu - before.get(pid, (cmd, 0.0))[1]
+        used.append((cmd[:120], round(delta, 3)))
+        if _is_engine(cmd):
+            engine += delta
         else:
-            serving += cpu
-    return serving, engine
+            serving += delta
+    return serving, engine, sorted(used, key=lambda x: -x[1])[:10]
 
 
 # ----------------------------------------------------------------------------- client
@@ -200,6 +218,7 @@ def bench(
     p = subprocess.run(argv, capture_output=True, text=True, check=False)
     wall = time.monotonic() - t0
     cpu1 = _tree_cpu(server.proc.pid)
+    serving_s, engine_s, busiest = cpu_split(cpu0, cpu1)
     (out / f"{tag}-c{conc}.client.log").write_text(p.stdout[-20000:] + p.stderr[-20000:])
     if p.returncode != 0 or not (out / name).exists():
         log(f"bench {tag} c={conc} failed ({p.returncode}): {p.stderr[-1500:]}")
@@ -217,8 +236,9 @@ def bench(
         "tpot_p50_ms": r.get("median_tpot_ms"),
         "duration_s": r.get("duration"),
         "wall_s": wall,
-        "serving_cpu_ms_per_token": 1000 * (cpu1[0] - cpu0[0]) / tokens,
-        "engine_cpu_ms_per_token": 1000 * (cpu1[1] - cpu0[1]) / tokens,
+        "serving_cpu_ms_per_token": 1000 * serving_s / tokens,
+        "engine_cpu_ms_per_token": 1000 * engine_s / tokens,
+        "busiest_processes_cpu_s": busiest,
     }
     log(
         f"{tag} c={conc}: {row['tok_s']:.0f} tok/s, TTFT p50 {row['ttft_p50_ms']:.1f} ms, "
@@ -365,6 +385,7 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
     if "fleetserve" in order:
         kv = logged_kv([RAY_LOGS])
         (out / "kv.json").write_text(json.dumps(kv, indent=1))
+    (out / "overhead.json").write_text(json.dumps(rows, indent=1))
     print_overhead(rows)
     return rows
 
