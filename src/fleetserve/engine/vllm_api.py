@@ -12,7 +12,8 @@ moved what (checked against each release's sources; the version tests import eve
 of the installed one).
 
 What must stay true: a layout is listed for every release in ``SUPPORTED_VLLM``, and the
-layouts are ordered by ``since``.
+layouts are ordered by ``since``. Engine methods that a release lacks are reached here too
+(:func:`unfinished_requests`), never by ``hasattr`` at the call site.
 """
 
 from __future__ import annotations
@@ -95,3 +96,10 @@ init_app_state = _load(LAYOUT.app_state, "init_app_state")
 make_arg_parser = _load(LAYOUT.cli_args, "make_arg_parser")
 validate_parsed_serve_args = _load(LAYOUT.cli_args, "validate_parsed_serve_args")
 create_error_response = _load(LAYOUT.errors, "create_error_response")
+
+
+def unfinished_requests(engine: Any) -> int:
+    """Requests an ``AsyncLLM`` still holds. ``AsyncLLM.get_num_unfinished_requests`` exists
+    from 0.29; every supported release keeps the count on the engine's output processor,
+    which that method reads."""
+    return int(engine.output_processor.get_num_unfinished_requests())

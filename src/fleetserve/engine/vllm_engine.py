@@ -54,6 +54,7 @@ from fleetserve.engine.vllm_api import (
     build_app,
     init_app_state,
     make_arg_parser,
+    unfinished_requests,
     validate_parsed_serve_args,
 )
 from fleetserve.errors import EngineError
@@ -203,7 +204,7 @@ class VllmEngine:
         bridge = self._bridge
         running = 0
         if self._engine is not None:
-            running = int(self._engine.get_num_unfinished_requests())
+            running = unfinished_requests(self._engine)
         extra = dict(self._signals.values)
         if bridge is None:
             return EngineStats(running=running, extra=extra)
@@ -223,7 +224,7 @@ class VllmEngine:
             engine = self._engine
             if engine is None:
                 return
-            if engine.get_num_unfinished_requests() == 0:
+            if unfinished_requests(engine) == 0:
                 for logger in kept_loggers(engine):
                     logger.record_idle()
 

@@ -144,6 +144,10 @@ def test_every_layout_entry_of_the_installed_vllm_imports() -> None:
         vllm_api.create_error_response,
     ):
         assert callable(fn)
+    # unfinished_requests reads the output processor's count (AsyncLLM's own method is 0.29+)
+    from vllm.v1.engine.output_processor import OutputProcessor  # noqa: PLC0415
+
+    assert callable(OutputProcessor.get_num_unfinished_requests)
 
 
 def test_layouts_cover_the_range_in_order() -> None:
