@@ -81,6 +81,16 @@ _INT_ARGS = {
     "max_lora_rank",
 }
 _FLOAT_ARGS = {"gpu_memory_utilization"}
+#: vLLM's own bounds, (low, low inclusive, high): outside them the engine refuses to start
+#: (vllm 0.32 config: ParallelConfig tensor/pipeline_parallel_size ``ge=1``, CacheConfig
+#: gpu_memory_utilization ``gt=0, le=1``; older releases raise the same from ``_verify_args``).
+#: A value outside is no engine fact: replicas keep it apart (``rejected``) so no rule
+#: computes ranks or budgets from it, and ``engine-arg-invalid`` reports it.
+_BOUNDS: dict[str, tuple[float, bool, float | None]] = {
+    "tensor_parallel_size": (1, True, None),
+    "pipeline_parallel_size": (1, True, None),
+    "gpu_memory_utilization": (0, False, 1),
+}
 _BOOL_ARGS = {"enable_chunked_prefill", "enable_lora"}
 #: vLLM boolean flags (BooleanOptionalAction / store_true): no value unless "=x" is given.
 _BOOL_FLAGS = {
@@ -129,6 +139,16 @@ class EngineReplica:
     tenant: str | None = None
     #: fleetserve's plan: the engine's memory fraction OF THE HAMi SLICE, when planned.
     planned_slice_utilization: float | None = None
+    #: Engine arguments written outside vLLM's bounds (``tensor_parallel_size: 0``); moved
+    #: out of ``engine`` on construction, so no rule reasons from them.
+    rejected: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Every construction site goes through here: one place keeps bad values out.
+        valid, bad = split_rejected(self.engine)
+        if bad:
+            object.__setattr__(self, "engine", valid)
+            object.__setattr__(self, "rejected", {**self.rejected, **bad})
 
     @property
     def is_vllm(self) -> bool:
@@ -142,7 +162,7 @@ class EngineReplica:
         pp = self.engine.get("pipeline_parallel_size")
         if tp is None and pp is None:
             return None
-        return int(tp or 1) * int(pp or 1)
+        return int(tp if tp is not None else 1) * int(pp if pp is not None else 1)
 
     @property
     def gpu_units(self) -> tuple[int, float] | None:
@@ -173,6 +193,26 @@ class EngineReplica:
     def engine_path(self, key: str) -> str:
         """Field path that sets engine argument ``key`` (the replica's path if unknown)."""
         return self.engine_paths.get(key, self.path)
+
+
+def out_of_bounds(key: str, value: Any) -> str | None:
+    """The bound ``value`` of engine argument ``key`` breaks (``">= 1"``, ``"in (0, 1]"``),
+    or None when it is within vLLM's bounds (or not a bounded number)."""
+    bounds = _BOUNDS.get(key)
+    if bounds is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    low, inclusive, high = bounds
+    if (value < low if inclusive else value <= low) or (high is not None and value > high):
+        if high is None:
+            return f">= {low:g}"
+        return f"in {'[' if inclusive else '('}{low:g}, {high:g}]"
+    return None
+
+
+def split_rejected(engine: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(arguments within vLLM's bounds, arguments outside them) of ``engine``."""
+    bad = {k: v for k, v in engine.items() if out_of_bounds(k, v) is not None}
+    return {k: v for k, v in engine.items() if k not in bad}, bad
 
 
 def can_host(group: GroupView, r: EngineReplica) -> bool:
@@ -325,8 +365,9 @@ def _serve_llm_replicas(
         bundles = _bundles(pg.get("bundles")) if isinstance(pg, dict) else None
         derived = bundles is None
         if bundles is None:
-            ranks = int(engine.get("tensor_parallel_size") or 1) * int(
-                engine.get("pipeline_parallel_size") or 1
+            valid = split_rejected(engine)[0]  # a bad TP is reported, not turned into bundles
+            ranks = int(valid.get("tensor_parallel_size", 1)) * int(
+                valid.get("pipeline_parallel_size", 1)
             )
             bundles = [{"GPU": 1.0} for _ in range(ranks)]
         model_id = engine.get("model", f"llm_configs[{k}]")
@@ -602,10 +643,13 @@ def parse_vllm_cli(
     return engine, paths
 
 
-def container_engine(container: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str, str]]:
+def container_engine(
+    container: dict[str, Any], path: str, *, raw: bool = False
+) -> tuple[dict[str, Any], dict[str, str]]:
     """vLLM engine arguments of a container that runs the vLLM server (``vllm serve``,
     ``python -m vllm.entrypoints.openai.api_server``, or the vllm-openai image), read from its
-    command/args and literal env vars; ({}, {}) for any other container."""
+    command/args and literal env vars; ({}, {}) for any other container. Arguments outside
+    vLLM's bounds are left out unless ``raw`` (``engine-arg-invalid`` reads them)."""
     words: list[tuple[str, str]] = []
     for key in ("command", "args"):
         items = container.get(key)
@@ -633,4 +677,4 @@ def container_engine(container: dict[str, Any], path: str) -> tuple[dict[str, An
     for key, value in from_env.items():
         engine.setdefault(key, value)
         paths.setdefault(key, env_paths[key])
-    return engine, paths
+    return engine if raw else split_rejected(engine)[0], paths
