@@ -47,6 +47,8 @@ HAMI_DENIES_PRIVILEGED_FROM = Version("2.10")
 #: KubeRay refuses a RayService that names its head Service from v1.3.0
 #: (ValidateRayServiceSpec in ray-operator/controllers/ray/utils/validation.go; absent in v1.2.x).
 KUBERAY_REJECTS_HEAD_SERVICE_NAME_FROM = Version("1.3")
+#: KubeRay probes a RayService worker's Serve proxy on its `serve` port from 1.1 (PR #1808).
+KUBERAY_PROBES_SERVE_PORT_FROM = Version("1.1")
 
 _LEADING = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from fleetserve.errors import FleetServeError
 from fleetserve.k8s.doctor.finding import Finding
 from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.registry import rule
@@ -21,6 +22,12 @@ from fleetserve.k8s.doctor.rules._engines import (
     out_of_bounds,
     split_rejected,
 )
+from fleetserve.plan.catalogue import catalogue_entry
+from fleetserve.plan.memory import load_model_config
+
+#: vLLM's escape hatch for a context longer than the model's (vllm/envs.py): with it set the
+#: engine starts and only warns, so the rule stays silent.
+ALLOW_LONG_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 
 #: What each bounded argument means, for the fix.
 _MEANING = {
@@ -44,6 +51,8 @@ class _Engine:
     paths: dict[str, str]
     #: Field path of the engine when an argument's own path is unknown.
     path: str
+    #: Literal environment the engine runs with (runtime_env env_vars, container env).
+    env: dict[str, str]
 
 
 def _engines(inv: Inventory) -> Iterator[_Engine]:
@@ -51,7 +60,7 @@ def _engines(inv: Inventory) -> Iterator[_Engine]:
         for r in engine_replicas(m):
             written = {**r.engine, **r.rejected}
             who = f"Serve replica {r.name!r} of {m.ref}"
-            yield _Engine(m, who, written, r.engine_paths, r.path)
+            yield _Engine(m, who, written, r.engine_paths, r.path, r.env)
     for pod in pods(inv):
         if pod.group is not None:
             continue  # Ray pods run their engines through Serve (above)
@@ -59,7 +68,13 @@ def _engines(inv: Inventory) -> Iterator[_Engine]:
             engine, paths = container_engine(c, path, raw=True)
             if engine:
                 who = f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref}"
-                yield _Engine(pod.manifest, who, engine, paths, path)
+                env = c.get("env")
+                literal = {
+                    str(e["name"]): str(e["value"])
+                    for e in (env if isinstance(env, list) else [])
+                    if isinstance(e, dict) and "name" in e and "value" in e
+                }
+                yield _Engine(pod.manifest, who, engine, paths, path, literal)
 
 
 @rule("engine-arg-invalid", versions={"vllm": "all"})
@@ -76,4 +91,98 @@ def engine_arg_invalid(inv: Inventory) -> Iterator[Finding]:
                 f"{e.who} sets {key} {value:g}, outside vLLM's bound ({key} {bound}): vLLM's "
                 "config validation refuses it and the engine never starts.",
                 f"Set {key} to {_MEANING[key]}.",
+            )
+
+
+def _model_limit(model: Any) -> tuple[int, str] | None:
+    """(the longest max_model_len vLLM derives for ``model``, where it comes from), for
+    catalogue models only: a manifest's model path is never opened."""
+    if not isinstance(model, str) or catalogue_entry(model) is None:
+        return None
+    try:
+        config = load_model_config(model)
+    except FleetServeError:
+        return None
+    rope = f", RoPE scaling '{config.rope_scaling}' included" if config.rope_scaling else ""
+    return config.max_model_len_limit, f"{config.max_len_key} in its config.json{rope}"
+
+
+@rule("max-model-len-exceeds-model", versions={"vllm": "all"})
+def max_model_len_exceeds_model(inv: Inventory) -> Iterator[Finding]:
+    """max_model_len above the context the model's config allows: vLLM refuses to start."""
+    for e in _engines(inv):
+        mml = e.engine.get("max_model_len")
+        if not isinstance(mml, int) or mml <= 0:  # -1 is vLLM's "fit to memory"
+            continue
+        limit = _model_limit(e.engine.get("model"))
+        if limit is None or mml <= limit[0]:
+            continue
+        allowed = e.env.get(ALLOW_LONG_ENV, "").strip().lower()
+        if allowed in ("1", "true"):
+            continue
+        yield Finding.at(
+            "max-model-len-exceeds-model",
+            "error",
+            e.manifest,
+            e.paths.get("max_model_len", e.path),
+            f"{e.who} sets max_model_len {mml} for {e.engine['model']}, whose longest context "
+            f"is {limit[0]} ({limit[1]}, fleetserve's model catalogue): vLLM refuses to start "
+            f"('User-specified max_model_len ({mml}) is greater than the derived "
+            f"max_model_len') unless {ALLOW_LONG_ENV}=1.",
+            f"Set max_model_len to at most {limit[0]} (or leave it unset: vLLM then uses "
+            f"{limit[0]}).",
+        )
+
+
+#: The container runtime's /dev/shm when the pod mounts none (containerd, CRI-O, Docker: 64 MiB).
+DEFAULT_SHM_MIB = 64
+
+
+def _shm_volume(pod_spec: dict[str, Any], container: dict[str, Any]) -> dict[str, Any] | None:
+    """The volume mounted at /dev/shm in ``container`` (None when the runtime's 64 MiB stays)."""
+    mounts = container.get("volumeMounts")
+    name = next(
+        (
+            m.get("name")
+            for m in (mounts if isinstance(mounts, list) else [])
+            if isinstance(m, dict) and str(m.get("mountPath", "")).rstrip("/") == "/dev/shm"
+        ),
+        None,
+    )
+    if name is None:
+        return None
+    volumes = pod_spec.get("volumes")
+    for v in volumes if isinstance(volumes, list) else []:
+        if isinstance(v, dict) and v.get("name") == name:
+            return v
+    return {}
+
+
+@rule("shm-too-small", versions={"vllm": "all"})
+def shm_too_small(inv: Inventory) -> Iterator[Finding]:
+    """A multi-rank vLLM pod without a /dev/shm volume: NCCL and vLLM's workers share memory
+    through /dev/shm, and the runtime's 64 MiB is not enough for TP/PP > 1."""
+    for pod in pods(inv):
+        if pod.group is not None or pod.spec.get("hostIPC") is True:
+            continue  # Ray pods: Ray warns itself; hostIPC: the node's /dev/shm is used
+        for c, path in pod.containers():
+            engine, _ = container_engine(c, path)
+            ranks = int(engine.get("tensor_parallel_size", 1)) * int(
+                engine.get("pipeline_parallel_size", 1)
+            )
+            if ranks <= 1 or _shm_volume(pod.spec, c) is not None:
+                continue
+            yield Finding.at(
+                "shm-too-small",
+                "error",
+                pod.manifest,
+                f"{path}.volumeMounts",
+                f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref} runs "
+                f"{ranks} tensor/pipeline ranks but mounts nothing at /dev/shm: the container "
+                f"runtime gives {DEFAULT_SHM_MIB} MiB, too little for NCCL's shared-memory "
+                "buffers between the ranks, and the engine fails at start-up (NCCL 'unhandled "
+                "system error' or a bus error).",
+                "Mount an in-memory emptyDir at /dev/shm: volumes: [{name: dshm, emptyDir: "
+                "{medium: Memory, sizeLimit: 2Gi}}], volumeMounts: [{name: dshm, mountPath: "
+                "/dev/shm}].",
             )

@@ -26,6 +26,7 @@ from fleetserve.k8s.doctor.ray_objects import (
     cluster_spec,
     fmt_num,
     groups,
+    serve_config,
     worker_groups,
 )
 from fleetserve.k8s.doctor.registry import rule
@@ -47,11 +48,13 @@ from fleetserve.k8s.doctor.rules._engines import (
 )
 from fleetserve.k8s.doctor.rules._models import gib, replica_need
 from fleetserve.k8s.doctor.rules._versions import (
+    KUBERAY_PROBES_SERVE_PORT_FROM,
     SERVE_DEFAULT_MAX_ONGOING,
     SERVE_DEFAULT_TARGET_ONGOING,
     SERVE_NEW_NAMES_FROM,
     SERVE_OLD_NAMES_DROPPED_FROM,
     KnownVersion,
+    kuberay_version,
     normalise,
     ray_version,
     ray_version_of_image,
@@ -415,6 +418,102 @@ def _server_tp(inv: Inventory) -> Iterator[Finding]:
             f"Make them equal: nvidia.com/gpu: {tp * pp}, or --tensor-parallel-size "
             f"{max(gpus.count // pp, 1)}.",
         )
+
+
+# --------------------------------------------------------------------------- Serve port
+
+#: KubeRay's names for a Serve port (common/service.go isServingPort) and its default.
+_SERVE_PORT_NAME = "serve"
+_DEFAULT_SERVE_PORT = 8000
+
+
+def _named_serve_port(container: dict[str, Any]) -> tuple[int | None, int, bool]:
+    """(the container port named ``serve``, its index, whether any ``serve``/``serve-*`` port
+    is declared) - KubeRay's FindContainerPort, which falls back to 8000 when none is named."""
+    ports = container.get("ports")
+    found: int | None = None
+    index = -1
+    any_serving = False
+    for i, p in enumerate(ports if isinstance(ports, list) else []):
+        if not isinstance(p, dict):
+            continue
+        name = str(p.get("name", ""))
+        if name == _SERVE_PORT_NAME or name.startswith(_SERVE_PORT_NAME + "-"):
+            any_serving = True
+        if name == _SERVE_PORT_NAME and isinstance(p.get("containerPort"), int):
+            found, index = p["containerPort"], i
+    return found, index, any_serving
+
+
+@rule("serve-port-missing", versions={"kuberay": ">=1.1", "ray": "all"})
+def serve_port_missing(inv: Inventory) -> Iterator[Finding]:
+    """The Serve port KubeRay builds the serve Service and the worker probe from must exist
+    and be the port Serve listens on."""
+    operator = kuberay_version(inv)
+    probes = operator is None or operator.at_least(KUBERAY_PROBES_SERVE_PORT_FROM)
+    for m in inv.of_kind("RayService"):
+        head = next((g for g in groups(m) if g.is_head), None)
+        if head is None:
+            continue
+        raw_ports = head.container.get("ports")
+        head_ports: list[Any] = raw_ports if isinstance(raw_ports, list) else []
+        _, _, head_serving = _named_serve_port(head.container)
+        if head_ports and not head_serving and m.get("spec.serveService") is None:
+            yield Finding.at(
+                "serve-port-missing",
+                "error",
+                m,
+                f"{head.container_path}.ports",
+                f"The head container of {m.ref} declares {len(head_ports)} port(s) but "
+                "none named 'serve': KubeRay builds the serve Service from the head's "
+                "declared ports and refuses (\"Please specify a port named 'serve' (or "
+                "with the prefix 'serve-', e.g. 'serve-grpc')\"), so the RayService never "
+                "serves traffic.",
+                f"Add - {{containerPort: {http_port(m)}, name: serve}} to the head "
+                "container's ports (or give spec.serveService).",
+            )
+        found = serve_config(m)
+        opts = found[0].get("http_options") if found is not None else None
+        if not isinstance(opts, dict) or "port" not in opts:
+            continue  # Serve listens on 8000, KubeRay's default too
+        listen = http_port(m)
+        for g in groups(m):
+            if not g.is_head and not probes:
+                continue  # no Serve readiness probe on workers before KubeRay 1.1
+            declared, index, _ = _named_serve_port(g.container)
+            probed = declared if declared is not None else _DEFAULT_SERVE_PORT
+            if probed == listen:
+                continue
+            where = (
+                f"{g.container_path}.ports[{index}].containerPort"
+                if index >= 0
+                else f"{g.container_path}"
+            )
+            what = (
+                "the serve Service targets"
+                if g.is_head
+                else "KubeRay's readiness probe (wget localhost:<port>/-/healthz) checks"
+            )
+            source = (
+                "its container port named serve"
+                if declared is not None
+                else "no port is named serve, so KubeRay assumes 8000"
+            )
+            effect = (
+                "traffic through the serve Service reaches nothing."
+                if g.is_head
+                else "the worker pods never become ready and get no traffic."
+            )
+            yield Finding.at(
+                "serve-port-missing",
+                "error",
+                m,
+                where,
+                f"Serve listens on http_options.port {listen} but {what} port {probed} on "
+                f"the {g.label} ({source}): {effect}",
+                f"Name the container port Serve listens on 'serve': - {{containerPort: "
+                f"{listen}, name: serve}} (or set http_options.port to {probed}).",
+            )
 
 
 # --------------------------------------------------------------------------- VLLM_PORT
