@@ -121,6 +121,12 @@ class PodView:
         """Node label key -> allowed values, from nodeSelector and required node affinity."""
         return node_constraints(self.spec)
 
+    def annotations(self) -> dict[str, str]:
+        """The pod template's annotations (the Pod's own for a bare Pod)."""
+        base = self.path[: -len(".spec")] if self.path.endswith(".spec") else ""
+        meta = self.manifest.get(f"{base}.metadata" if base else "metadata")
+        return _labels(meta.get("annotations")) if isinstance(meta, dict) else {}
+
 
 def _labels(x: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in x.items()} if isinstance(x, dict) else {}
@@ -394,12 +400,46 @@ class CardMemory:
         return max(self.candidates)
 
 
+#: HAMi's pod annotation restricting the card types a pod may be given (comma-separated
+#: names, matched against the device's type: HAMi docs, "Specify GPU type").
+HAMI_USE_GPUTYPE = "nvidia.com/use-gputype"
+#: Ray's resource naming the accelerator of a node (``accelerator_type:A10G``).
+RAY_ACCELERATOR_PREFIX = "accelerator_type:"
+
+
+def _declared_card(pod: PodView) -> CardMemory | None:
+    """The card a pod asks for by type: HAMi's ``nvidia.com/use-gputype`` annotation, or a
+    Ray group that advertises ``accelerator_type:<T>`` as written in the manifest (a custom
+    resource Ray's scheduler matches, so replicas pinned by it land on that card)."""
+    wanted = pod.annotations().get(HAMI_USE_GPUTYPE, "")
+    names = [n.strip() for n in wanted.split(",") if n.strip()]
+    source = f"HAMi annotation {HAMI_USE_GPUTYPE}: {wanted}"
+    if not names and pod.group is not None:
+        names = [
+            k.removeprefix(RAY_ACCELERATOR_PREFIX)
+            for k in pod.group.advertised
+            if k.startswith(RAY_ACCELERATOR_PREFIX)
+        ]
+        source = "Ray resource " + ", ".join(RAY_ACCELERATOR_PREFIX + n for n in names)
+    mibs: list[float] = []
+    for name in names:
+        found = memory_of_gpu_name(name)
+        if not found:
+            return None  # a type we cannot size: no single answer, so none
+        mibs.extend(found)
+    return CardMemory(tuple(mibs), source) if mibs else None
+
+
 def card_memory(pod: PodView, inv: Inventory) -> CardMemory | None:
-    """Memory of the card behind ``pod`` (from its node selector, NodePools or fleet pools)."""
+    """Memory of the card behind ``pod``: its node selector, the card type it asks for (HAMi's
+    use-gputype, Ray's accelerator_type), the NodePools it may land on, or fleet pools."""
     want = pod.node_constraints()
     direct = _memory_from_labels(want)
     if direct is not None:
         return CardMemory(direct[0], f"node selector {direct[1]}")
+    declared = _declared_card(pod)
+    if declared is not None:
+        return declared
     if not want:
         return None  # could land on any node: no single card to reason about
     cands: list[float] = []
