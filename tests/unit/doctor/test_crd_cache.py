@@ -125,10 +125,11 @@ def test_no_schema_gives_one_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "empty-cache"))
     path = _write(tmp_path, BUGS + OPERATOR_16.replace("v1.6.0", "v1.6.0") + _MONITOR)
     result = diagnose([str(path)], rules={"schema"})
-    assert result.findings == []
+    # KubeRay's schemas ship with fleetserve (the newest release, for 1.6.0's want of a cached
+    # copy); prometheus-operator's do not.
+    assert {f.path for f in result.findings} == EXPECTED
     [note] = result.notes
-    assert "no CRD schema for KubeRay 1.6.0 RayService" in note
-    assert "prometheus-operator 0.93.0 ServiceMonitor" in note
+    assert "no CRD schema for prometheus-operator 0.93.0 ServiceMonitor" in note
     assert f"offline: {OFFLINE_ENV} is set" in note
     assert "--crds DIR" in note
     assert "--crds cluster" in note
@@ -139,13 +140,13 @@ def test_machine_formats_put_the_note_on_stderr(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "empty-cache"))
-    path = _write(tmp_path, BUGS)
+    path = _write(tmp_path, BUGS + _MONITOR)
     for fmt in ("json", "sarif", "github"):
-        assert main(["doctor", str(path), "--rules", "schema", "--format", fmt]) == 0
+        assert main(["doctor", str(path), "--rules", "schema", "--format", fmt]) == 1
         out, err = capsys.readouterr()
         if fmt != "github":
             json.loads(out)
-        assert err.count("note: no CRD schema for KubeRay") == 1
+        assert err.count("note: no CRD schema for prometheus-operator") == 1
 
 
 _MONITOR = """\
@@ -258,9 +259,10 @@ def test_release_without_the_file_is_a_note_not_an_error(tmp_path: Path, release
 
 def test_something_else_than_a_crd_is_not_cached(tmp_path: Path, release: Release) -> None:
     release.body = b"<html>sign in to the wifi</html>"
-    result = diagnose([str(_write(tmp_path, BUGS))], rules={"schema"})
-    assert result.findings == []
-    assert "no CRD schema for KubeRay" in result.notes[0]
+    result = diagnose([str(_write(tmp_path, BUGS + _MONITOR))], rules={"schema"})
+    # KubeRay: the schemas shipped with fleetserve; prometheus-operator: none.
+    assert {f.path for f in result.findings} == EXPECTED
+    assert "no CRD schema for prometheus-operator" in result.notes[0]
     assert not list((tmp_path / "cache").rglob("*.yaml"))
 
 
@@ -291,7 +293,10 @@ def test_downloader_seam_failure_stops_the_run(tmp_path: Path) -> None:
     text = BUGS + BUGS.replace("kind: RayService", "kind: RayCluster").replace("v1alpha1", "v1")
     found = CacheLookup(tmp_path, Down()).lookup(load_text(text))
     assert Down.calls == 1
-    assert "no route to host" in (found.note() or "")
+    assert "no route to host" in found.reason
+    # The release fleetserve ships answers for both kinds: nothing is missing.
+    assert found.used == ["KubeRay 1.7.0 (shipped with fleetserve)"]
+    assert found.note() is None
 
 
 # --------------------------------------------------------------------------------------------

@@ -85,7 +85,8 @@ def register(subparsers: Any) -> None:
         help="where custom-resource schemas come from. Default: the CRDs of the KubeRay (and "
         "prometheus-operator) release the manifests name, else the newest known, from the "
         "cache ($FLEETSERVE_CACHE/crds, else ~/.cache/fleetserve/crds), downloaded once from "
-        "the upstream release when online (FLEETSERVE_OFFLINE=1: never). 'cluster': the "
+        "the upstream release when online (FLEETSERVE_OFFLINE=1: never), else the KubeRay "
+        "schemas shipped with fleetserve. 'cluster': the "
         "CRDs installed in the kubeconfig's cluster (read with kubectl). DIR: a directory of "
         "CRD YAML files",
     )

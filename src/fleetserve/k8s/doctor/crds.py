@@ -12,8 +12,10 @@ Design note:
   upstream release (a short timeout), written to the cache only after it parsed as the CRD it
   is named for, so every later run is offline. A failed download (no network) stops all others
   in the run and is remembered for ``_RETRY_AFTER_S`` so offline runs stay fast;
-  ``FLEETSERVE_OFFLINE=1`` never downloads. When the wanted version cannot be had, the newest
-  cached version that has the file is used instead. Whatever could not be had becomes ONE note.
+  ``FLEETSERVE_OFFLINE=1`` never downloads. When the wanted version cannot be had from the
+  cache or the release, the schemas shipped with fleetserve for it (``bundled.py``) are used,
+  else the newest cached version that has the file, else the newest shipped release. Whatever
+  could not be had becomes ONE note.
 - ``--crds cluster`` reads the installed CRDs with kubectl (the user's kubeconfig and context):
   they are what the API server validates against. Anything that stops it is a usage error that
   says what is missing (exit 2), never a silent fallback.
@@ -43,6 +45,7 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from fleetserve.errors import UsageError
+from fleetserve.k8s.doctor.bundled import bundled, bundled_versions, crd_documents
 from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.schema import CrdSchemas
 
@@ -336,6 +339,13 @@ def _write_atomic(target: Path, data: bytes) -> None:
         raise
 
 
+def _bundled_docs(up: Upstream, version: str, kind: str) -> list[dict[str, Any]]:
+    """The CRD documents of ``kind`` shipped with fleetserve for ``version`` ([] if none)."""
+    facts = bundled(up.component, version)
+    docs = crd_documents(facts) if facts is not None else []
+    return [d for d in docs if _is_crd_of([d], up, kind)]
+
+
 @dataclass
 class CacheLookup:
     """Default mode: cache first, then the upstream release (once), never the cluster."""
@@ -401,10 +411,15 @@ class CacheLookup:
             named = sorted(named_versions(inv, up), key=_version_key)
             cached = cached_versions(self.cache, up)
             wanted = named[-1] if named else max([up.newest, *cached], key=_version_key)
+            shipped = sorted(bundled_versions(up.component), key=_version_key)
             for kind in sorted(kinds):
                 path = self._file(up, wanted, kind)
                 used = wanted
-                if path is None:
+                docs = _cached_docs(path) if path is not None else None
+                shipped_used = False
+                if docs is None and wanted in shipped:
+                    docs, shipped_used = _bundled_docs(up, wanted, kind), True
+                if not docs:
                     # The newest cached version that has the file, rather than nothing.
                     for v in reversed(cached):
                         candidate = self.cache / up.component / v / up.files[kind]
@@ -413,17 +428,26 @@ class CacheLookup:
                             and candidate.is_file()
                             and _is_crd_of(_cached_docs(candidate), up, kind)
                         ):
-                            path, used = candidate, v
+                            docs, used, shipped_used = _cached_docs(candidate), v, False
                             break
-                if path is None:
+                if not docs and shipped:
+                    # Then the newest release shipped with fleetserve (bundled.py).
+                    docs, used, shipped_used = (
+                        _bundled_docs(up, shipped[-1], kind),
+                        shipped[-1],
+                        True,
+                    )
+                if not docs:
                     out.missing.setdefault(f"{up.title} {wanted}", []).append(kind)
                     continue
-                for doc in _cached_docs(path):
+                for doc in docs:
                     out.schemas.add_crd(doc)
-                label = f"{up.title} {used}"
+                label = f"{up.title} {used}" + (
+                    " (shipped with fleetserve)" if shipped_used else ""
+                )
                 if label not in out.used:
                     out.used.append(label)
-                swap = f"the {up.title} {used} CRDs, not {wanted} as the input names"
+                swap = f"the {label} CRDs, not {wanted} as the input names"
                 if used != wanted and named and swap not in out.substituted:
                     out.substituted.append(swap)
         out.reason = self._failed
