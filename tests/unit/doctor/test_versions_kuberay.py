@@ -51,7 +51,9 @@ def _found(text: str) -> list[tuple[str, str]]:
 def test_at_and_above_the_boundary_is_an_error(tag: str) -> None:
     [(severity, message)] = _found(SERVICE + _operator(tag))
     assert severity == "error"
-    assert f"KubeRay {tag.lstrip('v')} (operator image tag {tag} in the input) rejects" in message
+    # The message names the file that supplied the version (issue #30: say which file).
+    image = f"quay.io/kuberay/operator:{tag}"
+    assert f"KubeRay {tag.lstrip('v')} (operator image {image} in <input>) rejects" in message
 
 
 def test_below_the_boundary_says_nothing() -> None:

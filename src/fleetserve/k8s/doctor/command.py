@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,9 @@ from rich.markdown import Markdown
 from fleetserve import __version__
 from fleetserve.errors import FleetServeError, InternalError, UsageError
 from fleetserve.k8s.doctor import catalogue
+from fleetserve.k8s.doctor.context import split_contexts
 from fleetserve.k8s.doctor.crds import CLUSTER, known_upstream, lookup_crds
+from fleetserve.k8s.doctor.finding import Finding
 from fleetserve.k8s.doctor.inventory import Inventory
 from fleetserve.k8s.doctor.loader import expand_paths, load_paths
 from fleetserve.k8s.doctor.registry import (
@@ -139,11 +142,60 @@ def diagnose(
             hint="pass a directory of CRD YAML files, or --crds cluster",
         )
     files = expand_paths(paths)
-    inv: Inventory = load_paths(files)
-    findings = []
-    unchecked: list[str] = []
+    # Each repository or Helm chart is judged on its own: one's node pools, operator version
+    # or NetworkPolicies must not decide another's findings (context.py).
+    parts = [_judge(load_paths(group), crds, rules, k8s_version) for group in split_contexts(files)]
+    invs = [part.inv for part in parts]
     notes: list[str] = []
-    crashes: list[RuleCrash] = []
+    for part in parts:
+        notes.extend(n for n in part.notes if n not in notes)
+    skipped = [s for inv in invs for s in inv.skipped]
+    if skipped:
+        shown = ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else "")
+        notes.append(
+            f"skipped {len(skipped)} document(s) without kind that are not recognised "
+            f"Helm values or a fleet spec: {shown}"
+        )
+    patches = [m for inv in invs for m in inv.patches]
+    if patches:
+        patch_files = sorted({m.file for m in patches})
+        notes.append(
+            f"{len(patches)} kustomize patch document(s) not checked alone (they complete a "
+            f"base; check `kustomize build DIR | fleetserve doctor -`): "
+            + ", ".join(patch_files[:3])
+            + (" ..." if len(patch_files) > 3 else "")
+        )
+    findings = sorted({f for part in parts for f in part.findings}, key=lambda f: f.sort_key())
+    objects = sum(len(i.manifests) + len(i.helm_values) + len(i.scaling_configs) for i in invs)
+    return DoctorResult(
+        findings,
+        [u for part in parts for u in part.unchecked],
+        len(files),
+        objects,
+        tuple(notes),
+        sum(part.suppressed for part in parts),
+        tuple(c for part in parts for c in part.crashes),
+    )
+
+
+@dataclass
+class _Judged:
+    """What one context's check found (see :func:`diagnose`)."""
+
+    inv: Inventory
+    findings: list[Finding] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    suppressed: int = 0
+    crashes: list[RuleCrash] = field(default_factory=list)
+
+
+def _judge(
+    inv: Inventory, crds: str | None, rules: set[str] | None, k8s_version: str | None
+) -> _Judged:
+    """Schemas and rules over one context's inventory."""
+    out = _Judged(inv)
+    findings: list[Finding] = []
     if rules is None or SCHEMA_RULE in rules:
         found = lookup_crds(inv, crds)
         try:
@@ -151,16 +203,16 @@ def diagnose(
         except FleetServeError:
             raise  # the user's flag (--k8s-version) or CRDs: their message, their exit code
         except Exception as e:  # a bug in the validator: the rules still run
-            crashes.append(RuleCrash.of(SCHEMA_RULE, e))
+            out.crashes.append(RuleCrash.of(SCHEMA_RULE, e))
         else:
             findings.extend(schema.findings)
-            unchecked = schema.unchecked
+            out.unchecked = schema.unchecked
         # One note for the CRDs that could not be had (it says why and what to do); kinds
         # no upstream is known for (a Karpenter NodePool, a Gateway...) are only listed.
         missing = found.note()
         if missing:
-            notes.append(missing)
-        unchecked_set = set(unchecked)
+            out.notes.append(missing)
+        unchecked_set = set(out.unchecked)
         others = sorted(
             {m.ref for m in inv.manifests if m.ref in unchecked_set and not known_upstream(m)}
         )
@@ -168,33 +220,16 @@ def diagnose(
             shown = ", ".join(others[:5]) + (
                 f" and {len(others) - 5} more" if len(others) > 5 else ""
             )
-            notes.append(f"no schema known for {shown}: not schema-checked")
-    if inv.skipped:
-        shown = ", ".join(inv.skipped[:5]) + (" ..." if len(inv.skipped) > 5 else "")
-        notes.append(
-            f"skipped {len(inv.skipped)} document(s) without kind that are not recognised "
-            f"Helm values or a fleet spec: {shown}"
-        )
-    if inv.patches:
-        shown = ", ".join(sorted({m.file for m in inv.patches})[:3])
-        notes.append(
-            f"{len(inv.patches)} kustomize patch document(s) not checked alone (they complete a "
-            f"base; check `kustomize build DIR | fleetserve doctor -`): {shown}"
-            + (" ..." if len({m.file for m in inv.patches}) > 3 else "")
-        )
+            out.notes.append(f"no schema known for {shown}: not schema-checked")
     rule_ids = None if rules is None else rules - {SCHEMA_RULE}
     if rule_ids is None or rule_ids:
         found_by_rules, rule_crashes = run_rules_contained(inv, rule_ids)
         findings.extend(found_by_rules)
-        crashes.extend(rule_crashes)
+        out.crashes.extend(rule_crashes)
     ignored = {m.ref: m.ignored_rules for m in inv.manifests if m.ignored_rules}
-    kept = [f for f in set(findings) if f.rule not in ignored.get(f.object, frozenset())]
-    suppressed = len(set(findings)) - len(kept)
-    findings = sorted(kept, key=lambda f: f.sort_key())
-    objects = len(inv.manifests) + len(inv.helm_values) + len(inv.scaling_configs)
-    return DoctorResult(
-        findings, unchecked, len(files), objects, tuple(notes), suppressed, tuple(crashes)
-    )
+    out.findings = [f for f in set(findings) if f.rule not in ignored.get(f.object, frozenset())]
+    out.suppressed = len(set(findings)) - len(out.findings)
+    return out
 
 
 def _list_rules(fmt: str) -> None:

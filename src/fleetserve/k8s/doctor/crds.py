@@ -222,18 +222,24 @@ def _strings(value: Any) -> Iterator[str]:
 def named_versions(inv: Inventory, up: Upstream) -> set[str]:
     """Versions of ``up`` the input names: its operator image in any manifest, or the
     ``image.repository``/``image.tag`` pair of a Helm values document."""
-    found: set[str] = set()
+    return set(named_version_sources(inv, up))
+
+
+def named_version_sources(inv: Inventory, up: Upstream) -> dict[str, str]:
+    """Each version of ``up`` the input names -> where (the first file that names it), so a
+    message can say which file supplied the version it reasons from."""
+    found: dict[str, str] = {}
     for m in inv.manifests:
         for text in _strings(m.body.get("spec")):
             hit = up.image.search(text)
             if hit:
-                found.add(hit.group(1))
+                found.setdefault(hit.group(1), f"operator image {text} in {m.file}")
     for h in inv.helm_values:
         image = h.body.get("image")
         if isinstance(image, dict) and image.get("tag") is not None:
             hit = up.image.search(f"{image.get('repository', '')}:{image['tag']}")
             if hit:
-                found.add(hit.group(1))
+                found.setdefault(hit.group(1), f"image.tag {image['tag']} in {h.file}")
     return found
 
 

@@ -465,6 +465,9 @@ def _detect_chart(data: dict[str, Any]) -> HelmChart:
         return "kuberay-operator"
     if _is_ingress_nginx(data.get("controller")):
         return "ingress-nginx"
+    prometheus = data.get("prometheus")
+    if isinstance(prometheus, dict) and isinstance(prometheus.get("prometheusSpec"), dict):
+        return "kube-prometheus-stack"  # the chart's own block for its Prometheus CR
     return "unknown"
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from fleetserve.k8s.doctor.crds import KUBERAY, named_versions
+from fleetserve.k8s.doctor.crds import KUBERAY, named_version_sources
 from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import cluster_spec, groups
 
@@ -161,11 +161,12 @@ def hami_version(inv: Inventory) -> KnownVersion | None:
 def kuberay_version(inv: Inventory) -> KnownVersion | None:
     """The KubeRay operator's version as the input names it (operator image in a manifest or
     the kuberay-operator chart values; the newest when several), or None."""
-    named = [(v, parsed) for v in named_versions(inv, KUBERAY) if (parsed := normalise(v))]
+    sources = named_version_sources(inv, KUBERAY)
+    named = [(v, parsed) for v in sources if (parsed := normalise(v))]
     if not named:
         return None
     text, parsed = max(named, key=lambda vp: vp[1])
-    return KnownVersion("KubeRay", parsed, f"operator image tag v{text} in the input")
+    return KnownVersion("KubeRay", parsed, sources[text])
 
 
 def _images(node: object) -> list[str]:

@@ -21,7 +21,7 @@ from packaging.version import Version
 
 from fleetserve.k8s.doctor.crds import KUBERAY, named_versions
 from fleetserve.k8s.doctor.finding import Finding, Severity
-from fleetserve.k8s.doctor.inventory import Inventory, Manifest
+from fleetserve.k8s.doctor.inventory import HelmValues, Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import (
     RAY_KINDS,
     as_dict,
@@ -116,6 +116,23 @@ def servicemonitor_release_label(inv: Inventory) -> Iterator[Finding]:
                 f"{m.kind} into a namespace it watches).",
             )
             continue
+        stack = _stack_selector(inv, sel_field)
+        if stack is not None:
+            values, selector = stack
+            if selector_matches(selector, labels):
+                continue
+            yield Finding.at(
+                "servicemonitor-release-label",
+                "warning",
+                m,
+                "metadata.labels",
+                f"The kube-prometheus-stack values in {values.file} make its Prometheus select "
+                f"{m.kind}s by {sel_field}={_sel_text(selector)}, and this one's labels are "
+                f"{_dict_text(labels)}: Prometheus ignores it without a word.",
+                f"Add the labels of prometheus.prometheusSpec.{sel_field} in {values.file} to "
+                "metadata.labels.",
+            )
+            continue
         if _DEFAULT_LABEL[0] in labels:
             continue
         yield Finding.at(
@@ -130,6 +147,23 @@ def servicemonitor_release_label(inv: Inventory) -> Iterator[Finding]:
             f"Add metadata.labels.{_DEFAULT_LABEL[0]}: {_DEFAULT_LABEL[1]} (your Prometheus "
             f"release name; see its {sel_field}).",
         )
+
+
+def _stack_selector(inv: Inventory, sel_field: str) -> tuple[HelmValues, dict[str, Any]] | None:
+    """(kube-prometheus-stack values, the selector its Prometheus then uses for ``sel_field``):
+    ``prometheus.prometheusSpec.<sel_field>`` when set, else ``{}`` (every monitor) when
+    ``<sel_field>NilUsesHelmValues: false`` - the chart then renders an empty selector, as
+    data-on-eks' and ai-on-eks' kube-prometheus values do. None: the values do not say."""
+    for values in inv.charts("kube-prometheus-stack"):
+        spec = values.get("prometheus.prometheusSpec")
+        if not isinstance(spec, dict):
+            continue
+        selector = spec.get(sel_field)
+        if isinstance(selector, dict) and selector:
+            return values, selector
+        if spec.get(f"{sel_field}NilUsesHelmValues") is False:
+            return values, {}
+    return None
 
 
 def _sel_text(sel: Any) -> str:
