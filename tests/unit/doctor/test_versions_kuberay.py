@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from fleetserve.k8s.doctor.crds import KUBERAY
 from fleetserve.k8s.doctor.loader import load_text
 from fleetserve.k8s.doctor.registry import rule_info, run_rules
 
@@ -68,8 +69,10 @@ def test_chart_values_name_the_version() -> None:
 def test_unknown_version_is_a_warning_in_the_conservative_wording() -> None:
     [(severity, message)] = _found(SERVICE)
     assert severity == "warning"
-    assert "KubeRay 1.3 and later reject" in message
+    assert "as every release from 1.3 does" in message
     assert "1.2 and older accept" in message
+    # The release assumed is the one the schema check assumes, and the message says so (#30).
+    assert f"KubeRay {KUBERAY.newest} (assumed: the input names no operator version" in message
 
 
 def test_the_rule_declares_the_range() -> None:
