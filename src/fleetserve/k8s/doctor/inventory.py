@@ -18,7 +18,14 @@ import yaml
 
 from fleetserve.spec import FleetSpec
 
-HelmChart = Literal["hami", "kuberay-operator", "ingress-nginx", "kube-prometheus-stack", "unknown"]
+HelmChart = Literal[
+    "hami",
+    "kuberay-operator",
+    "ingress-nginx",
+    "kube-prometheus-stack",
+    "vllm-production-stack",
+    "unknown",
+]
 
 #: Annotation that silences doctor rules on one object: a comma-separated list of rule ids
 #: (for a finding that is intended, e.g. ``advertised-vs-limit``). Kubernetes ignores it.

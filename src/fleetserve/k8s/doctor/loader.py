@@ -468,6 +468,9 @@ def _detect_chart(data: dict[str, Any]) -> HelmChart:
     prometheus = data.get("prometheus")
     if isinstance(prometheus, dict) and isinstance(prometheus.get("prometheusSpec"), dict):
         return "kube-prometheus-stack"  # the chart's own block for its Prometheus CR
+    serving = data.get("servingEngineSpec")
+    if isinstance(serving, dict) and "modelSpec" in serving:
+        return "vllm-production-stack"  # vllm-project/production-stack's helm/values.yaml
     return "unknown"
 
 

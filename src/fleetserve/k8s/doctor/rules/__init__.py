@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fleetserve.k8s.doctor.rules import (  # noqa: F401 - imported to register their rules
     engine_args,
+    gateway,
     hami,
     inputs,
     kuberay,

@@ -20,9 +20,11 @@ from typing import Any
 from fleetserve.errors import SpecError
 from fleetserve.k8s.doctor.inventory import HelmValues, Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import (
+    LWS_KIND,
     RAY_KINDS,
     GroupView,
     groups,
+    lws_size,
     pod_templates,
     try_quantity,
 )
@@ -121,6 +123,14 @@ class PodView:
         """Node label key -> allowed values, from nodeSelector and required node affinity."""
         return node_constraints(self.spec)
 
+    @property
+    def hosts(self) -> int:
+        """Pods one engine in this template spans: a LeaderWorkerSet leader's engine runs over
+        its whole group (``size`` pods, joined by Ray); 1 otherwise."""
+        if ".leaderTemplate." in f"{self.path}.":
+            return lws_size(self.manifest)
+        return 1
+
     def annotations(self) -> dict[str, str]:
         """The pod template's annotations (the Pod's own for a bare Pod)."""
         base = self.path[: -len(".spec")] if self.path.endswith(".spec") else ""
@@ -141,6 +151,7 @@ _WORKLOAD_KINDS = (
     "Job",
     "CronJob",
     "ReplicationController",
+    LWS_KIND,
 )
 
 

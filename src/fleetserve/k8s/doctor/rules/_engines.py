@@ -71,6 +71,7 @@ _ARG_ALIASES: dict[str, tuple[str, ...]] = {
     "max_lora_rank": ("max_lora_rank",),
 }
 _INT_ARGS = {
+    "port",
     "tensor_parallel_size",
     "pipeline_parallel_size",
     "max_model_len",
@@ -582,6 +583,7 @@ def http_port(m: Manifest) -> int:
 
 _CLI_FLAGS: dict[str, str] = {
     "--model": "model",
+    "--port": "port",
     "--tensor-parallel-size": "tensor_parallel_size",
     "-tp": "tensor_parallel_size",
     "--pipeline-parallel-size": "pipeline_parallel_size",
@@ -610,6 +612,10 @@ def parse_vllm_cli(
     paths: dict[str, str] = {}
     for n, (word, word_path) in enumerate(pairs):
         flag, eq, value = word.partition("=")
+        if flag.startswith("--"):
+            # vLLM's parser takes --pipeline_parallel_size as --pipeline-parallel-size (LWS'
+            # vLLM example writes it so).
+            flag = "--" + flag[2:].replace("_", "-")
         where = word_path
         if not eq and n + 1 < len(pairs):
             value, where = pairs[n + 1]
@@ -678,3 +684,115 @@ def container_engine(
         engine.setdefault(key, value)
         paths.setdefault(key, env_paths[key])
     return engine if raw else split_rejected(engine)[0], paths
+
+
+# --------------------------------------------------------------------------- other operators
+
+#: The port vLLM's OpenAI server listens on without ``--port`` (vllm/entrypoints/openai/cli_args).
+VLLM_DEFAULT_PORT = 8000
+#: KubeAI's ``Model`` (kubeai.org): ``spec.args`` are vLLM flags, ``spec.url`` the model
+#: (``hf://org/name``), ``spec.resourceProfile`` ``<profile>:<count>``.
+KUBEAI_GROUP = "kubeai.org"
+#: production-stack's camelCase ``vllmConfig`` keys -> vLLM's argument names (the chart's
+#: templates/deployment-vllm-multi.yaml turns each into the flag).
+_PRODUCTION_STACK_ARGS = {
+    "tensorParallelSize": "tensor_parallel_size",
+    "pipelineParallelSize": "pipeline_parallel_size",
+    "gpuMemoryUtilization": "gpu_memory_utilization",
+    "maxModelLen": "max_model_len",
+    "maxNumSeqs": "max_num_seqs",
+    "maxNumBatchedTokens": "max_num_batched_tokens",
+    "dtype": "dtype",
+    "maxLoras": "max_loras",
+    "enableChunkedPrefill": "enable_chunked_prefill",
+}
+
+
+@dataclass(frozen=True)
+class OperatorEngine:
+    """A vLLM engine an operator or chart runs from its own fields (KubeAI ``Model``,
+    production-stack ``modelSpec``), as written, with the GPUs it is given."""
+
+    #: ``Model 'x'`` / ``production-stack modelSpec 'x'``.
+    who: str
+    #: Field path of the engine's block.
+    path: str
+    engine: dict[str, Any]
+    paths: dict[str, str]
+    #: GPUs one replica gets, None when unknown.
+    gpus: int | None
+    #: Field path of the GPU count.
+    gpus_path: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def kubeai_engine(m: Manifest) -> OperatorEngine | None:
+    """The vLLM engine of a KubeAI ``Model`` (None for other kinds or engines)."""
+    if m.kind != "Model" or not m.api_version.startswith(KUBEAI_GROUP + "/"):
+        return None
+    spec = m.body.get("spec")
+    if not isinstance(spec, dict) or str(spec.get("engine", "")).upper() != "VLLM":
+        return None
+    args = spec.get("args")
+    words = [
+        (str(a), f"spec.args[{i}]") for i, a in enumerate(args if isinstance(args, list) else [])
+    ]
+    engine, paths = parse_vllm_cli(words, "spec.args")
+    url = spec.get("url")
+    if isinstance(url, str) and url.startswith("hf://"):
+        engine.setdefault("model", url.removeprefix("hf://"))
+        paths.setdefault("model", "spec.url")
+    profile = str(spec.get("resourceProfile", ""))
+    name, _, count = profile.rpartition(":")
+    gpus = int(count) if count.isdigit() and "gpu" in name.lower() else None
+    env = spec.get("env")
+    literal = {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
+    return OperatorEngine(
+        f"KubeAI Model {m.name!r}", "spec", engine, paths, gpus, "spec.resourceProfile", literal
+    )
+
+
+def production_stack_engines(values: Any) -> list[OperatorEngine]:
+    """The vLLM engines of vllm-project/production-stack's chart values
+    (``servingEngineSpec.modelSpec[]``: ``vllmConfig``, its ``extraArgs``, ``modelURL``,
+    ``requestGPU``)."""
+    spec = values.get("servingEngineSpec") if isinstance(values, dict) else None
+    models = spec.get("modelSpec") if isinstance(spec, dict) else None
+    out: list[OperatorEngine] = []
+    for i, model in enumerate(models if isinstance(models, list) else []):
+        if not isinstance(model, dict) or model.get("enabled") is False:
+            continue
+        base = f"servingEngineSpec.modelSpec[{i}]"
+        cfg = model.get("vllmConfig")
+        cfg = cfg if isinstance(cfg, dict) else {}
+        engine: dict[str, Any] = {}
+        paths: dict[str, str] = {}
+        for key, arg in _PRODUCTION_STACK_ARGS.items():
+            if key in cfg and (value := _coerce(arg, cfg[key])) is not None:
+                engine[arg] = value
+                paths[arg] = f"{base}.vllmConfig.{key}"
+        extra = cfg.get("extraArgs")
+        words = [
+            (str(a), f"{base}.vllmConfig.extraArgs[{j}]")
+            for j, a in enumerate(extra if isinstance(extra, list) else [])
+        ]
+        more, more_paths = parse_vllm_cli(words, f"{base}.vllmConfig.extraArgs")
+        engine.update(more)  # extra args come last on the command line: they win
+        paths.update(more_paths)
+        if isinstance(model.get("modelURL"), str):
+            engine["model"] = model["modelURL"]
+            paths["model"] = f"{base}.modelURL"
+        gpus = model.get("requestGPU")
+        count = int(gpus) if isinstance(gpus, int) and not isinstance(gpus, bool) else None
+        name = model.get("name", i)
+        out.append(
+            OperatorEngine(
+                f"production-stack modelSpec {name!r}",
+                base,
+                engine,
+                paths,
+                count,
+                f"{base}.requestGPU",
+            )
+        )
+    return out

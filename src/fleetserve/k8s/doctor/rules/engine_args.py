@@ -12,14 +12,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetserve.errors import FleetServeError
-from fleetserve.k8s.doctor.finding import Finding
-from fleetserve.k8s.doctor.inventory import Inventory, Manifest
+from fleetserve.k8s.doctor.finding import Finding, Located
+from fleetserve.k8s.doctor.inventory import Inventory
 from fleetserve.k8s.doctor.registry import rule
 from fleetserve.k8s.doctor.rules._devices import pods
 from fleetserve.k8s.doctor.rules._engines import (
     container_engine,
     engine_replicas,
+    kubeai_engine,
     out_of_bounds,
+    production_stack_engines,
     split_rejected,
 )
 from fleetserve.plan.catalogue import catalogue_entry
@@ -43,7 +45,8 @@ _MEANING = {
 class _Engine:
     """One vLLM engine as written: who runs it, and its arguments with their field paths."""
 
-    manifest: Manifest
+    #: The object (or Helm values) that runs it.
+    manifest: Located
     #: ``Serve replica 'app/model' of RayService/ns/name`` or ``vLLM container 'c' of ...``.
     who: str
     #: Every argument as written, within vLLM's bounds or not.
@@ -75,6 +78,14 @@ def _engines(inv: Inventory) -> Iterator[_Engine]:
                     if isinstance(e, dict) and "name" in e and "value" in e
                 }
                 yield _Engine(pod.manifest, who, engine, paths, path, literal)
+    for m in inv.of_kind("Model"):
+        found = kubeai_engine(m)
+        if found is not None:
+            yield _Engine(m, found.who, found.engine, found.paths, found.path, found.env)
+    for values in inv.charts("vllm-production-stack"):
+        for e in production_stack_engines(values.body):
+            who = f"{e.who} of {values.file}"
+            yield _Engine(values, who, e.engine, e.paths, e.path, e.env)
 
 
 @rule("engine-arg-invalid", versions={"vllm": "all"})

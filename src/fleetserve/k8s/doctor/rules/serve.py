@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 from packaging.version import Version
 
-from fleetserve.k8s.doctor.finding import Finding, Severity
-from fleetserve.k8s.doctor.inventory import Inventory, Manifest
+from fleetserve.k8s.doctor.finding import Finding, Located, Severity
+from fleetserve.k8s.doctor.inventory import Inventory, Manifest, get_path
 from fleetserve.k8s.doctor.ray_objects import (
     RAY_KINDS,
     GroupView,
@@ -41,10 +41,13 @@ from fleetserve.k8s.doctor.rules._devices import (
 )
 from fleetserve.k8s.doctor.rules._engines import (
     EngineReplica,
+    OperatorEngine,
     can_host,
     container_engine,
     engine_replicas,
     http_port,
+    kubeai_engine,
+    production_stack_engines,
 )
 from fleetserve.k8s.doctor.rules._models import gib, replica_need
 from fleetserve.k8s.doctor.rules._versions import (
@@ -319,6 +322,7 @@ def _gpu_groups(m: Manifest) -> list[GroupView]:
 def tp_gpus_mismatch(inv: Inventory) -> Iterator[Finding]:
     """TP x PP must equal the GPUs Ray gives the replica; TP beyond one pod needs Ray's executor."""
     yield from _server_tp(inv)
+    yield from _operator_tp(inv)
     for r in _replicas(inv):
         ranks = r.parallel
         if ranks is None:
@@ -389,6 +393,43 @@ def tp_gpus_mismatch(inv: Inventory) -> Iterator[Finding]:
             )
 
 
+def _operator_tp(inv: Inventory) -> Iterator[Finding]:
+    """KubeAI Models and production-stack modelSpecs: TP x PP against the GPUs they ask for."""
+    found: list[tuple[Located, OperatorEngine]] = []
+    for m in inv.of_kind("Model"):
+        if (e := kubeai_engine(m)) is not None:
+            found.append((m, e))
+    for values in inv.charts("vllm-production-stack"):
+        for e in production_stack_engines(values.body):
+            spec = get_path(values.body, e.path)
+            if isinstance(spec, dict) and spec.get("raySpec") is not None:
+                continue  # ranks spread over the chart's Ray workers
+            found.append((values, e))
+    for where, e in found:
+        tp = int(e.engine.get("tensor_parallel_size", 1))
+        pp = int(e.engine.get("pipeline_parallel_size", 1))
+        if (
+            e.gpus is None
+            or e.gpus == tp * pp
+            or not ("tensor_parallel_size" in e.engine or "pipeline_parallel_size" in e.engine)
+        ):
+            continue
+        effect = (
+            f"vLLM finds {e.gpus} GPU(s) for {tp * pp} ranks and fails at start-up"
+            if e.gpus < tp * pp
+            else f"{e.gpus - tp * pp} of the {e.gpus} GPUs sit idle"
+        )
+        yield Finding.at(
+            "tp-gpus-mismatch",
+            "error",
+            where,
+            e.paths.get("tensor_parallel_size", e.paths.get("pipeline_parallel_size", e.path)),
+            f"{e.who} runs vLLM with tensor_parallel_size {tp} x pipeline_parallel_size {pp} "
+            f"= {tp * pp} ranks but asks for {e.gpus} GPU(s) ({e.gpus_path}): {effect}.",
+            f"Make them equal: {tp * pp} GPUs, or tensor_parallel_size {max(e.gpus // pp, 1)}.",
+        )
+
+
 def _server_tp(inv: Inventory) -> Iterator[Finding]:
     """Plain ``vllm serve`` pods: TP x PP against the container's ``nvidia.com/gpu``."""
     cfg = hami_config(inv)
@@ -398,14 +439,17 @@ def _server_tp(inv: Inventory) -> Iterator[Finding]:
         tp = int(engine.get("tensor_parallel_size") or 1)
         pp = int(engine.get("pipeline_parallel_size") or 1)
         gpus = container_slice(c, cfg)
-        if gpus is None or gpus.is_hami or gpus.count == tp * pp:
+        # A LeaderWorkerSet leader's engine spans its group: every pod brings its GPUs.
+        total = gpus.count * pod.hosts if gpus is not None else 0
+        if gpus is None or gpus.is_hami or total == tp * pp:
             continue  # HAMi slices: the hami-gpu-count rule explains nvidia.com/gpu there
-        if engine.get("distributed_executor_backend") == "ray" and gpus.count < tp * pp:
+        if engine.get("distributed_executor_backend") == "ray" and total < tp * pp:
             continue  # ranks may live in other pods of a Ray cluster
+        group = f" x {pod.hosts} pods of the group" if pod.hosts > 1 else ""
         effect = (
-            f"vLLM finds {gpus.count} GPU(s) for {tp * pp} ranks and fails at start-up"
-            if gpus.count < tp * pp
-            else f"{gpus.count - tp * pp} of the {gpus.count} GPUs sit idle"
+            f"vLLM finds {total} GPU(s) for {tp * pp} ranks and fails at start-up"
+            if total < tp * pp
+            else f"{total - tp * pp} of the {total} GPUs sit idle"
         )
         yield Finding.at(
             "tp-gpus-mismatch",
@@ -414,7 +458,7 @@ def _server_tp(inv: Inventory) -> Iterator[Finding]:
             paths.get("tensor_parallel_size", paths.get("pipeline_parallel_size", path)),
             f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref} runs with "
             f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} = {tp * pp} ranks but "
-            f"the container gets nvidia.com/gpu: {gpus.count}: {effect}.",
+            f"the container gets nvidia.com/gpu: {gpus.count}{group}: {effect}.",
             f"Make them equal: nvidia.com/gpu: {tp * pp}, or --tensor-parallel-size "
             f"{max(gpus.count // pp, 1)}.",
         )
