@@ -69,6 +69,9 @@ _ARG_ALIASES: dict[str, tuple[str, ...]] = {
     "max_loras": ("max_loras",),
     "max_cpu_loras": ("max_cpu_loras",),
     "max_lora_rank": ("max_lora_rank",),
+    "trust_remote_code": ("trust_remote_code",),
+    "enable_prompt_embeds": ("enable_prompt_embeds",),
+    "revision": ("revision",),
 }
 _INT_ARGS = {
     "port",
@@ -92,13 +95,17 @@ _BOUNDS: dict[str, tuple[float, bool, float | None]] = {
     "pipeline_parallel_size": (1, True, None),
     "gpu_memory_utilization": (0, False, 1),
 }
-_BOOL_ARGS = {"enable_chunked_prefill", "enable_lora"}
+_BOOL_ARGS = {"enable_chunked_prefill", "enable_lora", "trust_remote_code", "enable_prompt_embeds"}
 #: vLLM boolean flags (BooleanOptionalAction / store_true): no value unless "=x" is given.
 _BOOL_FLAGS = {
     "--enable-chunked-prefill": ("enable_chunked_prefill", True),
     "--no-enable-chunked-prefill": ("enable_chunked_prefill", False),
     "--enable-lora": ("enable_lora", True),
     "--no-enable-lora": ("enable_lora", False),
+    "--trust-remote-code": ("trust_remote_code", True),
+    "--no-trust-remote-code": ("trust_remote_code", False),
+    "--enable-prompt-embeds": ("enable_prompt_embeds", True),
+    "--no-enable-prompt-embeds": ("enable_prompt_embeds", False),
 }
 
 
@@ -584,6 +591,7 @@ def http_port(m: Manifest) -> int:
 _CLI_FLAGS: dict[str, str] = {
     "--model": "model",
     "--port": "port",
+    "--revision": "revision",
     "--tensor-parallel-size": "tensor_parallel_size",
     "-tp": "tensor_parallel_size",
     "--pipeline-parallel-size": "pipeline_parallel_size",

@@ -7,13 +7,17 @@ other rule sees (or, for a value outside vLLM's bounds, the one they were kept f
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from packaging.version import Version
+
 from fleetserve.errors import FleetServeError
 from fleetserve.k8s.doctor.finding import Finding, Located
 from fleetserve.k8s.doctor.inventory import Inventory
+from fleetserve.k8s.doctor.ray_objects import groups
 from fleetserve.k8s.doctor.registry import rule
 from fleetserve.k8s.doctor.rules._devices import pods
 from fleetserve.k8s.doctor.rules._engines import (
@@ -24,6 +28,7 @@ from fleetserve.k8s.doctor.rules._engines import (
     production_stack_engines,
     split_rejected,
 )
+from fleetserve.k8s.doctor.rules._versions import vllm_version
 from fleetserve.plan.catalogue import catalogue_entry
 from fleetserve.plan.memory import load_model_config
 
@@ -56,6 +61,8 @@ class _Engine:
     path: str
     #: Literal environment the engine runs with (runtime_env env_vars, container env).
     env: dict[str, str]
+    #: Container images it runs in (for the vLLM version), when known.
+    images: tuple[str, ...] = ()
 
 
 def _engines(inv: Inventory) -> Iterator[_Engine]:
@@ -63,7 +70,8 @@ def _engines(inv: Inventory) -> Iterator[_Engine]:
         for r in engine_replicas(m):
             written = {**r.engine, **r.rejected}
             who = f"Serve replica {r.name!r} of {m.ref}"
-            yield _Engine(m, who, written, r.engine_paths, r.path, r.env)
+            images = tuple(str(g.container.get("image", "")) for g in groups(m))
+            yield _Engine(m, who, written, r.engine_paths, r.path, r.env, images)
     for pod in pods(inv):
         if pod.group is not None:
             continue  # Ray pods run their engines through Serve (above)
@@ -77,7 +85,8 @@ def _engines(inv: Inventory) -> Iterator[_Engine]:
                     for e in (env if isinstance(env, list) else [])
                     if isinstance(e, dict) and "name" in e and "value" in e
                 }
-                yield _Engine(pod.manifest, who, engine, paths, path, literal)
+                image = (str(c.get("image", "")),)
+                yield _Engine(pod.manifest, who, engine, paths, path, literal, image)
     for m in inv.of_kind("Model"):
         found = kubeai_engine(m)
         if found is not None:
@@ -197,3 +206,83 @@ def shm_too_small(inv: Inventory) -> Iterator[Finding]:
                 "{medium: Memory, sizeLimit: 2Gi}}], volumeMounts: [{name: dshm, mountPath: "
                 "/dev/shm}].",
             )
+
+
+# --------------------------------------------------------------------------- untrusted code
+
+#: A Hugging Face Hub model id (``org/name``): not a local path, not another store's URL.
+_HUB_ID = re.compile(r"^(hf://)?[A-Za-z0-9][\w.-]*/[\w.-]+$")
+#: A pinned revision: a full commit SHA (a branch or tag can be moved by the repository).
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+@rule("trust-remote-code-hub", versions={"vllm": "all"})
+def trust_remote_code_hub(inv: Inventory) -> Iterator[Finding]:
+    """trust_remote_code with a model fetched from a public hub at an unpinned revision."""
+    for e in _engines(inv):
+        model = e.engine.get("model")
+        if e.engine.get("trust_remote_code") is not True or not isinstance(model, str):
+            continue
+        if not _HUB_ID.match(model) or _COMMIT.match(str(e.engine.get("revision", ""))):
+            continue
+        org = model.removeprefix("hf://").split("/", 1)[0]
+        yield Finding.at(
+            "trust-remote-code-hub",
+            "warning",
+            e.manifest,
+            e.paths.get("trust_remote_code", e.path),
+            f"{e.who} sets trust_remote_code for {model}, fetched from the Hugging Face Hub "
+            "at no pinned revision: vLLM imports the repository's own Python files "
+            "(config.json auto_map) in the pod at start-up, so whoever can push to "
+            f"{org!r} runs code there with the pod's credentials (HF token, service account).",
+            "Drop trust_remote_code when vLLM supports the architecture natively; otherwise pin "
+            "--revision to a reviewed commit SHA, or serve a reviewed copy from your own storage.",
+        )
+
+
+#: vLLM releases that torch.load user-sent prompt embeddings, sparse ones included, without
+#: validating them: GHSA-mrw7-hf4f-83pf (CVE-2025-62164, memory corruption, possibly code
+#: execution), affecting 0.10.2 up to 0.11.1, where it is fixed (vllm-project/vllm#27204).
+PROMPT_EMBEDS_VULNERABLE_FROM = Version("0.10.2")
+PROMPT_EMBEDS_FIXED_IN = Version("0.11.1")
+
+
+@rule("prompt-embeds-enabled", versions={"vllm": "all"})
+def prompt_embeds_enabled(inv: Inventory) -> Iterator[Finding]:
+    """--enable-prompt-embeds lets any client send tensors the engine deserialises."""
+    for e in _engines(inv):
+        if e.engine.get("enable_prompt_embeds") is not True:
+            continue
+        v = vllm_version(list(e.images))
+        vulnerable = (
+            v is not None
+            and v.at_least(PROMPT_EMBEDS_VULNERABLE_FROM)
+            and not v.at_least(PROMPT_EMBEDS_FIXED_IN)
+        )
+        if vulnerable:
+            assert v is not None
+            what = (
+                f"{v.describe()} deserialises them with torch.load without validation "
+                "(GHSA-mrw7-hf4f-83pf, CVE-2025-62164: 0.10.2 to 0.11.0): a crafted tensor "
+                "corrupts memory, a crash or code execution in the engine"
+            )
+        else:
+            what = (
+                "vLLM's own documentation says to enable it only for trusted users: a "
+                "tensor of the wrong shape crashes the engine"
+                + (
+                    ""
+                    if v is not None
+                    else ", and before 0.11.1 (GHSA-mrw7-hf4f-83pf) a crafted one corrupts memory"
+                )
+            )
+        yield Finding.at(
+            "prompt-embeds-enabled",
+            "error" if vulnerable else "warning",
+            e.manifest,
+            e.paths.get("enable_prompt_embeds", e.path),
+            f"{e.who} enables prompt_embeds inputs: every client of the API can send raw "
+            f"embedding tensors, and {what}.",
+            "Remove --enable-prompt-embeds unless only trusted clients reach the engine; "
+            f"run vLLM {PROMPT_EMBEDS_FIXED_IN} or newer if it must stay.",
+        )
