@@ -32,7 +32,12 @@ from fleetserve.k8s.doctor.ray_objects import (
 from fleetserve.k8s.doctor.registry import rule
 from fleetserve.k8s.doctor.rules._devices import PodView, pods
 from fleetserve.k8s.doctor.rules._engines import container_engine
-from fleetserve.k8s.doctor.rules._versions import TOKEN_AUTH_FROM, normalise, ray_version
+from fleetserve.k8s.doctor.rules._versions import (
+    TOKEN_AUTH_FROM,
+    normalise,
+    ray_version,
+    vllm_version,
+)
 
 _MONITOR_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 _SELECTOR_FIELD = {
@@ -1022,4 +1027,59 @@ def no_network_policy(inv: Inventory) -> Iterator[Finding]:
             "(podSelector ray.io/is-ray-node: 'yes'); or, with KubeRay 1.7 and its "
             "RayClusterNetworkPolicy feature gate, set the cluster's spec.networkPolicy "
             "(mode DenyAllIngress) and let the operator create them.",
+        )
+
+
+# --------------------------------------------------------------------------- multi-node vLLM
+
+#: vLLM 0.5.2 to 0.8.4 bound the multi-node XPUB ZeroMQ socket on every interface: any client
+#: that reaches it can subscribe and stall the tensor-parallel group (CVE-2025-30202,
+#: GHSA-9f8f-2vmf-885j; fixed in 0.8.5 by binding the node's own address, which in a pod is
+#: still reachable from every other pod).
+ZMQ_ALL_INTERFACES_FROM = Version("0.5.2")
+ZMQ_ALL_INTERFACES_FIXED_IN = Version("0.8.5")
+
+
+@rule("vllm-multinode-exposed", versions={"vllm": "all"})
+def vllm_multinode_exposed(inv: Inventory) -> Iterator[Finding]:
+    """A multi-node vLLM group (a LeaderWorkerSet leader) whose pods any namespace reaches:
+    Ray's GCS and vLLM's inter-node ZeroMQ channels carry no authentication."""
+    policies = inv.of_kind("NetworkPolicy")
+    for pod in pods(inv):
+        if pod.hosts <= 1:
+            continue
+        engines = [(c, path) for c, path in pod.containers() if container_engine(c, path)[0]]
+        if not engines:
+            continue
+        local = [p for p in policies if p.namespace == pod.manifest.namespace]
+        if any(_restricts_ingress(np, pod) for np in local):
+            continue
+        c, path = engines[0]
+        v = vllm_version([str(c.get("image", ""))])
+        affected = (
+            v is not None
+            and v.at_least(ZMQ_ALL_INTERFACES_FROM)
+            and not v.at_least(ZMQ_ALL_INTERFACES_FIXED_IN)
+        )
+        release = (
+            f"{v.describe()} binds its multi-node ZeroMQ publisher on every interface: any "
+            "client can subscribe and stall the group (CVE-2025-30202, GHSA-9f8f-2vmf-885j, "
+            "fixed in 0.8.5)"
+            if affected and v is not None
+            else "vLLM 0.5.2 to 0.8.4 also bound its multi-node ZeroMQ publisher on every "
+            "interface (CVE-2025-30202)"
+        )
+        yield Finding.at(
+            "vllm-multinode-exposed",
+            "error" if affected else "warning",
+            pod.manifest,
+            path,
+            f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref} spans "
+            f"{pod.hosts} pods over Ray, and no NetworkPolicy in namespace "
+            f"{pod.manifest.namespace!r} restricts ingress to them: any pod of any namespace "
+            "reaches the group's Ray GCS (6379) and vLLM's inter-node channels, which carry "
+            f"no authentication; {release}.",
+            "Add a NetworkPolicy that admits only the group's own pods "
+            "(leaderworkerset.sigs.k8s.io/name) to every port but the API port, and the "
+            "gateway to that one; run vLLM 0.8.5 or newer.",
         )
