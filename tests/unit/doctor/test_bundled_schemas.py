@@ -89,3 +89,43 @@ def test_a_placeholder_value_is_not_a_schema_error(
     job.write_text(job.read_text("utf-8").replace("maxReplicas: 4", 'maxReplicas: "4"'), "utf-8")
     [f] = diagnose([str(job)], rules={"schema"}).findings
     assert f.path == "spec.rayClusterSpec.workerGroupSpecs[0].maxReplicas"
+
+
+#: KubeRay's operator Deployment (ray-operator/config/manager/manager.yaml) naming a release.
+_OPERATOR = """\
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: kuberay-operator}
+spec:
+  selector: {matchLabels: {app: kuberay}}
+  template:
+    metadata: {labels: {app: kuberay}}
+    spec:
+      containers: [{name: op, image: "quay.io/kuberay/operator:v1.5.0"}]
+"""
+
+
+def test_the_release_the_input_names_decides_the_schema(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # spec.networkPolicy appeared in KubeRay 1.7 (ray-operator/config/samples/
+    # ray-cluster.network-policy-deny-all.yaml): with operator 1.5.0 named, the shipped 1.5.2
+    # schemas check it and the field is unknown there; without a version, 1.7.0's accept it.
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "empty-cache"))
+    cluster = (
+        "apiVersion: ray.io/v1\nkind: RayCluster\nmetadata: {name: c}\nspec:\n"
+        "  networkPolicy: {mode: DenyAll}\n  headGroupSpec:\n    rayStartParams: {}\n"
+        "    template:\n      spec:\n"
+        "        containers: [{name: ray-head, image: rayproject/ray:2.52.0}]\n"
+    )
+    newest = tmp_path / "newest.yaml"
+    newest.write_text(cluster, encoding="utf-8")
+    assert diagnose([str(newest)], rules={"schema"}).findings == []
+    old = tmp_path / "old.yaml"
+    old.write_text(cluster + _OPERATOR, encoding="utf-8")
+    result = diagnose([str(old)], rules={"schema"})
+    assert [f.path for f in result.findings] == ["spec.networkPolicy"]
+    [note] = result.notes
+    assert "KubeRay 1.5.2 (shipped with fleetserve) CRDs, not 1.5.0" in note
+    assert set(bundled.bundled_versions("kuberay")) >= {"1.3.2", "1.4.2", "1.5.2", "1.6.2", "1.7.0"}

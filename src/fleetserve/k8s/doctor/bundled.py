@@ -5,9 +5,11 @@ CRD runs to a megabyte of YAML, mostly prose). What ships is what validation nee
 by this module from a release's CRD files and written in fleetserve's own compact form: per
 CRD its name, group, kind and per version ``served`` and the ``openAPIV3Schema`` without its
 ``description`` texts, as gzipped JSON under ``schemas/<component>-<version>.json.gz``
-(~20 KB per KubeRay kind). Re-derive after adding a release::
+(~50 KB per KubeRay release). Shipped: the last patch of each supported minor, KubeRay 1.3.2,
+1.4.2, 1.5.2, 1.6.2 (from each tag's ``helm-chart/kuberay-operator/crds/``) and 1.7.0 (from
+``../shared/k8s/crds``, which a test re-derives and compares). Re-derive after adding one::
 
-    python -m fleetserve.k8s.doctor.bundled kuberay 1.7.0 ../shared/k8s/crds
+    python -m fleetserve.k8s.doctor.bundled kuberay 1.7.0 ../shared/k8s/crds --group ray.io
 
 :func:`crd_documents` turns the compact form back into CRD-shaped documents, so the schema
 walker (``schema.CrdSchemas``) reads them exactly as it reads a cluster's or a release's CRDs.

@@ -411,6 +411,26 @@ class CacheLookup:
             return path
         return self._download(up, version, kind)
 
+    @staticmethod
+    def _fallbacks(
+        wanted: str, cached: list[str], shipped: list[str]
+    ) -> Iterator[tuple[str, bool]]:
+        """(version, from the package) to try, in order, when ``wanted`` is neither cached nor
+        downloadable: the same release shipped with fleetserve, then the newest shipped patch of
+        the same minor (patch releases keep their CRDs), then the newest cached release, then
+        the newest shipped one."""
+        minor = _version_key(wanted).release[:2]
+        if wanted in shipped:
+            yield wanted, True
+        for v in reversed(shipped):
+            if v != wanted and _version_key(v).release[:2] == minor:
+                yield v, True
+        for v in reversed(cached):
+            if v != wanted:
+                yield v, False
+        for v in reversed(shipped):
+            yield v, True
+
     def lookup(self, inv: Inventory) -> CrdLookup:
         out = CrdLookup()
         for up, kinds in sorted(needed_kinds(inv).items(), key=lambda kv: kv[0].component):
@@ -420,29 +440,18 @@ class CacheLookup:
             shipped = sorted(bundled_versions(up.component), key=_version_key)
             for kind in sorted(kinds):
                 path = self._file(up, wanted, kind)
-                used = wanted
-                docs = _cached_docs(path) if path is not None else None
-                shipped_used = False
-                if docs is None and wanted in shipped:
-                    docs, shipped_used = _bundled_docs(up, wanted, kind), True
-                if not docs:
-                    # The newest cached version that has the file, rather than nothing.
-                    for v in reversed(cached):
-                        candidate = self.cache / up.component / v / up.files[kind]
-                        if (
-                            v != wanted
-                            and candidate.is_file()
-                            and _is_crd_of(_cached_docs(candidate), up, kind)
-                        ):
-                            docs, used, shipped_used = _cached_docs(candidate), v, False
-                            break
-                if not docs and shipped:
-                    # Then the newest release shipped with fleetserve (bundled.py).
-                    docs, used, shipped_used = (
-                        _bundled_docs(up, shipped[-1], kind),
-                        shipped[-1],
-                        True,
-                    )
+                used, shipped_used = wanted, False
+                docs = _cached_docs(path) if path is not None else []
+                for version, from_package in self._fallbacks(wanted, cached, shipped):
+                    if docs:
+                        break
+                    if from_package:
+                        docs = _bundled_docs(up, version, kind)
+                    else:
+                        candidate = self.cache / up.component / version / up.files[kind]
+                        if candidate.is_file() and _is_crd_of(_cached_docs(candidate), up, kind):
+                            docs = _cached_docs(candidate)
+                    used, shipped_used = version, from_package
                 if not docs:
                     out.missing.setdefault(f"{up.title} {wanted}", []).append(kind)
                     continue
