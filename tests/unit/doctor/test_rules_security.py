@@ -49,3 +49,18 @@ def test_trust_remote_code_only_for_hub_models(url: str, found: bool) -> None:
 def test_a_branch_revision_is_not_a_pin() -> None:
     text = REMOTE.replace("- --trust-remote-code", "- --trust-remote-code\n    - --revision=main")
     assert run_rules(load_text(text), {"trust-remote-code-hub"})
+
+
+def test_an_ingress_without_auth_in_front_of_vllm() -> None:
+    # tests/fixtures/doctor/vllm-exposed-without-auth/near_miss_ingress_auth without its
+    # auth-url annotation: the Ingress is internet-facing and nothing asks for credentials.
+    folder = FIXTURES / "vllm-exposed-without-auth" / "near_miss_ingress_auth"
+    text = "\n---\n".join(
+        (folder / name).read_text(encoding="utf-8") for name in ("deployment.yaml", "ingress.yaml")
+    ).replace(
+        'nginx.ingress.kubernetes.io/auth-url: "https://oauth2-proxy.auth.svc/oauth2/auth"', "a: b"
+    )
+    [f] = run_rules(load_text(text), {"vllm-exposed-without-auth"})
+    assert f.severity == "error"
+    assert f.object == "Ingress/default/vllm"
+    assert f.path == "spec.rules[0].http.paths[0].backend.service.name"

@@ -1083,3 +1083,91 @@ def vllm_multinode_exposed(inv: Inventory) -> Iterator[Finding]:
             "(leaderworkerset.sigs.k8s.io/name) to every port but the API port, and the "
             "gateway to that one; run vLLM 0.8.5 or newer.",
         )
+
+
+# --------------------------------------------------------------------------- vLLM without auth
+
+#: Ingress annotations that put authentication in front of the backends: ingress-nginx's
+#: external auth and basic auth, the AWS Load Balancer Controller's OIDC/Cognito actions.
+_INGRESS_AUTH = (
+    "nginx.ingress.kubernetes.io/auth-url",
+    "nginx.ingress.kubernetes.io/auth-type",
+    "alb.ingress.kubernetes.io/auth-type",
+)
+
+
+def _vllm_api_key(c: dict[str, Any]) -> bool:
+    """Whether vLLM's own API key is set in the container: ``--api-key`` or ``VLLM_API_KEY``
+    (a literal or a Secret reference: either way requests need it)."""
+    words = [str(w) for key in ("command", "args") for w in (c.get(key) or [])]
+    if any("--api-key" in w for w in words):
+        return True
+    env = c.get("env")
+    return any(
+        isinstance(e, dict) and e.get("name") == "VLLM_API_KEY"
+        for e in (env if isinstance(env, list) else [])
+    )
+
+
+def _vllm_pods(inv: Inventory, namespace: str, selector: Any) -> list[tuple[PodView, bool]]:
+    """(pod, its vLLM asks for an API key) of the vLLM servers a Service selector picks."""
+    if not isinstance(selector, dict) or not selector:
+        return []
+    out = []
+    for pod in pods(inv):
+        if pod.manifest.namespace != namespace or pod.group is not None:
+            continue
+        if not all(pod.labels.get(str(k)) == str(v) for k, v in selector.items()):
+            continue
+        servers = [c for c, path in pod.containers() if container_engine(c, path)[0]]
+        if servers:
+            out.append((pod, all(_vllm_api_key(c) for c in servers)))
+    return out
+
+
+@rule("vllm-exposed-without-auth", versions={"vllm": "all"})
+def vllm_exposed_without_auth(inv: Inventory) -> Iterator[Finding]:
+    """vLLM reachable from outside the cluster with no credentials asked by vLLM or the gateway."""
+    services = {(s.namespace, s.name): s for s in inv.of_kind("Service")}
+    routes: list[tuple[Manifest, str, Manifest, tuple[str, bool]]] = []
+    for svc in services.values():
+        if svc.get("spec.type") in _EXPOSING_TYPES:
+            routes.append(
+                (
+                    svc,
+                    "spec.type",
+                    svc,
+                    _reach(svc.get("spec.type"), svc.get("metadata.annotations")),
+                )
+            )
+    for ing in inv.of_kind("Ingress"):
+        ann = as_dict(ing.get("metadata.annotations"))
+        if any(key in ann for key in _INGRESS_AUTH):
+            continue  # the gateway asks for credentials
+        for path, value in _walk(ing.get("spec"), "spec"):
+            if not path.endswith(".service.name") or not isinstance(value, str):
+                continue
+            target = services.get((ing.namespace, value))
+            if target is not None:
+                routes.append((ing, path, target, _ingress_reach(inv, ing)))
+    for front, path, svc, (where, private) in routes:
+        open_pods = [
+            p for p, keyed in _vllm_pods(inv, svc.namespace, svc.get("spec.selector")) if not keyed
+        ]
+        if not open_pods:
+            continue
+        names = ", ".join(sorted({p.manifest.ref for p in open_pods}))
+        via = f"Service {svc.name!r}" if front is svc else f"{front.ref} -> Service {svc.name!r}"
+        yield Finding.at(
+            "vllm-exposed-without-auth",
+            "warning" if private else "error",
+            front,
+            path,
+            f"{via} makes the vLLM server of {names} reachable {where}, and neither vLLM "
+            "(--api-key / VLLM_API_KEY) nor the gateway asks for credentials: anyone who "
+            "reaches it can use the model, exhaust the GPUs, and call every endpoint the "
+            "server enables (LoRA loading, prompt embeddings).",
+            "Set VLLM_API_KEY from a Secret (vLLM then requires 'Authorization: Bearer'), or "
+            "put an authenticating gateway in front (ingress-nginx auth-url, ALB OIDC); keep "
+            "the Service ClusterIP.",
+        )
