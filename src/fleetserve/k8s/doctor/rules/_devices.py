@@ -441,6 +441,12 @@ def _declared_card(pod: PodView) -> CardMemory | None:
     return CardMemory(tuple(mibs), source) if mibs else None
 
 
+def card_of_type(name: str | None, source: str) -> CardMemory | None:
+    """The memory of a card named by type (Ray Serve LLM's ``accelerator_type: L4``)."""
+    mibs = memory_of_gpu_name(name) if name else ()
+    return CardMemory(tuple(mibs), source) if mibs else None
+
+
 def card_memory(pod: PodView, inv: Inventory) -> CardMemory | None:
     """Memory of the card behind ``pod``: its node selector, the card type it asks for (HAMi's
     use-gputype, Ray's accelerator_type), the NodePools it may land on, or fleet pools."""

@@ -147,6 +147,9 @@ class EngineReplica:
     tenant: str | None = None
     #: fleetserve's plan: the engine's memory fraction OF THE HAMi SLICE, when planned.
     planned_slice_utilization: float | None = None
+    #: The GPU type the replica asks Ray for (Serve LLM ``accelerator_type: L4``): Ray places
+    #: it only on nodes with that card, so it is the card's evidence.
+    accelerator_type: str | None = None
     #: Engine arguments written outside vLLM's bounds (``tensor_parallel_size: 0``); moved
     #: out of ``engine`` on construction, so no rule reasons from them.
     rejected: dict[str, Any] = field(default_factory=dict)
@@ -394,6 +397,9 @@ def _serve_llm_replicas(
                 gpus_path=f"{path}.placement_group_config.bundles" if not derived else path,
                 serve_llm=True,
                 bundles_derived=derived,
+                accelerator_type=(
+                    str(cfg["accelerator_type"]) if cfg.get("accelerator_type") else None
+                ),
             )
         )
     return out

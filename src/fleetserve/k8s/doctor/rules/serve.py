@@ -35,6 +35,7 @@ from fleetserve.k8s.doctor.rules._devices import (
     HamiConfig,
     PodView,
     card_memory,
+    card_of_type,
     container_slice,
     hami_config,
     pods,
@@ -861,7 +862,9 @@ def kv_cache_too_small(inv: Inventory) -> Iterator[Finding]:
                 engine=r.engine,
                 at=r.engine_path("max_model_len"),
                 slice_mib=_slice_mib(pod.group.container, cfg),
-                card=card_memory(pod, inv),
+                # The pod's own evidence first; else the card type the replica asks Ray for.
+                card=card_memory(pod, inv)
+                or card_of_type(r.accelerator_type, f"accelerator_type: {r.accelerator_type}"),
                 planned_slice=r.planned_slice_utilization,
                 complete=r.serve_llm,
             )
