@@ -105,8 +105,16 @@ class PodView:
 
     @property
     def label(self) -> str:
-        """Human name: ``worker group 'gpu'`` / ``pod template``."""
-        return self.group.label if self.group is not None else "pod template"
+        """Human name: ``worker group 'gpu'`` / ``leader template`` / ``pod template``."""
+        if self.group is not None:
+            return self.group.label
+        for key, name in (
+            (".leaderTemplate.", "leader template"),
+            (".workerTemplate.", "worker template"),
+        ):
+            if key in f"{self.path}.":
+                return name  # a LeaderWorkerSet's two templates, told apart in messages
+        return "pod template"
 
     def containers(self) -> list[tuple[dict[str, Any], str]]:
         """(container, field path) for init containers then containers."""
