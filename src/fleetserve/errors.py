@@ -64,3 +64,10 @@ class RenderError(FleetServeError):
 
 class MetricsSourceError(FleetServeError):
     """A metrics endpoint or Prometheus server could not be read (``fleetserve top``)."""
+
+
+class InternalError(FleetServeError):
+    """A bug in fleetserve met on valid input (not the user's fault). Exit code 3, so CI can
+    tell "the tool broke" from "the input has errors" (1) and "bad input or usage" (2)."""
+
+    exit_code = 3

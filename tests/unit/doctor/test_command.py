@@ -64,14 +64,16 @@ def test_exit_1_with_errors_and_json_shape(capsys: pytest.CaptureFixture[str]) -
     assert "minReplicas 4 greater than maxReplicas 2" in str(f["message"])
 
 
-def test_exit_2_on_unreadable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreadable_input_is_a_finding_and_a_missing_path_is_usage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: RayService\nspec: [\n", encoding="utf-8")
-    assert main(["doctor", str(bad)]) == 2
-    err = capsys.readouterr().err
-    assert f"{bad}:3:" in err
-    assert "Traceback" not in err
+    code, found = _json(capsys, str(bad))
+    assert code == 1
+    assert [(f["rule"], f["file"], f["line"]) for f in found] == [("input-unreadable", str(bad), 3)]
     assert main(["doctor", str(tmp_path / "missing")]) == 2
+    assert "Traceback" not in capsys.readouterr().err
 
 
 def test_rules_filter(capsys: pytest.CaptureFixture[str]) -> None:

@@ -81,18 +81,51 @@ pools:
 """
     inv = load_text(text, "fleet.yaml")
     assert [p.name for p in inv.fleets[0].spec.pools] == ["gpu"]
-    with pytest.raises(InputFileError, match=r"fleet\.yaml:1: fleet spec invalid"):
-        load_text("models: []\n", "fleet.yaml")
+    [bad] = load_text("models: []\n", "fleet.yaml").problems
+    assert (bad.file, bad.line, bad.kind) == ("fleet.yaml", 1, "fleet-spec")
+    assert bad.detail.startswith("fleet spec invalid: <spec>: models: List should have")
+
+
+def test_values_with_a_models_key_are_not_a_fleet_spec() -> None:
+    # Shape of substratusai/kubeai hack/dev-gke-helm-values.yaml: KubeAI's chart values have
+    # `models` beside keys no fleet spec has; they are not a broken fleet spec.
+    inv = load_text("models:\n  catalog: {}\nresourceProfiles:\n  nvidia-gpu-l4: {}\n", "v.yaml")
+    assert (inv.problems, inv.fleets, inv.skipped) == ((), (), ("v.yaml:1",))
 
 
 @pytest.mark.parametrize(
-    ("text", "line"),
-    [("a: 1\nb: [1, 2\n", 3), ("kind: X\n  bad: indent\n", 2), ("- just\n- a list\n", 1)],
+    ("text", "line"), [("a: 1\nb: [1, 2\n", 3), ("kind: X\n  bad: indent\n", 2)]
 )
-def test_unreadable_yaml_names_file_and_line(text: str, line: int) -> None:
-    with pytest.raises(InputFileError, match=rf"^bad\.yaml:{line}:") as e:
-        load_text(text, "bad.yaml")
-    assert e.value.exit_code == 2
+def test_unreadable_yaml_is_a_problem_naming_file_and_line(text: str, line: int) -> None:
+    inv = load_text(f"kind: ConfigMap\n---\n{text}", "bad.yaml")
+    [bad] = inv.problems
+    assert (bad.file, bad.line - 2, bad.kind) == ("bad.yaml", line, "yaml")
+    assert bad.detail.startswith("invalid YAML: ")
+    # The whole file is left out, the documents before the error too: nothing half-read.
+    assert inv.manifests == ()
+
+
+def test_a_list_document_is_skipped_not_refused() -> None:
+    # kustomize JSON patches (kubernetes-sigs/lws config/components/prometheus/
+    # monitor_tls_patch.yaml) and Ansible playbooks are lists at the top.
+    inv = load_text("- op: add\n  path: /spec/endpoints/0/scheme\n  value: https\n", "p.yaml")
+    assert (inv.problems, inv.skipped) == ((), ("p.yaml:1",))
+
+
+def test_tags_without_a_constructor_are_read_as_plain_values() -> None:
+    # Shape of kubernetes-sigs/gateway-api-inference-extension mkdocs.yml (a Python tag) and
+    # CloudFormation's !Ref: valid YAML, never "unreadable".
+    inv = load_text("kind: X\na: !!python/name:material.extensions.emoji.twemoji\nb: !Ref Y\n")
+    assert inv.problems == ()
+    assert inv.manifests[0].body["b"] == "Y"
+
+
+def test_template_is_told_from_broken_yaml() -> None:
+    text = "# {{ not this one }} (a comment)\nkind: RayCluster\nmetadata:\n  name: {{.Name}}\n"
+    [tpl] = load_text(text, "t.yaml").problems
+    assert (tpl.kind, tpl.placeholder, tpl.placeholder_line) == ("template", "{{.Name}}", 4)
+    [bad] = load_text("# {{ x }}\nkind: [\n", "b.yaml").problems
+    assert bad.kind == "yaml"  # a placeholder only in a comment proves nothing
 
 
 def test_python_scaling_config_with_constants() -> None:
@@ -137,8 +170,9 @@ def test_python_is_never_executed(tmp_path: Path) -> None:
 
 
 def test_python_syntax_error() -> None:
-    with pytest.raises(InputFileError, match=r"^t\.py:2: Python syntax error"):
-        load_python_text("x = 1\ndef (:\n", "t.py")
+    [bad] = load_python_text("x = 1\ndef (:\n", "t.py").problems
+    assert (bad.file, bad.line, bad.kind) == ("t.py", 2, "python")
+    assert bad.detail.startswith("Python syntax error")
 
 
 def test_directories_recursive_sorted_hidden_skipped(tmp_path: Path) -> None:
@@ -157,8 +191,9 @@ def test_directories_recursive_sorted_hidden_skipped(tmp_path: Path) -> None:
 def test_non_utf8_file(tmp_path: Path) -> None:
     bad = tmp_path / "x.yaml"
     bad.write_bytes(b"kind: \xff\n")
-    with pytest.raises(InputFileError, match="not UTF-8"):
-        load_paths([bad])
+    [problem] = load_paths([bad]).problems
+    assert (problem.kind, problem.file) == ("encoding", str(bad))
+    assert "not UTF-8" in problem.detail
 
 
 def test_line_of_inside_an_embedded_serve_config() -> None:
@@ -243,8 +278,8 @@ def test_helm_chart_templates_are_skipped_in_directory_walks(tmp_path: Path) -> 
     tpl = chart / "templates" / "svc.yaml"
     tpl.write_text("metadata:\n  name: {{ .Release.Name }}-svc\n", "utf-8")
     assert [p.name for p in expand_paths([tmp_path])] == ["Chart.yaml", "values.yaml"]
-    with pytest.raises(InputFileError):
-        load_paths([tpl])  # named explicitly: read, and it is not YAML
+    # Named explicitly: read, and reported as the template it is.
+    assert [p.kind for p in load_paths([tpl]).problems] == ["template"]
 
 
 def test_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -253,3 +288,40 @@ def test_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
     inv = load_paths(["-"])
     found = [(m.ref, m.file, m.line) for m in inv.manifests]
     assert found == [("Namespace/default/a", "<stdin>", 1)]
+
+
+def test_kustomize_patches_are_not_judged_alone(tmp_path: Path) -> None:
+    # Shape of kubernetes-sigs/lws config/default: a kustomization patching the manager
+    # Deployment with a partial object (no selector: the base has it), and kubebuilder's
+    # patches/ folder whose CA-injection patch is enabled only by uncommenting a line.
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "kustomization.yaml").write_text(
+        "resources: [manager.yaml]\npatches:\n- path: manager_config_patch.yaml\n"
+        "#- path: patches/cainjection.yaml\n",
+        "utf-8",
+    )
+    deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: manager}\n"
+    (tmp_path / "manager.yaml").write_text(deployment + "spec: {selector: {}}\n", "utf-8")
+    (tmp_path / "manager_config_patch.yaml").write_text(deployment + "spec: {}\n", "utf-8")
+    (tmp_path / "patches" / "cainjection.yaml").write_text(
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\n"
+        "metadata: {name: x, annotations: {a: b}}\n",
+        "utf-8",
+    )
+    inv = load_paths([tmp_path])
+    assert [Path(m.file).name for m in inv.manifests] == ["manager.yaml"]
+    assert sorted(Path(m.file).name for m in inv.patches) == [
+        "cainjection.yaml",
+        "manager_config_patch.yaml",
+    ]
+
+
+def test_terraform_templatefile_is_a_template() -> None:
+    # Shape of awslabs/data-on-eks infra/terraform/helm-values/spark-operator.yaml.
+    text = "controller:\n  replicas: 1\n%{ if enable_ipv6 ~}\n  env: []\n%{ endif ~}\n"
+    [tpl] = load_text(text, "v.yaml").problems
+    assert (tpl.kind, tpl.placeholder, tpl.placeholder_line) == (
+        "template",
+        "%{ if enable_ipv6 ~}",
+        3,
+    )

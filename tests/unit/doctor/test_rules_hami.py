@@ -270,6 +270,8 @@ def test_gpu_count_seed_004_numbers() -> None:
 def test_gpu_count_reads_vllm_cli_flags() -> None:
     (f,) = _fixture("hami-gpu-count", "trigger_vllm_server.yaml")
     assert "2 tensor/pipeline ranks" in f.message
+    assert f.severity == "error"
+    assert "not even one replica starts" in f.message
     assert f.path.endswith("resources.limits.nvidia.com/gpu")
 
 

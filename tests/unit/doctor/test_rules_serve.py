@@ -10,6 +10,7 @@ import pytest
 from fleetserve.k8s.doctor.finding import Finding
 from fleetserve.k8s.doctor.loader import load_paths, load_text
 from fleetserve.k8s.doctor.registry import run_rules
+from fleetserve.k8s.doctor.rules._devices import pods
 from fleetserve.k8s.doctor.rules._engines import engine_replicas
 from fleetserve.k8s.doctor.rules.serve import ray_version_of_image
 
@@ -435,3 +436,13 @@ def test_unset_max_model_len_is_vllms_default_only_for_complete_args() -> None:
                 ray_actor_options: {num_gpus: 1}
         """
     assert not _run("kv-cache-too-small", _rayservice(env_app, _worker(selector=l4)))
+
+
+def test_a_leaderworkerset_names_its_two_templates() -> None:
+    # tests/fixtures/doctor/tp-gpus-mismatch/near_miss_lws.yaml (kubernetes-sigs/lws' vLLM
+    # example): messages say which template, not "pod template, pod template".
+    inv = load_paths([FIXTURES / "tp-gpus-mismatch" / "near_miss_lws.yaml"])
+    assert [(p.label, p.hosts) for p in pods(inv)] == [
+        ("leader template", 2),
+        ("worker template", 1),
+    ]

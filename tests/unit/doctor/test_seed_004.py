@@ -68,8 +68,10 @@ def test_published_values_keep_the_scheduler() -> None:
 def test_tp4_replica_on_one_slice_pods() -> None:
     found = _findings(*MANIFESTS, SEED / "hami-values.yaml")
     (count,) = [f for f in found if f.rule == "hami-gpu-count"]
-    assert count.severity == "warning"
+    # An error, as without HAMi: slicing does not give vLLM the ranks it needs (#30).
+    assert count.severity == "error"
     assert "'llama3/VLLMDeployment' needs 4 GPUs in one pod (num_gpus 4)" in count.message
+    assert count.message.endswith("so not even one replica fits.")
     assert "nvidia.com/gpu: 1" in count.message
     assert "22000 MiB" in count.fix
     assert count.path == (

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from fleetserve.k8s.doctor.crds import KUBERAY
 from fleetserve.k8s.doctor.loader import load_text
 from fleetserve.k8s.doctor.registry import rule_info, run_rules
 
@@ -51,7 +52,9 @@ def _found(text: str) -> list[tuple[str, str]]:
 def test_at_and_above_the_boundary_is_an_error(tag: str) -> None:
     [(severity, message)] = _found(SERVICE + _operator(tag))
     assert severity == "error"
-    assert f"KubeRay {tag.lstrip('v')} (operator image tag {tag} in the input) rejects" in message
+    # The message names the file that supplied the version (issue #30: say which file).
+    image = f"quay.io/kuberay/operator:{tag}"
+    assert f"KubeRay {tag.lstrip('v')} (operator image {image} in <input>) rejects" in message
 
 
 def test_below_the_boundary_says_nothing() -> None:
@@ -66,8 +69,10 @@ def test_chart_values_name_the_version() -> None:
 def test_unknown_version_is_a_warning_in_the_conservative_wording() -> None:
     [(severity, message)] = _found(SERVICE)
     assert severity == "warning"
-    assert "KubeRay 1.3 and later reject" in message
+    assert "as every release from 1.3 does" in message
     assert "1.2 and older accept" in message
+    # The release assumed is the one the schema check assumes, and the message says so (#30).
+    assert f"KubeRay {KUBERAY.newest} (assumed: the input names no operator version" in message
 
 
 def test_the_rule_declares_the_range() -> None:

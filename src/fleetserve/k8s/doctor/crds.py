@@ -12,8 +12,10 @@ Design note:
   upstream release (a short timeout), written to the cache only after it parsed as the CRD it
   is named for, so every later run is offline. A failed download (no network) stops all others
   in the run and is remembered for ``_RETRY_AFTER_S`` so offline runs stay fast;
-  ``FLEETSERVE_OFFLINE=1`` never downloads. When the wanted version cannot be had, the newest
-  cached version that has the file is used instead. Whatever could not be had becomes ONE note.
+  ``FLEETSERVE_OFFLINE=1`` never downloads. When the wanted version cannot be had from the
+  cache or the release, the schemas shipped with fleetserve for it (``bundled.py``) are used,
+  else the newest cached version that has the file, else the newest shipped release. Whatever
+  could not be had becomes ONE note.
 - ``--crds cluster`` reads the installed CRDs with kubectl (the user's kubeconfig and context):
   they are what the API server validates against. Anything that stops it is a usage error that
   says what is missing (exit 2), never a silent fallback.
@@ -43,6 +45,7 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from fleetserve.errors import UsageError
+from fleetserve.k8s.doctor.bundled import bundled, bundled_versions, crd_documents
 from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.schema import CrdSchemas
 
@@ -219,18 +222,24 @@ def _strings(value: Any) -> Iterator[str]:
 def named_versions(inv: Inventory, up: Upstream) -> set[str]:
     """Versions of ``up`` the input names: its operator image in any manifest, or the
     ``image.repository``/``image.tag`` pair of a Helm values document."""
-    found: set[str] = set()
+    return set(named_version_sources(inv, up))
+
+
+def named_version_sources(inv: Inventory, up: Upstream) -> dict[str, str]:
+    """Each version of ``up`` the input names -> where (the first file that names it), so a
+    message can say which file supplied the version it reasons from."""
+    found: dict[str, str] = {}
     for m in inv.manifests:
         for text in _strings(m.body.get("spec")):
             hit = up.image.search(text)
             if hit:
-                found.add(hit.group(1))
+                found.setdefault(hit.group(1), f"operator image {text} in {m.file}")
     for h in inv.helm_values:
         image = h.body.get("image")
         if isinstance(image, dict) and image.get("tag") is not None:
             hit = up.image.search(f"{image.get('repository', '')}:{image['tag']}")
             if hit:
-                found.add(hit.group(1))
+                found.setdefault(hit.group(1), f"image.tag {image['tag']} in {h.file}")
     return found
 
 
@@ -336,6 +345,13 @@ def _write_atomic(target: Path, data: bytes) -> None:
         raise
 
 
+def _bundled_docs(up: Upstream, version: str, kind: str) -> list[dict[str, Any]]:
+    """The CRD documents of ``kind`` shipped with fleetserve for ``version`` ([] if none)."""
+    facts = bundled(up.component, version)
+    docs = crd_documents(facts) if facts is not None else []
+    return [d for d in docs if _is_crd_of([d], up, kind)]
+
+
 @dataclass
 class CacheLookup:
     """Default mode: cache first, then the upstream release (once), never the cluster."""
@@ -395,35 +411,58 @@ class CacheLookup:
             return path
         return self._download(up, version, kind)
 
+    @staticmethod
+    def _fallbacks(
+        wanted: str, cached: list[str], shipped: list[str]
+    ) -> Iterator[tuple[str, bool]]:
+        """(version, from the package) to try, in order, when ``wanted`` is neither cached nor
+        downloadable: the same release shipped with fleetserve, then the newest shipped patch of
+        the same minor (patch releases keep their CRDs), then the newest cached release, then
+        the newest shipped one."""
+        minor = _version_key(wanted).release[:2]
+        if wanted in shipped:
+            yield wanted, True
+        for v in reversed(shipped):
+            if v != wanted and _version_key(v).release[:2] == minor:
+                yield v, True
+        for v in reversed(cached):
+            if v != wanted:
+                yield v, False
+        for v in reversed(shipped):
+            yield v, True
+
     def lookup(self, inv: Inventory) -> CrdLookup:
         out = CrdLookup()
         for up, kinds in sorted(needed_kinds(inv).items(), key=lambda kv: kv[0].component):
             named = sorted(named_versions(inv, up), key=_version_key)
             cached = cached_versions(self.cache, up)
             wanted = named[-1] if named else max([up.newest, *cached], key=_version_key)
+            shipped = sorted(bundled_versions(up.component), key=_version_key)
             for kind in sorted(kinds):
                 path = self._file(up, wanted, kind)
-                used = wanted
-                if path is None:
-                    # The newest cached version that has the file, rather than nothing.
-                    for v in reversed(cached):
-                        candidate = self.cache / up.component / v / up.files[kind]
-                        if (
-                            v != wanted
-                            and candidate.is_file()
-                            and _is_crd_of(_cached_docs(candidate), up, kind)
-                        ):
-                            path, used = candidate, v
-                            break
-                if path is None:
+                used, shipped_used = wanted, False
+                docs = _cached_docs(path) if path is not None else []
+                for version, from_package in self._fallbacks(wanted, cached, shipped):
+                    if docs:
+                        break
+                    if from_package:
+                        docs = _bundled_docs(up, version, kind)
+                    else:
+                        candidate = self.cache / up.component / version / up.files[kind]
+                        if candidate.is_file() and _is_crd_of(_cached_docs(candidate), up, kind):
+                            docs = _cached_docs(candidate)
+                    used, shipped_used = version, from_package
+                if not docs:
                     out.missing.setdefault(f"{up.title} {wanted}", []).append(kind)
                     continue
-                for doc in _cached_docs(path):
+                for doc in docs:
                     out.schemas.add_crd(doc)
-                label = f"{up.title} {used}"
+                label = f"{up.title} {used}" + (
+                    " (shipped with fleetserve)" if shipped_used else ""
+                )
                 if label not in out.used:
                     out.used.append(label)
-                swap = f"the {up.title} {used} CRDs, not {wanted} as the input names"
+                swap = f"the {label} CRDs, not {wanted} as the input names"
                 if used != wanted and named and swap not in out.substituted:
                     out.substituted.append(swap)
         out.reason = self._failed

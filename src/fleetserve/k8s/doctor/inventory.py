@@ -18,7 +18,14 @@ import yaml
 
 from fleetserve.spec import FleetSpec
 
-HelmChart = Literal["hami", "kuberay-operator", "ingress-nginx", "unknown"]
+HelmChart = Literal[
+    "hami",
+    "kuberay-operator",
+    "ingress-nginx",
+    "kube-prometheus-stack",
+    "vllm-production-stack",
+    "unknown",
+]
 
 #: Annotation that silences doctor rules on one object: a comma-separated list of rule ids
 #: (for a finding that is intended, e.g. ``advertised-vs-limit``). Kubernetes ignores it.
@@ -213,6 +220,40 @@ class RayResourceRequest:
         return self.line
 
 
+#: What kind of input problem a file has: an unrendered template (Helm, Jinja), YAML that does
+#: not parse, a document that is no object, Python that does not parse, bytes that are not
+#: UTF-8, a file the OS will not let us read, or a fleet spec that fleetserve refuses.
+ProblemKind = Literal["template", "yaml", "document", "python", "encoding", "file", "fleet-spec"]
+
+
+@dataclass(frozen=True)
+class InputProblem:
+    """A file (or one of its documents) doctor could not read: reported as a finding about the
+    file, never an abort, so one bad file cannot hide the findings of every other one."""
+
+    #: Source file.
+    file: str
+    #: 1-based line of the problem (the parser's mark; 1 when the whole file is concerned).
+    line: int
+    kind: ProblemKind
+    #: What is wrong, from the parser or validator (``did not find expected key``).
+    detail: str
+    #: Field path inside the document, when the problem is about one field (fleet specs).
+    field: str = ""
+    #: For a template: the first placeholder found (``{{ .Release.Name }}``) and its line.
+    placeholder: str = ""
+    placeholder_line: int = 0
+
+    @property
+    def ref(self) -> str:
+        """``File/<file>``: the report's name for a file that could not be read as objects."""
+        return f"File/{self.file}"
+
+    def line_of(self, path: str) -> int:
+        """The problem's line, whatever ``path`` names."""
+        return self.line
+
+
 @dataclass(frozen=True, eq=False)
 class FleetSource:
     """A fleetserve fleet spec found among the inputs (it describes node pools)."""
@@ -234,6 +275,11 @@ class Inventory:
     skipped: tuple[str, ...] = ()
     #: Ray task/actor/placement-group requests read from Python files.
     ray_requests: tuple[RayResourceRequest, ...] = ()
+    #: Files (or documents) that could not be read: each becomes a finding, never an abort.
+    problems: tuple[InputProblem, ...] = ()
+    #: Documents a kustomization applies as patches: partial objects that complete a base, so
+    #: neither schemas nor rules judge them alone (``kustomize build`` output is checkable).
+    patches: tuple[Manifest, ...] = ()
 
     def of_kind(self, *kinds: str) -> list[Manifest]:
         """Manifests whose ``kind`` is one of ``kinds``, in input order."""

@@ -13,18 +13,23 @@ Design note:
   Ray requests (``ScalingConfig(...)`` and friends) through the static evaluator
   (:mod:`.static_eval`): literals and constants only, anything else stays ``None`` and rules
   do not guess.
-What must stay true: unreadable input (missing file, bad YAML, bad Python syntax, invalid
-fleet spec) raises :class:`InputFileError` naming the file and line (exit code 2).
+What must stay true: a file that cannot be read (bad YAML, an unrendered Helm/Jinja template,
+bad Python syntax, bytes that are not UTF-8, an invalid fleet spec) becomes an
+:class:`InputProblem` of the inventory, naming the file and line, and the walk goes on: one
+bad file never hides the findings of the others (the ``input-unreadable`` and
+``unrendered-template`` rules report them). Only a path that does not exist raises
+:class:`InputFileError` (bad usage, exit code 2).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import yaml
 from pydantic import ValidationError
@@ -34,13 +39,14 @@ from fleetserve.k8s.doctor.inventory import (
     FleetSource,
     HelmChart,
     HelmValues,
+    InputProblem,
     Inventory,
     Manifest,
     RayResourceRequest,
     ScalingConfigCall,
 )
 from fleetserve.k8s.doctor.python_calls import read_python
-from fleetserve.spec import parse_spec
+from fleetserve.spec import FleetSpec, parse_spec
 
 YAML_SUFFIXES = (".yaml", ".yml")
 PY_SUFFIXES = (".py",)
@@ -70,6 +76,9 @@ _KUBERAY_KEYS = frozenset(
     }
 )
 
+
+#: Top-level keys of a fleet spec (the spec model's own fields: one source of truth).
+_FLEET_KEYS = frozenset(FleetSpec.model_fields)
 
 #: The path that means "read YAML from standard input" (``helm template ... | doctor -``).
 STDIN = "-"
@@ -151,24 +160,37 @@ class _Builder:
     fleets: list[FleetSource] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     ray_requests: list[RayResourceRequest] = field(default_factory=list)
+    problems: list[InputProblem] = field(default_factory=list)
+    #: (directory, body) of every kustomization file read.
+    kustomizations: list[tuple[Path, dict[str, Any]]] = field(default_factory=list)
 
     def build(self) -> Inventory:
+        patch_files = _kustomize_patches(self.kustomizations)
+        patches = [m for m in self.manifests if _resolved(m.file) in patch_files]
         return Inventory(
-            manifests=tuple(self.manifests),
+            manifests=tuple(m for m in self.manifests if _resolved(m.file) not in patch_files),
+            patches=tuple(patches),
             helm_values=tuple(self.helm_values),
             scaling_configs=tuple(self.scaling_configs),
             fleets=tuple(self.fleets),
             skipped=tuple(self.skipped),
             ray_requests=tuple(self.ray_requests),
+            problems=tuple(self.problems),
         )
 
     def add_file(self, path: Path) -> None:
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
-            raise InputFileError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
-        except OSError as e:
-            raise InputFileError(f"{path}: cannot read ({e.strerror})") from e
+            self.problems.append(
+                InputProblem(
+                    str(path), 1, "encoding", f"not UTF-8 text ({e.reason} at byte {e.start})"
+                )
+            )
+            return
+        except OSError as e:  # permissions, a file removed during the walk
+            self.problems.append(InputProblem(str(path), 1, "file", f"cannot read ({e.strerror})"))
+            return
         if path.suffix in PY_SUFFIXES:
             self.add_python(text, str(path))
         else:
@@ -177,24 +199,34 @@ class _Builder:
     # -- YAML -------------------------------------------------------------------------------
 
     def add_yaml(self, text: str, file: str) -> None:
-        for node, data in _yaml_documents(text, file):
+        try:
+            documents = list(_yaml_documents(text, file))
+        except _Unparsable as e:
+            # The whole file is left out (its documents before the error may be fragments of
+            # a template), and said so once: nothing in it is judged.
+            self.problems.append(_unparsable(text, file, "yaml", e.line, e.detail))
+            return
+        for index, (node, data) in enumerate(documents):
             if data is None:
                 continue
             line = node.start_mark.line + 1
+            if isinstance(data, dict) and Path(file).name in _KUSTOMIZATION_FILES:
+                self.kustomizations.append((Path(file).parent, data))
             if not isinstance(data, dict):
-                raise InputFileError(
-                    f"{file}:{line}: expected a mapping (a Kubernetes object or values), "
-                    f"got a {type(data).__name__}"
-                )
-            lines = _line_table(node)
+                # A list or a scalar (an Ansible playbook, a values fragment) is no Kubernetes
+                # object and no values doctor knows: skipped like unknown values, and noted.
+                self.skipped.append(f"{file}:{line}")
+                continue
             if "kind" in data:
-                self._add_object(data, node, file, line)
-            elif "models" in data:
+                self._add_object(data, node, file, line, index)
+            elif "models" in data and set(data) <= _FLEET_KEYS:
+                # Only a document made of fleet-spec keys is a fleet spec: KubeAI's values also
+                # have `models`, beside keys fleetserve does not know.
                 self._add_fleet(data, file, line)
             else:
                 chart = _detect_chart(data)
                 if chart != "unknown":
-                    self.helm_values.append(HelmValues(chart, data, file, line, lines))
+                    self.helm_values.append(HelmValues(chart, data, file, line, _line_table(node)))
                 else:
                     self.skipped.append(f"{file}:{line}")
 
@@ -204,10 +236,20 @@ class _Builder:
         node: yaml.Node,
         file: str,
         line: int,
+        index: int,
     ) -> None:
         kind = data.get("kind")
         if not isinstance(kind, str) or not kind:
-            raise InputFileError(f"{file}:{line}: 'kind' must be a non-empty string")
+            self.problems.append(
+                InputProblem(
+                    file,
+                    line,
+                    "document",
+                    f"document {index + 1}: 'kind' must be a non-empty string, got {kind!r}",
+                    "kind",
+                )
+            )
+            return
         if kind == "List" or (kind.endswith("List") and isinstance(data.get("items"), list)):
             items = data.get("items") or []
             item_nodes = _child(node, "items")
@@ -218,7 +260,7 @@ class _Builder:
                     item_nodes.value[i] if isinstance(item_nodes, yaml.SequenceNode) else node
                 )
                 item_line = item_node.start_mark.line + 1
-                self._add_object(item, item_node, file, item_line)
+                self._add_object(item, item_node, file, item_line, index)
             return
         meta = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
         assert isinstance(meta, dict)
@@ -243,11 +285,15 @@ class _Builder:
         except ValidationError as e:
             first = e.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
-            raise InputFileError(
-                f"{file}:{line}: fleet spec invalid at {where}: {first['msg']}"
-            ) from e
+            self.problems.append(
+                InputProblem(file, line, "fleet-spec", f"fleet spec invalid: {first['msg']}", where)
+            )
+            return
         except FleetServeError as e:
-            raise InputFileError(f"{file}:{line}: fleet spec invalid: {e.message}") from e
+            self.problems.append(
+                InputProblem(file, line, "fleet-spec", f"fleet spec invalid: {e.message}")
+            )
+            return
         self.fleets.append(FleetSource(spec=spec, file=file))
 
     # -- Python -----------------------------------------------------------------------------
@@ -256,17 +302,79 @@ class _Builder:
         try:
             tree = ast.parse(text, filename=file)
         except SyntaxError as e:
-            raise InputFileError(f"{file}:{e.lineno}: Python syntax error: {e.msg}") from e
+            detail = f"Python syntax error: {e.msg}"
+            self.problems.append(_unparsable(text, file, "python", e.lineno or 1, detail))
+            return
         calls, requests = read_python(tree, file)
         self.scaling_configs.extend(calls)
         self.ray_requests.extend(requests)
+
+
+#: The names kustomize reads a kustomization from.
+_KUSTOMIZATION_FILES = frozenset({"kustomization.yaml", "kustomization.yml", "Kustomization"})
+
+
+def _resolved(file: str) -> Path | None:
+    return None if file == "<stdin>" else Path(file).resolve()
+
+
+def _kustomize_patches(kustomizations: list[tuple[Path, dict[str, Any]]]) -> set[Path | None]:
+    """Files the kustomizations apply as patches (``patches[].path``, ``patchesStrategicMerge``,
+    ``patchesJson6902[].path``), plus the files of a ``patches/`` folder beside one: the
+    kubebuilder layout keeps its optional patches there, referenced only in comments until
+    enabled. A patch is a partial object (a Deployment without its selector, a CRD with only an
+    annotation), so judging it alone reports fields its base has."""
+    out: set[Path | None] = set()
+    for folder, body in kustomizations:
+        refs: list[Any] = []
+        for key in ("patches", "patchesJson6902"):
+            items = body.get(key)
+            if isinstance(items, list):
+                refs.extend(i.get("path") for i in items if isinstance(i, dict))
+        merge = body.get("patchesStrategicMerge")
+        if isinstance(merge, list):
+            refs.extend(merge)
+        for ref in refs:
+            if isinstance(ref, str) and "\n" not in ref:  # an inline patch is not a file
+                out.add((folder / ref).resolve())
+        beside = folder / "patches"
+        if beside.is_dir():
+            out.update(f.resolve() for f in beside.iterdir() if f.suffix in YAML_SUFFIXES)
+    return out
 
 
 # -- YAML helpers ---------------------------------------------------------------------------
 
 
 #: libyaml's parser when available (same nodes and marks, much faster on large files).
-_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_BASE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _LOADER(_BASE_LOADER):  # type: ignore[valid-type,misc]
+    """The safe loader, plus: a node with a tag it has no constructor for (mkdocs'
+    ``!!python/name:``, CloudFormation's ``!Ref``, GitLab's ``!reference``) is read as the plain
+    mapping, list or string it is. Such files are valid YAML; refusing them would report a
+    false "unreadable" error, and nothing doctor judges lives behind those tags."""
+
+
+def _untagged(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    if isinstance(node, yaml.MappingNode):
+        return loader.construct_mapping(node, deep=True)
+    if isinstance(node, yaml.SequenceNode):
+        return loader.construct_sequence(node, deep=True)
+    return loader.construct_scalar(node)  # type: ignore[arg-type]
+
+
+_LOADER.add_constructor(None, _untagged)
+
+
+class _Unparsable(Exception):
+    """YAML that does not parse (internal to the loader: it becomes an InputProblem)."""
+
+    def __init__(self, line: int, detail: str) -> None:
+        super().__init__(detail)
+        self.line = line
+        self.detail = detail
 
 
 def _yaml_documents(text: str, file: str) -> Iterator[tuple[yaml.Node, Any]]:
@@ -279,13 +387,42 @@ def _yaml_documents(text: str, file: str) -> Iterator[tuple[yaml.Node, Any]]:
             yield node, loader.construct_document(node)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
-        line = mark.line + 1 if mark is not None else 0
-        problem = e.problem or e.context or "invalid YAML"
-        raise InputFileError(f"{file}:{line}: invalid YAML: {problem}") from e
+        line = mark.line + 1 if mark is not None else 1
+        raise _Unparsable(line, f"invalid YAML: {e.problem or e.context or 'unknown error'}") from e
     except yaml.YAMLError as e:
-        raise InputFileError(f"{file}: invalid YAML: {e}") from e
+        raise _Unparsable(1, f"invalid YAML: {e}") from e
+    except RecursionError as e:  # a pathological nesting depth (YAML bombs, fuzzers)
+        raise _Unparsable(1, "invalid YAML: nested too deeply to read") from e
     finally:
         loader.dispose()
+
+
+#: Placeholders of the template languages people keep manifests in: Helm/Go templates and
+#: Jinja (``{{ }}``, ``{% %}``), envsubst (``${VAR}``) and Terraform's ``templatefile``
+#: (``${var.x}``, ``%{ if x ~}``: data-on-eks' helm-values). A file that does not parse AND holds
+#: one is an unrendered template, not broken YAML.
+_PLACEHOLDER = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|[$%]\{[^}\n]*\}")
+
+
+def _unparsable(
+    text: str, file: str, language: Literal["yaml", "python"], line: int, detail: str
+) -> InputProblem:
+    """The problem of a file that does not parse: an unrendered template when it holds a
+    placeholder (the first one is quoted, with its line), else unreadable YAML or Python."""
+    # A placeholder inside a comment (`## {{ .Values.x }}` in chart docs) proves nothing.
+    found = next(
+        (
+            m
+            for m in _PLACEHOLDER.finditer(text)
+            if "#" not in text[text.rfind("\n", 0, m.start()) + 1 : m.start()]
+        ),
+        None,
+    )
+    if found is None:
+        return InputProblem(file, line, language, detail)
+    at = text.count("\n", 0, found.start()) + 1
+    shown = found.group(0) if len(found.group(0)) <= 60 else found.group(0)[:57] + "..."
+    return InputProblem(file, line, "template", detail, placeholder=shown, placeholder_line=at)
 
 
 def _child(node: yaml.Node, key: str) -> yaml.Node | None:
@@ -328,6 +465,12 @@ def _detect_chart(data: dict[str, Any]) -> HelmChart:
         return "kuberay-operator"
     if _is_ingress_nginx(data.get("controller")):
         return "ingress-nginx"
+    prometheus = data.get("prometheus")
+    if isinstance(prometheus, dict) and isinstance(prometheus.get("prometheusSpec"), dict):
+        return "kube-prometheus-stack"  # the chart's own block for its Prometheus CR
+    serving = data.get("servingEngineSpec")
+    if isinstance(serving, dict) and "modelSpec" in serving:
+        return "vllm-production-stack"  # vllm-project/production-stack's helm/values.yaml
     return "unknown"
 
 

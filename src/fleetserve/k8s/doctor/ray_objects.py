@@ -536,6 +536,19 @@ def env_value(m: Manifest, name: str) -> tuple[str, str] | None:
     return None
 
 
+#: LeaderWorkerSet (kubernetes-sigs/lws): multi-node inference groups, vLLM's multi-host form.
+LWS_KIND = "LeaderWorkerSet"
+
+
+def lws_size(m: Manifest) -> int:
+    """Pods in one LeaderWorkerSet group (``leaderWorkerTemplate.size``, default 1); 1 for
+    any other kind."""
+    if m.kind != LWS_KIND:
+        return 1
+    size = m.get("spec.leaderWorkerTemplate.size", 1)
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 1
+
+
 def pod_templates(m: Manifest) -> list[tuple[dict[str, Any], str]]:
     """Pod specs of any workload kind with their field paths (Ray groups, Deployment, Job...)."""
     if m.kind in RAY_KINDS:
@@ -548,6 +561,16 @@ def pod_templates(m: Manifest) -> list[tuple[dict[str, Any], str]]:
     if m.kind == "CronJob":
         tpl = spec.get("jobTemplate", {}).get("spec", {}).get("template", {}).get("spec")
         return [(tpl, "spec.jobTemplate.spec.template.spec")] if isinstance(tpl, dict) else []
+    if m.kind == LWS_KIND:
+        # A LeaderWorkerSet's group: one leader pod and size - 1 workers (the worker template
+        # defaults to the leader's when absent, as the LWS controller does).
+        lwt = spec.get("leaderWorkerTemplate")
+        out: list[tuple[dict[str, Any], str]] = []
+        for key in ("leaderTemplate", "workerTemplate"):
+            tpl = lwt.get(key) if isinstance(lwt, dict) else None
+            if isinstance(tpl, dict) and isinstance(tpl.get("spec"), dict):
+                out.append((tpl["spec"], f"spec.leaderWorkerTemplate.{key}.spec"))
+        return out
     tpl = spec.get("template")
     if isinstance(tpl, dict) and isinstance(tpl.get("spec"), dict):
         return [(tpl["spec"], "spec.template.spec")]

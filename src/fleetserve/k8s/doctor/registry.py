@@ -49,6 +49,8 @@ CATALOGUE_URL = os.environ.get(
 )
 #: The id of schema-validation findings (not a registered rule, but a catalogue page).
 SCHEMA_RULE = "schema"
+#: The name of a crash outside every rule and check (the loader, the CRD lookup).
+WHOLE_RUN = "doctor"
 
 
 def help_uri(rule_id: str) -> str:
@@ -178,7 +180,11 @@ def rule_info() -> dict[str, RuleInfo]:
 
 
 def run_rules(inv: Inventory, only: set[str] | None = None) -> list[Finding]:
-    """Run every registered rule (or those in ``only``) and return sorted, unique findings."""
+    """Run every registered rule (or those in ``only``) and return sorted, unique findings.
+
+    A rule that raises propagates (tests and library callers see the bug); the command uses
+    :func:`run_rules_contained`, which keeps the other rules' findings.
+    """
     rules = load_rules()
     found: set[Finding] = set()
     for rule_id in sorted(rules):
@@ -186,3 +192,64 @@ def run_rules(inv: Inventory, only: set[str] | None = None) -> list[Finding]:
             continue
         found.update(rules[rule_id](inv))
     return sorted(found, key=Finding.sort_key)
+
+
+@dataclass(frozen=True)
+class RuleCrash:
+    """A rule that raised on this input: a bug in fleetserve, not in the input."""
+
+    rule: str
+    #: ``IndexError: list index out of range`` (the exception's type and message).
+    error: str
+    #: ``rules/_capacity.py:293`` (the innermost frame inside fleetserve), "" when unknown.
+    where: str = ""
+
+    @classmethod
+    def of(cls, rule: str, e: BaseException) -> RuleCrash:
+        """The crash of ``rule`` (or a stage: ``schema``, ``doctor``) raising ``e``."""
+        return cls(rule, _error_text(e), _innermost(e))
+
+    def message(self) -> str:
+        """One line for stderr and SARIF: which rule, what it raised, where, what is lost."""
+        at = f" at {self.where}" if self.where else ""
+        if self.rule == WHOLE_RUN:
+            return f"internal error: doctor raised {self.error}{at}; no report was produced."
+        what = "schema validation" if self.rule == SCHEMA_RULE else f"rule {self.rule}"
+        return (
+            f"internal error: {what} raised {self.error}{at}; its findings are missing from "
+            "this report (the other checks ran). Please report it with the input."
+        )
+
+
+def run_rules_contained(
+    inv: Inventory, only: set[str] | None = None
+) -> tuple[list[Finding], list[RuleCrash]]:
+    """Like :func:`run_rules`, but a rule that raises is recorded and the others still run: one
+    rule's bug must not turn a whole report into a traceback (the command exits 3)."""
+    rules = load_rules()
+    found: set[Finding] = set()
+    crashes: list[RuleCrash] = []
+    for rule_id in sorted(rules):
+        if only is not None and rule_id not in only:
+            continue
+        try:
+            found.update(list(rules[rule_id](inv)))
+        except Exception as e:  # contained and reported (exit 3), never swallowed
+            crashes.append(RuleCrash.of(rule_id, e))
+    return sorted(found, key=Finding.sort_key), crashes
+
+
+def _error_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def _innermost(e: BaseException) -> str:
+    """``rules/_capacity.py:293``: the deepest traceback frame inside fleetserve's doctor."""
+    where = ""
+    tb = e.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if "/fleetserve/k8s/doctor/" in name:
+            where = f"{name.rsplit('/fleetserve/k8s/doctor/', 1)[1]}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from fleetserve.k8s.doctor.catalogue import pages
 from fleetserve.k8s.doctor.finding import SEVERITY_ORDER, Finding
-from fleetserve.k8s.doctor.registry import CATALOGUE_URL, help_uri
+from fleetserve.k8s.doctor.registry import CATALOGUE_URL, RuleCrash, help_uri
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -39,6 +39,8 @@ class DoctorResult:
     notes: tuple[str, ...] = ()
     #: Findings silenced by the ignore annotation (not in ``findings``).
     suppressed: int = 0
+    #: Rules (or stages) that raised: their findings are missing; the command exits 3.
+    crashes: tuple[RuleCrash, ...] = ()
 
     @property
     def has_errors(self) -> bool:
@@ -78,9 +80,10 @@ def _sarif_rule(rule_id: str) -> dict[str, object]:
     return out
 
 
-def to_sarif(findings: Sequence[Finding], version: str) -> str:
+def to_sarif(findings: Sequence[Finding], version: str, crashes: Sequence[RuleCrash] = ()) -> str:
     """SARIF 2.1.0 (GitHub code scanning and most CI dashboards read it); each rule links its
-    catalogue page (``helpUri``) and carries the page as ``help``."""
+    catalogue page (``helpUri``) and carries the page as ``help``. A rule that crashed is a
+    tool execution notification of an unsuccessful invocation (SARIF's place for it)."""
     rules = sorted({f.rule for f in findings})
     results = []
     for f in findings:
@@ -115,6 +118,19 @@ def to_sarif(findings: Sequence[Finding], version: str) -> str:
                         "rules": [_sarif_rule(r) for r in rules],
                     }
                 },
+                "invocations": [
+                    {
+                        "executionSuccessful": not crashes,
+                        "toolExecutionNotifications": [
+                            {
+                                "level": "error",
+                                "message": {"text": c.message()},
+                                "descriptor": {"id": c.rule},
+                            }
+                            for c in crashes
+                        ],
+                    }
+                ],
                 "results": results,
             }
         ],
@@ -182,6 +198,9 @@ def print_text(result: DoctorResult, console: Console) -> None:
         console.print()
     for note in result.notes:
         console.print(Text(f"note: {note}", style="dim"), soft_wrap=True)
-    style = "bold red" if result.has_errors else "bold green"
-    mark = "✗" if result.has_errors else "✓"
+    for crash in result.crashes:
+        console.print(Text(crash.message(), style="bold red"), soft_wrap=True)
+    failed = result.has_errors or bool(result.crashes)
+    style = "bold red" if failed else "bold green"
+    mark = "✗" if failed else "✓"
     console.print(Text(f"{mark} {summary_line(result)}", style=style), soft_wrap=True)

@@ -9,7 +9,10 @@ module (shared facts live in the ``_*.py`` helpers).
 from __future__ import annotations
 
 from fleetserve.k8s.doctor.rules import (  # noqa: F401 - imported to register their rules
+    engine_args,
+    gateway,
     hami,
+    inputs,
     kuberay,
     lora,
     observability,

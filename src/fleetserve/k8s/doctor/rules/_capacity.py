@@ -32,6 +32,7 @@ from fleetserve.k8s.doctor.ray_objects import (
     try_quantity,
     worker_groups,
 )
+from fleetserve.k8s.doctor.rules._engines import out_of_bounds
 from fleetserve.k8s.doctor.rules._versions import TRAIN_V2_DEFAULT_FROM, ray_version
 
 UNBOUNDED = 2_147_483_647
@@ -270,6 +271,8 @@ def _llm_demands(app: dict[str, Any], app_name: str, path: str) -> list[ServeDem
         tp, pp = engine.get("tensor_parallel_size", 1), engine.get("pipeline_parallel_size", 1)
         if bounds is None or actor is None or not isinstance(tp, int) or not isinstance(pp, int):
             continue
+        if out_of_bounds("tensor_parallel_size", tp) or out_of_bounds("pipeline_parallel_size", pp):
+            continue  # vLLM refuses it (engine-arg-invalid): there is no placement group
         if bounds[0] > 0:
             all_zero = False
         pg = cfg.get("placement_group_config")

@@ -20,9 +20,11 @@ from typing import Any
 from fleetserve.errors import SpecError
 from fleetserve.k8s.doctor.inventory import HelmValues, Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import (
+    LWS_KIND,
     RAY_KINDS,
     GroupView,
     groups,
+    lws_size,
     pod_templates,
     try_quantity,
 )
@@ -103,8 +105,16 @@ class PodView:
 
     @property
     def label(self) -> str:
-        """Human name: ``worker group 'gpu'`` / ``pod template``."""
-        return self.group.label if self.group is not None else "pod template"
+        """Human name: ``worker group 'gpu'`` / ``leader template`` / ``pod template``."""
+        if self.group is not None:
+            return self.group.label
+        for key, name in (
+            (".leaderTemplate.", "leader template"),
+            (".workerTemplate.", "worker template"),
+        ):
+            if key in f"{self.path}.":
+                return name  # a LeaderWorkerSet's two templates, told apart in messages
+        return "pod template"
 
     def containers(self) -> list[tuple[dict[str, Any], str]]:
         """(container, field path) for init containers then containers."""
@@ -121,6 +131,20 @@ class PodView:
         """Node label key -> allowed values, from nodeSelector and required node affinity."""
         return node_constraints(self.spec)
 
+    @property
+    def hosts(self) -> int:
+        """Pods one engine in this template spans: a LeaderWorkerSet leader's engine runs over
+        its whole group (``size`` pods, joined by Ray); 1 otherwise."""
+        if ".leaderTemplate." in f"{self.path}.":
+            return lws_size(self.manifest)
+        return 1
+
+    def annotations(self) -> dict[str, str]:
+        """The pod template's annotations (the Pod's own for a bare Pod)."""
+        base = self.path[: -len(".spec")] if self.path.endswith(".spec") else ""
+        meta = self.manifest.get(f"{base}.metadata" if base else "metadata")
+        return _labels(meta.get("annotations")) if isinstance(meta, dict) else {}
+
 
 def _labels(x: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in x.items()} if isinstance(x, dict) else {}
@@ -135,6 +159,7 @@ _WORKLOAD_KINDS = (
     "Job",
     "CronJob",
     "ReplicationController",
+    LWS_KIND,
 )
 
 
@@ -394,12 +419,52 @@ class CardMemory:
         return max(self.candidates)
 
 
+#: HAMi's pod annotation restricting the card types a pod may be given (comma-separated
+#: names, matched against the device's type: HAMi docs, "Specify GPU type").
+HAMI_USE_GPUTYPE = "nvidia.com/use-gputype"
+#: Ray's resource naming the accelerator of a node (``accelerator_type:A10G``).
+RAY_ACCELERATOR_PREFIX = "accelerator_type:"
+
+
+def _declared_card(pod: PodView) -> CardMemory | None:
+    """The card a pod asks for by type: HAMi's ``nvidia.com/use-gputype`` annotation, or a
+    Ray group that advertises ``accelerator_type:<T>`` as written in the manifest (a custom
+    resource Ray's scheduler matches, so replicas pinned by it land on that card)."""
+    wanted = pod.annotations().get(HAMI_USE_GPUTYPE, "")
+    names = [n.strip() for n in wanted.split(",") if n.strip()]
+    source = f"HAMi annotation {HAMI_USE_GPUTYPE}: {wanted}"
+    if not names and pod.group is not None:
+        names = [
+            k.removeprefix(RAY_ACCELERATOR_PREFIX)
+            for k in pod.group.advertised
+            if k.startswith(RAY_ACCELERATOR_PREFIX)
+        ]
+        source = "Ray resource " + ", ".join(RAY_ACCELERATOR_PREFIX + n for n in names)
+    mibs: list[float] = []
+    for name in names:
+        found = memory_of_gpu_name(name)
+        if not found:
+            return None  # a type we cannot size: no single answer, so none
+        mibs.extend(found)
+    return CardMemory(tuple(mibs), source) if mibs else None
+
+
+def card_of_type(name: str | None, source: str) -> CardMemory | None:
+    """The memory of a card named by type (Ray Serve LLM's ``accelerator_type: L4``)."""
+    mibs = memory_of_gpu_name(name) if name else ()
+    return CardMemory(tuple(mibs), source) if mibs else None
+
+
 def card_memory(pod: PodView, inv: Inventory) -> CardMemory | None:
-    """Memory of the card behind ``pod`` (from its node selector, NodePools or fleet pools)."""
+    """Memory of the card behind ``pod``: its node selector, the card type it asks for (HAMi's
+    use-gputype, Ray's accelerator_type), the NodePools it may land on, or fleet pools."""
     want = pod.node_constraints()
     direct = _memory_from_labels(want)
     if direct is not None:
         return CardMemory(direct[0], f"node selector {direct[1]}")
+    declared = _declared_card(pod)
+    if declared is not None:
+        return declared
     if not want:
         return None  # could land on any node: no single card to reason about
     cands: list[float] = []

@@ -69,8 +69,12 @@ _ARG_ALIASES: dict[str, tuple[str, ...]] = {
     "max_loras": ("max_loras",),
     "max_cpu_loras": ("max_cpu_loras",),
     "max_lora_rank": ("max_lora_rank",),
+    "trust_remote_code": ("trust_remote_code",),
+    "enable_prompt_embeds": ("enable_prompt_embeds",),
+    "revision": ("revision",),
 }
 _INT_ARGS = {
+    "port",
     "tensor_parallel_size",
     "pipeline_parallel_size",
     "max_model_len",
@@ -81,13 +85,27 @@ _INT_ARGS = {
     "max_lora_rank",
 }
 _FLOAT_ARGS = {"gpu_memory_utilization"}
-_BOOL_ARGS = {"enable_chunked_prefill", "enable_lora"}
+#: vLLM's own bounds, (low, low inclusive, high): outside them the engine refuses to start
+#: (vllm 0.32 config: ParallelConfig tensor/pipeline_parallel_size ``ge=1``, CacheConfig
+#: gpu_memory_utilization ``gt=0, le=1``; older releases raise the same from ``_verify_args``).
+#: A value outside is no engine fact: replicas keep it apart (``rejected``) so no rule
+#: computes ranks or budgets from it, and ``engine-arg-invalid`` reports it.
+_BOUNDS: dict[str, tuple[float, bool, float | None]] = {
+    "tensor_parallel_size": (1, True, None),
+    "pipeline_parallel_size": (1, True, None),
+    "gpu_memory_utilization": (0, False, 1),
+}
+_BOOL_ARGS = {"enable_chunked_prefill", "enable_lora", "trust_remote_code", "enable_prompt_embeds"}
 #: vLLM boolean flags (BooleanOptionalAction / store_true): no value unless "=x" is given.
 _BOOL_FLAGS = {
     "--enable-chunked-prefill": ("enable_chunked_prefill", True),
     "--no-enable-chunked-prefill": ("enable_chunked_prefill", False),
     "--enable-lora": ("enable_lora", True),
     "--no-enable-lora": ("enable_lora", False),
+    "--trust-remote-code": ("trust_remote_code", True),
+    "--no-trust-remote-code": ("trust_remote_code", False),
+    "--enable-prompt-embeds": ("enable_prompt_embeds", True),
+    "--no-enable-prompt-embeds": ("enable_prompt_embeds", False),
 }
 
 
@@ -129,6 +147,19 @@ class EngineReplica:
     tenant: str | None = None
     #: fleetserve's plan: the engine's memory fraction OF THE HAMi SLICE, when planned.
     planned_slice_utilization: float | None = None
+    #: The GPU type the replica asks Ray for (Serve LLM ``accelerator_type: L4``): Ray places
+    #: it only on nodes with that card, so it is the card's evidence.
+    accelerator_type: str | None = None
+    #: Engine arguments written outside vLLM's bounds (``tensor_parallel_size: 0``); moved
+    #: out of ``engine`` on construction, so no rule reasons from them.
+    rejected: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Every construction site goes through here: one place keeps bad values out.
+        valid, bad = split_rejected(self.engine)
+        if bad:
+            object.__setattr__(self, "engine", valid)
+            object.__setattr__(self, "rejected", {**self.rejected, **bad})
 
     @property
     def is_vllm(self) -> bool:
@@ -142,7 +173,7 @@ class EngineReplica:
         pp = self.engine.get("pipeline_parallel_size")
         if tp is None and pp is None:
             return None
-        return int(tp or 1) * int(pp or 1)
+        return int(tp if tp is not None else 1) * int(pp if pp is not None else 1)
 
     @property
     def gpu_units(self) -> tuple[int, float] | None:
@@ -173,6 +204,26 @@ class EngineReplica:
     def engine_path(self, key: str) -> str:
         """Field path that sets engine argument ``key`` (the replica's path if unknown)."""
         return self.engine_paths.get(key, self.path)
+
+
+def out_of_bounds(key: str, value: Any) -> str | None:
+    """The bound ``value`` of engine argument ``key`` breaks (``">= 1"``, ``"in (0, 1]"``),
+    or None when it is within vLLM's bounds (or not a bounded number)."""
+    bounds = _BOUNDS.get(key)
+    if bounds is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    low, inclusive, high = bounds
+    if (value < low if inclusive else value <= low) or (high is not None and value > high):
+        if high is None:
+            return f">= {low:g}"
+        return f"in {'[' if inclusive else '('}{low:g}, {high:g}]"
+    return None
+
+
+def split_rejected(engine: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(arguments within vLLM's bounds, arguments outside them) of ``engine``."""
+    bad = {k: v for k, v in engine.items() if out_of_bounds(k, v) is not None}
+    return {k: v for k, v in engine.items() if k not in bad}, bad
 
 
 def can_host(group: GroupView, r: EngineReplica) -> bool:
@@ -325,8 +376,9 @@ def _serve_llm_replicas(
         bundles = _bundles(pg.get("bundles")) if isinstance(pg, dict) else None
         derived = bundles is None
         if bundles is None:
-            ranks = int(engine.get("tensor_parallel_size") or 1) * int(
-                engine.get("pipeline_parallel_size") or 1
+            valid = split_rejected(engine)[0]  # a bad TP is reported, not turned into bundles
+            ranks = int(valid.get("tensor_parallel_size", 1)) * int(
+                valid.get("pipeline_parallel_size", 1)
             )
             bundles = [{"GPU": 1.0} for _ in range(ranks)]
         model_id = engine.get("model", f"llm_configs[{k}]")
@@ -345,6 +397,9 @@ def _serve_llm_replicas(
                 gpus_path=f"{path}.placement_group_config.bundles" if not derived else path,
                 serve_llm=True,
                 bundles_derived=derived,
+                accelerator_type=(
+                    str(cfg["accelerator_type"]) if cfg.get("accelerator_type") else None
+                ),
             )
         )
     return out
@@ -541,6 +596,8 @@ def http_port(m: Manifest) -> int:
 
 _CLI_FLAGS: dict[str, str] = {
     "--model": "model",
+    "--port": "port",
+    "--revision": "revision",
     "--tensor-parallel-size": "tensor_parallel_size",
     "-tp": "tensor_parallel_size",
     "--pipeline-parallel-size": "pipeline_parallel_size",
@@ -569,6 +626,10 @@ def parse_vllm_cli(
     paths: dict[str, str] = {}
     for n, (word, word_path) in enumerate(pairs):
         flag, eq, value = word.partition("=")
+        if flag.startswith("--"):
+            # vLLM's parser takes --pipeline_parallel_size as --pipeline-parallel-size (LWS'
+            # vLLM example writes it so).
+            flag = "--" + flag[2:].replace("_", "-")
         where = word_path
         if not eq and n + 1 < len(pairs):
             value, where = pairs[n + 1]
@@ -602,10 +663,13 @@ def parse_vllm_cli(
     return engine, paths
 
 
-def container_engine(container: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str, str]]:
+def container_engine(
+    container: dict[str, Any], path: str, *, raw: bool = False
+) -> tuple[dict[str, Any], dict[str, str]]:
     """vLLM engine arguments of a container that runs the vLLM server (``vllm serve``,
     ``python -m vllm.entrypoints.openai.api_server``, or the vllm-openai image), read from its
-    command/args and literal env vars; ({}, {}) for any other container."""
+    command/args and literal env vars; ({}, {}) for any other container. Arguments outside
+    vLLM's bounds are left out unless ``raw`` (``engine-arg-invalid`` reads them)."""
     words: list[tuple[str, str]] = []
     for key in ("command", "args"):
         items = container.get(key)
@@ -633,4 +697,116 @@ def container_engine(container: dict[str, Any], path: str) -> tuple[dict[str, An
     for key, value in from_env.items():
         engine.setdefault(key, value)
         paths.setdefault(key, env_paths[key])
-    return engine, paths
+    return engine if raw else split_rejected(engine)[0], paths
+
+
+# --------------------------------------------------------------------------- other operators
+
+#: The port vLLM's OpenAI server listens on without ``--port`` (vllm/entrypoints/openai/cli_args).
+VLLM_DEFAULT_PORT = 8000
+#: KubeAI's ``Model`` (kubeai.org): ``spec.args`` are vLLM flags, ``spec.url`` the model
+#: (``hf://org/name``), ``spec.resourceProfile`` ``<profile>:<count>``.
+KUBEAI_GROUP = "kubeai.org"
+#: production-stack's camelCase ``vllmConfig`` keys -> vLLM's argument names (the chart's
+#: templates/deployment-vllm-multi.yaml turns each into the flag).
+_PRODUCTION_STACK_ARGS = {
+    "tensorParallelSize": "tensor_parallel_size",
+    "pipelineParallelSize": "pipeline_parallel_size",
+    "gpuMemoryUtilization": "gpu_memory_utilization",
+    "maxModelLen": "max_model_len",
+    "maxNumSeqs": "max_num_seqs",
+    "maxNumBatchedTokens": "max_num_batched_tokens",
+    "dtype": "dtype",
+    "maxLoras": "max_loras",
+    "enableChunkedPrefill": "enable_chunked_prefill",
+}
+
+
+@dataclass(frozen=True)
+class OperatorEngine:
+    """A vLLM engine an operator or chart runs from its own fields (KubeAI ``Model``,
+    production-stack ``modelSpec``), as written, with the GPUs it is given."""
+
+    #: ``Model 'x'`` / ``production-stack modelSpec 'x'``.
+    who: str
+    #: Field path of the engine's block.
+    path: str
+    engine: dict[str, Any]
+    paths: dict[str, str]
+    #: GPUs one replica gets, None when unknown.
+    gpus: int | None
+    #: Field path of the GPU count.
+    gpus_path: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def kubeai_engine(m: Manifest) -> OperatorEngine | None:
+    """The vLLM engine of a KubeAI ``Model`` (None for other kinds or engines)."""
+    if m.kind != "Model" or not m.api_version.startswith(KUBEAI_GROUP + "/"):
+        return None
+    spec = m.body.get("spec")
+    if not isinstance(spec, dict) or str(spec.get("engine", "")).upper() != "VLLM":
+        return None
+    args = spec.get("args")
+    words = [
+        (str(a), f"spec.args[{i}]") for i, a in enumerate(args if isinstance(args, list) else [])
+    ]
+    engine, paths = parse_vllm_cli(words, "spec.args")
+    url = spec.get("url")
+    if isinstance(url, str) and url.startswith("hf://"):
+        engine.setdefault("model", url.removeprefix("hf://"))
+        paths.setdefault("model", "spec.url")
+    profile = str(spec.get("resourceProfile", ""))
+    name, _, count = profile.rpartition(":")
+    gpus = int(count) if count.isdigit() and "gpu" in name.lower() else None
+    env = spec.get("env")
+    literal = {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
+    return OperatorEngine(
+        f"KubeAI Model {m.name!r}", "spec", engine, paths, gpus, "spec.resourceProfile", literal
+    )
+
+
+def production_stack_engines(values: Any) -> list[OperatorEngine]:
+    """The vLLM engines of vllm-project/production-stack's chart values
+    (``servingEngineSpec.modelSpec[]``: ``vllmConfig``, its ``extraArgs``, ``modelURL``,
+    ``requestGPU``)."""
+    spec = values.get("servingEngineSpec") if isinstance(values, dict) else None
+    models = spec.get("modelSpec") if isinstance(spec, dict) else None
+    out: list[OperatorEngine] = []
+    for i, model in enumerate(models if isinstance(models, list) else []):
+        if not isinstance(model, dict) or model.get("enabled") is False:
+            continue
+        base = f"servingEngineSpec.modelSpec[{i}]"
+        cfg = model.get("vllmConfig")
+        cfg = cfg if isinstance(cfg, dict) else {}
+        engine: dict[str, Any] = {}
+        paths: dict[str, str] = {}
+        for key, arg in _PRODUCTION_STACK_ARGS.items():
+            if key in cfg and (value := _coerce(arg, cfg[key])) is not None:
+                engine[arg] = value
+                paths[arg] = f"{base}.vllmConfig.{key}"
+        extra = cfg.get("extraArgs")
+        words = [
+            (str(a), f"{base}.vllmConfig.extraArgs[{j}]")
+            for j, a in enumerate(extra if isinstance(extra, list) else [])
+        ]
+        more, more_paths = parse_vllm_cli(words, f"{base}.vllmConfig.extraArgs")
+        engine.update(more)  # extra args come last on the command line: they win
+        paths.update(more_paths)
+        if isinstance(model.get("modelURL"), str):
+            engine["model"] = model["modelURL"]
+            paths["model"] = f"{base}.modelURL"
+        gpus = model.get("requestGPU")
+        count = int(gpus) if isinstance(gpus, int) and not isinstance(gpus, bool) else None
+        name = model.get("name", i)
+        out.append(
+            OperatorEngine(
+                f"production-stack modelSpec {name!r}",
+                base,
+                engine,
+                paths,
+                count,
+                f"{base}.requestGPU",
+            )
+        )
+    return out

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from fleetserve.k8s.doctor.crds import KUBERAY, named_versions
+from fleetserve.k8s.doctor.crds import KUBERAY, named_version_sources
 from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import cluster_spec, groups
 
@@ -47,6 +47,8 @@ HAMI_DENIES_PRIVILEGED_FROM = Version("2.10")
 #: KubeRay refuses a RayService that names its head Service from v1.3.0
 #: (ValidateRayServiceSpec in ray-operator/controllers/ray/utils/validation.go; absent in v1.2.x).
 KUBERAY_REJECTS_HEAD_SERVICE_NAME_FROM = Version("1.3")
+#: KubeRay probes a RayService worker's Serve proxy on its `serve` port from 1.1 (PR #1808).
+KUBERAY_PROBES_SERVE_PORT_FROM = Version("1.1")
 
 _LEADING = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
@@ -159,11 +161,12 @@ def hami_version(inv: Inventory) -> KnownVersion | None:
 def kuberay_version(inv: Inventory) -> KnownVersion | None:
     """The KubeRay operator's version as the input names it (operator image in a manifest or
     the kuberay-operator chart values; the newest when several), or None."""
-    named = [(v, parsed) for v in named_versions(inv, KUBERAY) if (parsed := normalise(v))]
+    sources = named_version_sources(inv, KUBERAY)
+    named = [(v, parsed) for v in sources if (parsed := normalise(v))]
     if not named:
         return None
     text, parsed = max(named, key=lambda vp: vp[1])
-    return KnownVersion("KubeRay", parsed, f"operator image tag v{text} in the input")
+    return KnownVersion("KubeRay", parsed, sources[text])
 
 
 def _images(node: object) -> list[str]:

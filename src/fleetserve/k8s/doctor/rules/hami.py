@@ -349,14 +349,14 @@ def hami_gpu_count(inv: Inventory) -> Iterator[Finding]:
             assert pod.group is not None
             yield Finding.at(
                 "hami-gpu-count",
-                "warning",
+                "error",
                 m,
                 f"{pod.group.container_path}.resources.limits.{cfg.resource_count}",
                 f"Serve replica {r.name!r} needs {gpus} GPUs in one pod ({why}), but the "
                 f"{pod.group.label} gives nvidia.com/gpu: {s.count} with HAMi slices "
                 f"({_slice_text(s)}): with HAMi that is {s.count} slice(s) of "
                 f"{s.count} physical card(s), and Ray advertises {s.count} GPU(s) per pod, "
-                "not a share of more cards.",
+                "not a share of more cards, so not even one replica fits.",
                 f"Set nvidia.com/gpu: {gpus} (one {fmt_num(s.mem_mib or 0)} MiB slice on each "
                 f"of {gpus} cards) and num-gpus accordingly, or lower the replica's GPUs.",
             )
@@ -372,13 +372,14 @@ def hami_gpu_count(inv: Inventory) -> Iterator[Finding]:
             if tp > s.count and (s.is_hami or hami_in_use(inv, cfg)):
                 yield Finding.at(
                     "hami-gpu-count",
-                    "warning",
+                    "error",
                     pod.manifest,
                     f"{path}.resources.limits.{cfg.resource_count}",
                     f"Container {c.get('name', '?')!r} of {_describe(pod)} runs vLLM with "
                     f"{tp} tensor/pipeline ranks but asks for nvidia.com/gpu: {s.count}: with "
                     f"HAMi that is {s.count} slice(s) of {s.count} card(s), so {tp - s.count} "
-                    "rank(s) find no GPU.",
+                    "rank(s) find no GPU and vLLM fails at start-up as it does without HAMi: "
+                    "not even one replica starts.",
                     f"Set nvidia.com/gpu: {tp}.",
                 )
 

@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from fleetserve.k8s.doctor.crds import KUBERAY
 from fleetserve.k8s.doctor.finding import Finding
 from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import (
@@ -84,8 +85,9 @@ def head_service_name(inv: Inventory) -> Iterator[Finding]:
             who = (
                 f"{v.describe()} rejects the RayService"
                 if v is not None
-                else "KubeRay 1.3 and later reject the RayService (the input names no KubeRay "
-                "version; 1.2 and older accept the name)"
+                else f"KubeRay {KUBERAY.newest} (assumed: the input names no operator version, "
+                "and the schema check assumes the same release) rejects the RayService, as every "
+                "release from 1.3 does (1.2 and older accept the name)"
             )
             yield Finding.at(
                 "rayservice-head-service-name",

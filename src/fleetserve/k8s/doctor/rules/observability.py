@@ -21,7 +21,7 @@ from packaging.version import Version
 
 from fleetserve.k8s.doctor.crds import KUBERAY, named_versions
 from fleetserve.k8s.doctor.finding import Finding, Severity
-from fleetserve.k8s.doctor.inventory import Inventory, Manifest
+from fleetserve.k8s.doctor.inventory import HelmValues, Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import (
     RAY_KINDS,
     as_dict,
@@ -32,7 +32,12 @@ from fleetserve.k8s.doctor.ray_objects import (
 from fleetserve.k8s.doctor.registry import rule
 from fleetserve.k8s.doctor.rules._devices import PodView, pods
 from fleetserve.k8s.doctor.rules._engines import container_engine
-from fleetserve.k8s.doctor.rules._versions import TOKEN_AUTH_FROM, normalise, ray_version
+from fleetserve.k8s.doctor.rules._versions import (
+    TOKEN_AUTH_FROM,
+    normalise,
+    ray_version,
+    vllm_version,
+)
 
 _MONITOR_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 _SELECTOR_FIELD = {
@@ -116,6 +121,23 @@ def servicemonitor_release_label(inv: Inventory) -> Iterator[Finding]:
                 f"{m.kind} into a namespace it watches).",
             )
             continue
+        stack = _stack_selector(inv, sel_field)
+        if stack is not None:
+            values, selector = stack
+            if selector_matches(selector, labels):
+                continue
+            yield Finding.at(
+                "servicemonitor-release-label",
+                "warning",
+                m,
+                "metadata.labels",
+                f"The kube-prometheus-stack values in {values.file} make its Prometheus select "
+                f"{m.kind}s by {sel_field}={_sel_text(selector)}, and this one's labels are "
+                f"{_dict_text(labels)}: Prometheus ignores it without a word.",
+                f"Add the labels of prometheus.prometheusSpec.{sel_field} in {values.file} to "
+                "metadata.labels.",
+            )
+            continue
         if _DEFAULT_LABEL[0] in labels:
             continue
         yield Finding.at(
@@ -130,6 +152,23 @@ def servicemonitor_release_label(inv: Inventory) -> Iterator[Finding]:
             f"Add metadata.labels.{_DEFAULT_LABEL[0]}: {_DEFAULT_LABEL[1]} (your Prometheus "
             f"release name; see its {sel_field}).",
         )
+
+
+def _stack_selector(inv: Inventory, sel_field: str) -> tuple[HelmValues, dict[str, Any]] | None:
+    """(kube-prometheus-stack values, the selector its Prometheus then uses for ``sel_field``):
+    ``prometheus.prometheusSpec.<sel_field>`` when set, else ``{}`` (every monitor) when
+    ``<sel_field>NilUsesHelmValues: false`` - the chart then renders an empty selector, as
+    data-on-eks' and ai-on-eks' kube-prometheus values do. None: the values do not say."""
+    for values in inv.charts("kube-prometheus-stack"):
+        spec = values.get("prometheus.prometheusSpec")
+        if not isinstance(spec, dict):
+            continue
+        selector = spec.get(sel_field)
+        if isinstance(selector, dict) and selector:
+            return values, selector
+        if spec.get(f"{sel_field}NilUsesHelmValues") is False:
+            return values, {}
+    return None
 
 
 def _sel_text(sel: Any) -> str:
@@ -988,4 +1027,147 @@ def no_network_policy(inv: Inventory) -> Iterator[Finding]:
             "(podSelector ray.io/is-ray-node: 'yes'); or, with KubeRay 1.7 and its "
             "RayClusterNetworkPolicy feature gate, set the cluster's spec.networkPolicy "
             "(mode DenyAllIngress) and let the operator create them.",
+        )
+
+
+# --------------------------------------------------------------------------- multi-node vLLM
+
+#: vLLM 0.5.2 to 0.8.4 bound the multi-node XPUB ZeroMQ socket on every interface: any client
+#: that reaches it can subscribe and stall the tensor-parallel group (CVE-2025-30202,
+#: GHSA-9f8f-2vmf-885j; fixed in 0.8.5 by binding the node's own address, which in a pod is
+#: still reachable from every other pod).
+ZMQ_ALL_INTERFACES_FROM = Version("0.5.2")
+ZMQ_ALL_INTERFACES_FIXED_IN = Version("0.8.5")
+
+
+@rule("vllm-multinode-exposed", versions={"vllm": "all"})
+def vllm_multinode_exposed(inv: Inventory) -> Iterator[Finding]:
+    """A multi-node vLLM group (a LeaderWorkerSet leader) whose pods any namespace reaches:
+    Ray's GCS and vLLM's inter-node ZeroMQ channels carry no authentication."""
+    policies = inv.of_kind("NetworkPolicy")
+    for pod in pods(inv):
+        if pod.hosts <= 1:
+            continue
+        engines = [(c, path) for c, path in pod.containers() if container_engine(c, path)[0]]
+        if not engines:
+            continue
+        local = [p for p in policies if p.namespace == pod.manifest.namespace]
+        if any(_restricts_ingress(np, pod) for np in local):
+            continue
+        c, path = engines[0]
+        v = vllm_version([str(c.get("image", ""))])
+        affected = (
+            v is not None
+            and v.at_least(ZMQ_ALL_INTERFACES_FROM)
+            and not v.at_least(ZMQ_ALL_INTERFACES_FIXED_IN)
+        )
+        release = (
+            f"{v.describe()} binds its multi-node ZeroMQ publisher on every interface: any "
+            "client can subscribe and stall the group (CVE-2025-30202, GHSA-9f8f-2vmf-885j, "
+            "fixed in 0.8.5)"
+            if affected and v is not None
+            else "vLLM 0.5.2 to 0.8.4 also bound its multi-node ZeroMQ publisher on every "
+            "interface (CVE-2025-30202)"
+        )
+        yield Finding.at(
+            "vllm-multinode-exposed",
+            "error" if affected else "warning",
+            pod.manifest,
+            path,
+            f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref} spans "
+            f"{pod.hosts} pods over Ray, and no NetworkPolicy in namespace "
+            f"{pod.manifest.namespace!r} restricts ingress to them: any pod of any namespace "
+            "reaches the group's Ray GCS (6379) and vLLM's inter-node channels, which carry "
+            f"no authentication; {release}.",
+            "Add a NetworkPolicy that admits only the group's own pods "
+            "(leaderworkerset.sigs.k8s.io/name) to every port but the API port, and the "
+            "gateway to that one; run vLLM 0.8.5 or newer.",
+        )
+
+
+# --------------------------------------------------------------------------- vLLM without auth
+
+#: Ingress annotations that put authentication in front of the backends: ingress-nginx's
+#: external auth and basic auth, the AWS Load Balancer Controller's OIDC/Cognito actions.
+_INGRESS_AUTH = (
+    "nginx.ingress.kubernetes.io/auth-url",
+    "nginx.ingress.kubernetes.io/auth-type",
+    "alb.ingress.kubernetes.io/auth-type",
+)
+
+
+def _vllm_api_key(c: dict[str, Any]) -> bool:
+    """Whether vLLM's own API key is set in the container: ``--api-key`` or ``VLLM_API_KEY``
+    (a literal or a Secret reference: either way requests need it)."""
+    words = [str(w) for key in ("command", "args") for w in (c.get(key) or [])]
+    if any("--api-key" in w for w in words):
+        return True
+    env = c.get("env")
+    return any(
+        isinstance(e, dict) and e.get("name") == "VLLM_API_KEY"
+        for e in (env if isinstance(env, list) else [])
+    )
+
+
+def _vllm_pods(inv: Inventory, namespace: str, selector: Any) -> list[tuple[PodView, bool]]:
+    """(pod, its vLLM asks for an API key) of the vLLM servers a Service selector picks."""
+    if not isinstance(selector, dict) or not selector:
+        return []
+    out = []
+    for pod in pods(inv):
+        if pod.manifest.namespace != namespace or pod.group is not None:
+            continue
+        if not all(pod.labels.get(str(k)) == str(v) for k, v in selector.items()):
+            continue
+        servers = [c for c, path in pod.containers() if container_engine(c, path)[0]]
+        if servers:
+            out.append((pod, all(_vllm_api_key(c) for c in servers)))
+    return out
+
+
+@rule("vllm-exposed-without-auth", versions={"vllm": "all"})
+def vllm_exposed_without_auth(inv: Inventory) -> Iterator[Finding]:
+    """vLLM reachable from outside the cluster with no credentials asked by vLLM or the gateway."""
+    services = {(s.namespace, s.name): s for s in inv.of_kind("Service")}
+    routes: list[tuple[Manifest, str, Manifest, tuple[str, bool]]] = []
+    for svc in services.values():
+        if svc.get("spec.type") in _EXPOSING_TYPES:
+            routes.append(
+                (
+                    svc,
+                    "spec.type",
+                    svc,
+                    _reach(svc.get("spec.type"), svc.get("metadata.annotations")),
+                )
+            )
+    for ing in inv.of_kind("Ingress"):
+        ann = as_dict(ing.get("metadata.annotations"))
+        if any(key in ann for key in _INGRESS_AUTH):
+            continue  # the gateway asks for credentials
+        for path, value in _walk(ing.get("spec"), "spec"):
+            if not path.endswith(".service.name") or not isinstance(value, str):
+                continue
+            target = services.get((ing.namespace, value))
+            if target is not None:
+                routes.append((ing, path, target, _ingress_reach(inv, ing)))
+    for front, path, svc, (where, private) in routes:
+        open_pods = [
+            p for p, keyed in _vllm_pods(inv, svc.namespace, svc.get("spec.selector")) if not keyed
+        ]
+        if not open_pods:
+            continue
+        names = ", ".join(sorted({p.manifest.ref for p in open_pods}))
+        via = f"Service {svc.name!r}" if front is svc else f"{front.ref} -> Service {svc.name!r}"
+        yield Finding.at(
+            "vllm-exposed-without-auth",
+            "warning" if private else "error",
+            front,
+            path,
+            f"{via} makes the vLLM server of {names} reachable {where}, and neither vLLM "
+            "(--api-key / VLLM_API_KEY) nor the gateway asks for credentials: anyone who "
+            "reaches it can use the model, exhaust the GPUs, and call every endpoint the "
+            "server enables (LoRA loading, prompt embeddings).",
+            "Set VLLM_API_KEY from a Secret (vLLM then requires 'Authorization: Bearer'), or "
+            "put an authenticating gateway in front (ingress-nginx auth-url, ALB OIDC); keep "
+            "the Service ClusterIP.",
         )

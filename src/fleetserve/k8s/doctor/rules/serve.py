@@ -18,14 +18,15 @@ from typing import Any
 import yaml
 from packaging.version import Version
 
-from fleetserve.k8s.doctor.finding import Finding, Severity
-from fleetserve.k8s.doctor.inventory import Inventory, Manifest
+from fleetserve.k8s.doctor.finding import Finding, Located, Severity
+from fleetserve.k8s.doctor.inventory import Inventory, Manifest, get_path
 from fleetserve.k8s.doctor.ray_objects import (
     RAY_KINDS,
     GroupView,
     cluster_spec,
     fmt_num,
     groups,
+    serve_config,
     worker_groups,
 )
 from fleetserve.k8s.doctor.registry import rule
@@ -34,24 +35,30 @@ from fleetserve.k8s.doctor.rules._devices import (
     HamiConfig,
     PodView,
     card_memory,
+    card_of_type,
     container_slice,
     hami_config,
     pods,
 )
 from fleetserve.k8s.doctor.rules._engines import (
     EngineReplica,
+    OperatorEngine,
     can_host,
     container_engine,
     engine_replicas,
     http_port,
+    kubeai_engine,
+    production_stack_engines,
 )
 from fleetserve.k8s.doctor.rules._models import gib, replica_need
 from fleetserve.k8s.doctor.rules._versions import (
+    KUBERAY_PROBES_SERVE_PORT_FROM,
     SERVE_DEFAULT_MAX_ONGOING,
     SERVE_DEFAULT_TARGET_ONGOING,
     SERVE_NEW_NAMES_FROM,
     SERVE_OLD_NAMES_DROPPED_FROM,
     KnownVersion,
+    kuberay_version,
     normalise,
     ray_version,
     ray_version_of_image,
@@ -316,6 +323,7 @@ def _gpu_groups(m: Manifest) -> list[GroupView]:
 def tp_gpus_mismatch(inv: Inventory) -> Iterator[Finding]:
     """TP x PP must equal the GPUs Ray gives the replica; TP beyond one pod needs Ray's executor."""
     yield from _server_tp(inv)
+    yield from _operator_tp(inv)
     for r in _replicas(inv):
         ranks = r.parallel
         if ranks is None:
@@ -386,6 +394,43 @@ def tp_gpus_mismatch(inv: Inventory) -> Iterator[Finding]:
             )
 
 
+def _operator_tp(inv: Inventory) -> Iterator[Finding]:
+    """KubeAI Models and production-stack modelSpecs: TP x PP against the GPUs they ask for."""
+    found: list[tuple[Located, OperatorEngine]] = []
+    for m in inv.of_kind("Model"):
+        if (e := kubeai_engine(m)) is not None:
+            found.append((m, e))
+    for values in inv.charts("vllm-production-stack"):
+        for e in production_stack_engines(values.body):
+            spec = get_path(values.body, e.path)
+            if isinstance(spec, dict) and spec.get("raySpec") is not None:
+                continue  # ranks spread over the chart's Ray workers
+            found.append((values, e))
+    for where, e in found:
+        tp = int(e.engine.get("tensor_parallel_size", 1))
+        pp = int(e.engine.get("pipeline_parallel_size", 1))
+        if (
+            e.gpus is None
+            or e.gpus == tp * pp
+            or not ("tensor_parallel_size" in e.engine or "pipeline_parallel_size" in e.engine)
+        ):
+            continue
+        effect = (
+            f"vLLM finds {e.gpus} GPU(s) for {tp * pp} ranks and fails at start-up"
+            if e.gpus < tp * pp
+            else f"{e.gpus - tp * pp} of the {e.gpus} GPUs sit idle"
+        )
+        yield Finding.at(
+            "tp-gpus-mismatch",
+            "error",
+            where,
+            e.paths.get("tensor_parallel_size", e.paths.get("pipeline_parallel_size", e.path)),
+            f"{e.who} runs vLLM with tensor_parallel_size {tp} x pipeline_parallel_size {pp} "
+            f"= {tp * pp} ranks but asks for {e.gpus} GPU(s) ({e.gpus_path}): {effect}.",
+            f"Make them equal: {tp * pp} GPUs, or tensor_parallel_size {max(e.gpus // pp, 1)}.",
+        )
+
+
 def _server_tp(inv: Inventory) -> Iterator[Finding]:
     """Plain ``vllm serve`` pods: TP x PP against the container's ``nvidia.com/gpu``."""
     cfg = hami_config(inv)
@@ -395,14 +440,17 @@ def _server_tp(inv: Inventory) -> Iterator[Finding]:
         tp = int(engine.get("tensor_parallel_size") or 1)
         pp = int(engine.get("pipeline_parallel_size") or 1)
         gpus = container_slice(c, cfg)
-        if gpus is None or gpus.is_hami or gpus.count == tp * pp:
+        # A LeaderWorkerSet leader's engine spans its group: every pod brings its GPUs.
+        total = gpus.count * pod.hosts if gpus is not None else 0
+        if gpus is None or gpus.is_hami or total == tp * pp:
             continue  # HAMi slices: the hami-gpu-count rule explains nvidia.com/gpu there
-        if engine.get("distributed_executor_backend") == "ray" and gpus.count < tp * pp:
+        if engine.get("distributed_executor_backend") == "ray" and total < tp * pp:
             continue  # ranks may live in other pods of a Ray cluster
+        group = f" x {pod.hosts} pods of the group" if pod.hosts > 1 else ""
         effect = (
-            f"vLLM finds {gpus.count} GPU(s) for {tp * pp} ranks and fails at start-up"
-            if gpus.count < tp * pp
-            else f"{gpus.count - tp * pp} of the {gpus.count} GPUs sit idle"
+            f"vLLM finds {total} GPU(s) for {tp * pp} ranks and fails at start-up"
+            if total < tp * pp
+            else f"{total - tp * pp} of the {total} GPUs sit idle"
         )
         yield Finding.at(
             "tp-gpus-mismatch",
@@ -411,10 +459,106 @@ def _server_tp(inv: Inventory) -> Iterator[Finding]:
             paths.get("tensor_parallel_size", paths.get("pipeline_parallel_size", path)),
             f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref} runs with "
             f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} = {tp * pp} ranks but "
-            f"the container gets nvidia.com/gpu: {gpus.count}: {effect}.",
+            f"the container gets nvidia.com/gpu: {gpus.count}{group}: {effect}.",
             f"Make them equal: nvidia.com/gpu: {tp * pp}, or --tensor-parallel-size "
             f"{max(gpus.count // pp, 1)}.",
         )
+
+
+# --------------------------------------------------------------------------- Serve port
+
+#: KubeRay's names for a Serve port (common/service.go isServingPort) and its default.
+_SERVE_PORT_NAME = "serve"
+_DEFAULT_SERVE_PORT = 8000
+
+
+def _named_serve_port(container: dict[str, Any]) -> tuple[int | None, int, bool]:
+    """(the container port named ``serve``, its index, whether any ``serve``/``serve-*`` port
+    is declared) - KubeRay's FindContainerPort, which falls back to 8000 when none is named."""
+    ports = container.get("ports")
+    found: int | None = None
+    index = -1
+    any_serving = False
+    for i, p in enumerate(ports if isinstance(ports, list) else []):
+        if not isinstance(p, dict):
+            continue
+        name = str(p.get("name", ""))
+        if name == _SERVE_PORT_NAME or name.startswith(_SERVE_PORT_NAME + "-"):
+            any_serving = True
+        if name == _SERVE_PORT_NAME and isinstance(p.get("containerPort"), int):
+            found, index = p["containerPort"], i
+    return found, index, any_serving
+
+
+@rule("serve-port-missing", versions={"kuberay": ">=1.1", "ray": "all"})
+def serve_port_missing(inv: Inventory) -> Iterator[Finding]:
+    """The Serve port KubeRay builds the serve Service and the worker probe from must exist
+    and be the port Serve listens on."""
+    operator = kuberay_version(inv)
+    probes = operator is None or operator.at_least(KUBERAY_PROBES_SERVE_PORT_FROM)
+    for m in inv.of_kind("RayService"):
+        head = next((g for g in groups(m) if g.is_head), None)
+        if head is None:
+            continue
+        raw_ports = head.container.get("ports")
+        head_ports: list[Any] = raw_ports if isinstance(raw_ports, list) else []
+        _, _, head_serving = _named_serve_port(head.container)
+        if head_ports and not head_serving and m.get("spec.serveService") is None:
+            yield Finding.at(
+                "serve-port-missing",
+                "error",
+                m,
+                f"{head.container_path}.ports",
+                f"The head container of {m.ref} declares {len(head_ports)} port(s) but "
+                "none named 'serve': KubeRay builds the serve Service from the head's "
+                "declared ports and refuses (\"Please specify a port named 'serve' (or "
+                "with the prefix 'serve-', e.g. 'serve-grpc')\"), so the RayService never "
+                "serves traffic.",
+                f"Add - {{containerPort: {http_port(m)}, name: serve}} to the head "
+                "container's ports (or give spec.serveService).",
+            )
+        found = serve_config(m)
+        opts = found[0].get("http_options") if found is not None else None
+        if not isinstance(opts, dict) or "port" not in opts:
+            continue  # Serve listens on 8000, KubeRay's default too
+        listen = http_port(m)
+        for g in groups(m):
+            if not g.is_head and not probes:
+                continue  # no Serve readiness probe on workers before KubeRay 1.1
+            declared, index, _ = _named_serve_port(g.container)
+            probed = declared if declared is not None else _DEFAULT_SERVE_PORT
+            if probed == listen:
+                continue
+            where = (
+                f"{g.container_path}.ports[{index}].containerPort"
+                if index >= 0
+                else f"{g.container_path}"
+            )
+            what = (
+                "the serve Service targets"
+                if g.is_head
+                else "KubeRay's readiness probe (wget localhost:<port>/-/healthz) checks"
+            )
+            source = (
+                "its container port named serve"
+                if declared is not None
+                else "no port is named serve, so KubeRay assumes 8000"
+            )
+            effect = (
+                "traffic through the serve Service reaches nothing."
+                if g.is_head
+                else "the worker pods never become ready and get no traffic."
+            )
+            yield Finding.at(
+                "serve-port-missing",
+                "error",
+                m,
+                where,
+                f"Serve listens on http_options.port {listen} but {what} port {probed} on "
+                f"the {g.label} ({source}): {effect}",
+                f"Name the container port Serve listens on 'serve': - {{containerPort: "
+                f"{listen}, name: serve}} (or set http_options.port to {probed}).",
+            )
 
 
 # --------------------------------------------------------------------------- VLLM_PORT
@@ -718,7 +862,9 @@ def kv_cache_too_small(inv: Inventory) -> Iterator[Finding]:
                 engine=r.engine,
                 at=r.engine_path("max_model_len"),
                 slice_mib=_slice_mib(pod.group.container, cfg),
-                card=card_memory(pod, inv),
+                # The pod's own evidence first; else the card type the replica asks Ray for.
+                card=card_memory(pod, inv)
+                or card_of_type(r.accelerator_type, f"accelerator_type: {r.accelerator_type}"),
                 planned_slice=r.planned_slice_utilization,
                 complete=r.serve_llm,
             )
