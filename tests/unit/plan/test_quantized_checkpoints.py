@@ -28,6 +28,7 @@ from fleetserve.cli import main
 from fleetserve.errors import SpecError
 from fleetserve.plan.gpus import gpu_type
 from fleetserve.plan.memory import load_model_config, parse_config, weight_bytes
+from fleetserve.plan.sizing import model_config_for
 from fleetserve.plan.vllm_rules import gpu_refusals, model_refusals
 from fleetserve.spec import ModelSpec
 
@@ -189,6 +190,22 @@ def test_a_bad_quantization_config_names_its_key(
         parse_config(raw, "bad")
 
 
+# --------------------------------------------------------------------------- config paths
+
+
+def test_a_config_path_that_does_not_exist_says_so(tmp_path: Path) -> None:
+    missing = tmp_path / "x" / "config.json"
+    with pytest.raises(SpecError, match=rf"^models\[3\]\.config: {missing} does not exist$"):
+        model_config_for(model(config=str(missing)), index=3)
+    with pytest.raises(SpecError, match=r"models\[0\]\.config: llama-9b\.json does not exist"):
+        model_config_for(model(config="llama-9b.json"), index=0)
+    # a name that is not a path is still a catalogue miss, and a hub id as source too
+    with pytest.raises(SpecError, match="names no known model config"):
+        model_config_for(model(config="llama-9-900b"), index=0)
+    with pytest.raises(SpecError, match="names no known model config"):
+        model_config_for(model(source="someone/llama-9-900b"), index=0)
+
+
 # --------------------------------------------------------------------------- end to end
 
 
@@ -224,3 +241,13 @@ def test_plan_refuses_a_card_below_the_schemes_capability(
         "compressed-tensors W4A16 quantization needs compute capability >= 7.5; V100-32GB "
         "has compute capability 7.0" in unplaced["reason"]
     )
+
+
+def test_plan_of_a_missing_config_path_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere" / "config.json"
+    assert main(["plan", _spec(tmp_path, missing, "T4")]) == 2
+    err = capsys.readouterr().err
+    assert f"models[0].config: {missing} does not exist" in err
+    assert "Traceback" not in err
