@@ -70,7 +70,19 @@ _SCHEME_ALIASES: dict[str, QuantScheme] = {
 #: An ``ignore`` entry naming one of these changes nothing.
 _ALWAYS_UNQUANTIZED = ("lm_head", "embed", "norm", "router", "vision", "visual", "multi_modal")
 _ATTN_MODULES = ("self_attn", "q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "attn")
-_MLP_MODULES = ("mlp", "gate_proj", "up_proj", "down_proj", "experts", "gate_up_proj")
+#: Module names of a decoder layer's MLP across families (Llama 4 ``feed_forward``, Mixtral
+#: ``block_sparse_moe``, Qwen MoE ``shared_expert``).
+_MLP_MODULES = (
+    "mlp",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "gate_up_proj",
+    "experts",
+    "shared_expert",
+    "feed_forward",
+    "block_sparse_moe",
+)
 
 
 @dataclass(frozen=True)
@@ -596,7 +608,10 @@ def _unquantized_shares(source: str, names: list[str], layers: int) -> tuple[flo
 
     An entry without a layer index (``re:.*self_attn.*``) covers every layer, one with
     ``layers.N.`` that layer; entries naming the modules that are never quantized anyway
-    (lm_head, embeddings, norms, routers, vision) change nothing.
+    (lm_head, embeddings, norms, routers, vision) change nothing. An entry naming one
+    projection keeps that layer's whole attention or MLP in the model dtype: an
+    over-estimate of a few projections' bytes, which can only make a slice larger, never
+    an engine OOM.
     """
     attn: set[int] = set()
     mlp: set[int] = set()

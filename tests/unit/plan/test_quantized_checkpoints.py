@@ -93,9 +93,12 @@ def test_compressed_tensors_w4a16_keeps_ignored_modules_in_bf16() -> None:
     kept_attn = parse_config(raw, "w4a16-attn-kept")
     expected = (LLAMA_KEPT + attn) * 2 + mlp // 2 + mlp // 128 * 2
     assert weight_bytes(kept_attn) == pytest.approx(expected, abs=8)
-    # ... and one layer's MLP, that layer only
+    # ... and one layer's MLP, that layer only (a projection counts its whole MLP: the
+    # estimate errs towards more bytes)
     raw["quantization_config"]["ignore"] = ["model.layers.0.mlp.down_proj"]
     one = parse_config(raw, "w4a16-layer-0")
+    raw["quantization_config"]["ignore"] = ["re:.*layers.5.feed_forward$"]  # Llama 4's name
+    assert weight_bytes(parse_config(raw, "w4a16-layer-5")) == weight_bytes(one)
     per_layer_mlp = 3 * 4096 * 14336
     expected = (LLAMA_KEPT + per_layer_mlp) * 2 + (LLAMA_LINEAR - per_layer_mlp) * (1 / 2 + 2 / 128)
     assert weight_bytes(one) == pytest.approx(expected, rel=1e-6)
