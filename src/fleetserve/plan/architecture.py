@@ -1025,14 +1025,18 @@ def load_model_config(name_or_path: str | Path, base_dir: Path | None = None) ->
     error (line:column) of a broken config.json.
     """
     text = str(name_or_path)
-    entry = catalogue_entry(text)
-    if entry is not None:
-        return parse_config(entry, text)
     path = Path(text).expanduser()
     if base_dir is not None and not path.is_absolute():
         path = base_dir / path
     if path.is_dir():
         path = path / "config.json"
+    # A path that exists is read, though its name looks like a catalogue entry: the
+    # catalogue drops quantization suffixes (".../Llama-3.1-8B-Instruct-AWQ-INT4" reads as
+    # llama-3.1-8b), and the checkpoint's own quantization_config must size it.
+    looks_like_path = "/" in text or text.endswith(".json")
+    entry = None if looks_like_path and path.is_file() else catalogue_entry(text)
+    if entry is not None:
+        return parse_config(entry, text)
     if not path.is_file():
         raise SpecError(
             f"unknown model config '{text}': not a catalogue entry, a config.json or a "

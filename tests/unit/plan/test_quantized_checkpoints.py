@@ -120,6 +120,13 @@ def test_bitsandbytes_nf4_with_double_quantization() -> None:
     assert weight_bytes(cfg) == pytest.approx(expected, abs=8)
 
 
+def test_a_checkpoint_directory_is_read_though_its_name_is_a_catalogue_alias() -> None:
+    # the catalogue reads ".../llama-3-8b-bnb-4bit" as llama-3-8b; the directory must win
+    cfg = load_model_config(fixture("llama-3-8b-bnb-4bit").parent)
+    assert cfg.checkpoint_quant is not None
+    assert load_model_config("unsloth/llama-3-8b-bnb-4bit").checkpoint_quant is None
+
+
 def test_a_spec_quantization_on_a_differently_quantized_checkpoint_names_both() -> None:
     cfg = load_model_config(fixture("llama-3.1-8b-w4a16"))
     (r,) = model_refusals(model(quantization="awq"), cfg)
