@@ -676,7 +676,8 @@ def _compressed_tensors(q: _Reader) -> CheckpointQuant:
             size = math.prod(block)
         symmetric = wr.flag("symmetric", True)
         a = g.obj("input_activations")
-        act_bits = _Reader(a, q.source).integer("num_bits", 16, maximum=16) if a else 16
+        ar = _Reader(a or {}, q.source, f"{g.prefix}input_activations.")
+        act_bits = ar.integer("num_bits", 16, minimum=1, maximum=16)
         kinds.add((bits, wtype, size, symmetric, act_bits, strategy))
     if len(kinds) > 1:
         raise SpecError(
@@ -693,7 +694,7 @@ def _compressed_tensors(q: _Reader) -> CheckpointQuant:
         # saves them
         (4 if strategy == "block" else 2) if size else 0,
         0 if symmetric or not size else 8 if fmt == "naive-quantized" else bits,
-        kind=f"W{bits}A{act_bits}" + ("-FP8" if wtype == "float" else ""),
+        kind=f"W{bits}A{act_bits}" + (f"-FP{bits}" if wtype == "float" else ""),
     )
 
 

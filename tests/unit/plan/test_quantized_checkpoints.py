@@ -109,6 +109,13 @@ def test_compressed_tensors_fp8_is_one_byte_per_weight() -> None:
     assert cfg.checkpoint_quant is not None
     assert cfg.checkpoint_quant.label == "compressed-tensors W8A8-FP8"
     assert weight_bytes(cfg) == LLAMA_KEPT * 2 + LLAMA_LINEAR  # per-tensor scales: 4 bytes
+    # NVFP4 (float 4-bit weights and activations) is not mistaken for FP8
+    raw = json.loads(fixture("llama-3.1-8b-fp8-ct").read_text())
+    group = raw["quantization_config"]["config_groups"]["group_0"]
+    group["weights"]["num_bits"] = group["input_activations"]["num_bits"] = 4
+    fp4 = parse_config(raw, "nvfp4").checkpoint_quant
+    assert fp4 is not None
+    assert fp4.label == "compressed-tensors W4A4-FP4"
 
 
 def test_bitsandbytes_nf4_with_double_quantization() -> None:
@@ -185,6 +192,15 @@ def test_bitsandbytes_is_refused_as_vllm_cannot_load_it() -> None:
         ({"quant_method": "awq", "bits": "four"}, "'quantization_config.bits' must be an integer"),
         ({"quant_method": "bitsandbytes"}, "must set load_in_4bit or load_in_8bit"),
         ({"quant_method": "compressed-tensors"}, "'quantization_config.config_groups' must"),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {
+                    "g": {"weights": {"num_bits": 4}, "input_activations": {"num_bits": "8"}}
+                },
+            },
+            "'quantization_config.config_groups.g.input_activations.num_bits' must be an int",
+        ),
         (
             {"quant_method": "awq", "modules_to_not_convert": ["frobnicator"]},
             "ignores 'frobnicator'",
