@@ -360,7 +360,11 @@ class ModelSpec(StrictModel):
         default="auto", description="Weight/activation dtype (vLLM --dtype)."
     )
     quantization: Literal["fp8", "awq", "gptq"] | None = Field(
-        default=None, description="Weight quantization (vLLM --quantization)."
+        default=None,
+        description=(
+            "Weight quantization (vLLM --quantization). Not needed for a checkpoint that ships "
+            "quantized: its config.json's quantization_config sizes and runs it."
+        ),
     )
     kv_cache_dtype: Literal["auto", "fp8"] = Field(
         default="auto", description="KV cache dtype (vLLM --kv-cache-dtype)."

@@ -18,8 +18,12 @@ leaves in the KV cache. Families differ in exactly those places, so each underst
   gpt-oss ``layer_types``, Mistral v0.1 all) and Llama 4's chunked local attention (three
   of four layers, ``attention_chunk_size``) keep a bounded number of tokens;
 * tied heads (``tie_word_embeddings``; the Gemma family ties by default), vision towers
-  (Gemma 3's SigLIP, Llama 4's ViT + pixel-shuffle adapter), checkpoint quantization
-  (gpt-oss ships MXFP4 experts, DeepSeek-V3 fp8 weights).
+  (Gemma 3's SigLIP, Llama 4's ViT + pixel-shuffle adapter);
+* checkpoint quantization: a ``quantization_config`` (AWQ, GPTQ, compressed-tensors,
+  fp8, bitsandbytes, MXFP4) becomes a :class:`CheckpointQuant` - scheme, weight bits,
+  group size with the bytes of its scale and zero point as the format stores them, and the
+  modules its ``ignore`` / ``modules_to_not_convert`` list keeps in the model dtype - so a
+  quantized checkpoint is sized by its real bytes with no spec field.
 
 Anything else is refused with the keys that were not understood (a guessed dense model is
 how DeepSeek-V2-Lite was once planned as 2.7B parameters instead of 15.7B). Every value is
@@ -34,16 +38,106 @@ that already state the scaled length (llama3, yarn, longrope, ...) and Gemma 3.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fleetserve.errors import SpecError
 from fleetserve.plan.catalogue import MODEL_CATALOGUE, catalogue_entry
 
 # --------------------------------------------------------------------------- the facts
+
+#: Quantization schemes a checkpoint's ``quantization_config.quant_method`` may name (vLLM's
+#: method names; ``awq_marlin``/``gptq_marlin`` are how vLLM re-tags the same files).
+QuantScheme = Literal["fp8", "mxfp4", "awq", "gptq", "compressed-tensors", "bitsandbytes"]
+_SCHEME_ALIASES: dict[str, QuantScheme] = {
+    "fp8": "fp8",
+    "mxfp4": "mxfp4",
+    "awq": "awq",
+    "awq_marlin": "awq",
+    "gptq": "gptq",
+    "gptq_marlin": "gptq",
+    "compressed-tensors": "compressed-tensors",
+    "compressed_tensors": "compressed-tensors",
+    "bitsandbytes": "bitsandbytes",
+}
+#: Modules vLLM's quantized linear methods never touch: the embeddings, LM head, norms,
+#: MoE routers and vision towers, which the memory model already counts in the model dtype.
+#: An ``ignore`` entry naming one of these changes nothing.
+_ALWAYS_UNQUANTIZED = ("lm_head", "embed", "norm", "router", "vision", "visual", "multi_modal")
+_ATTN_MODULES = ("self_attn", "q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "attn")
+#: Module names of a decoder layer's MLP across families (Llama 4 ``feed_forward``, Mixtral
+#: ``block_sparse_moe``, Qwen MoE ``shared_expert``).
+_MLP_MODULES = (
+    "mlp",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "gate_up_proj",
+    "experts",
+    "shared_expert",
+    "feed_forward",
+    "block_sparse_moe",
+)
+
+
+@dataclass(frozen=True)
+class CheckpointQuant:
+    """How a checkpoint stores its decoder linear layers (``quantization_config``).
+
+    Weight bytes of a quantized linear layer: ``bits / 8`` per weight plus, per group of
+    ``group_size`` weights, one scale of ``scale_bytes`` and a zero point of ``zero_bits``
+    (``group_size`` 0: per-channel or per-tensor scales, under 0.1 % of the weights, not
+    counted).
+    """
+
+    scheme: QuantScheme
+    bits: int
+    group_size: int = 0
+    scale_bytes: float = 0
+    """Bytes of one group's scale (bitsandbytes double quantization: an 8-bit absmax plus
+    an fp32 per 256 of them, 1 + 4/256)."""
+    zero_bits: int = 0
+    kind: str = ""
+    """The scheme's variant, for messages and vLLM's per-variant rules (``W4A16``,
+    ``nf4``, ``block``; "" when the scheme has one)."""
+    experts_only: bool = False
+    """Only the routed experts are quantized (gpt-oss MXFP4)."""
+    unquantized: tuple[str, ...] = ()
+    """Modules the config keeps in the model dtype (``ignore``, ``modules_to_not_convert``)."""
+    attention_unquantized: float = 0.0
+    """Share of the decoder layers whose attention stays in the model dtype (from
+    ``unquantized``)."""
+    mlp_unquantized: float = 0.0
+    """Share of the decoder layers whose MLP stays in the model dtype."""
+
+    @property
+    def label(self) -> str:
+        """The scheme as messages name it (``compressed-tensors W4A16``)."""
+        return f"{self.scheme} {self.kind}" if self.kind else self.scheme
+
+    def linear_bytes(self, params: int) -> int:
+        """Bytes of ``params`` quantized weights with their scales and zero points."""
+        data = math.ceil(params * self.bits / 8)
+        if not self.group_size:
+            return data
+        groups = math.ceil(params / self.group_size)
+        return data + math.ceil(groups * (self.scale_bytes + self.zero_bits / 8))
+
+
+#: AWQ/GPTQ as the spec's ``quantization`` field sizes them when the config does not say:
+#: 4-bit weights, an fp16 scale and a 4-bit zero point per group of 128 (AutoAWQ's and
+#: AutoGPTQ's defaults), and fp8 at one byte per weight.
+QUANT_GROUP = 128
+SPEC_QUANT: dict[str, CheckpointQuant] = {
+    "fp8": CheckpointQuant("fp8", 8),
+    "awq": CheckpointQuant("awq", 4, QUANT_GROUP, 2, 4),
+    "gptq": CheckpointQuant("gptq", 4, QUANT_GROUP, 2, 4),
+}
 
 
 @dataclass(frozen=True)
@@ -103,8 +197,8 @@ class ModelConfig:
     attention_sinks: bool
     extra_params: int
     """Parameters outside the decoder (vision tower + projector), kept unquantized."""
-    checkpoint_quant: str | None = None
-    """Quantization the checkpoint ships with (``fp8``, ``mxfp4``), from quantization_config."""
+    checkpoint_quant: CheckpointQuant | None = None
+    """How the checkpoint ships quantized (its ``quantization_config``; None: it does not)."""
 
     @property
     def use_mla(self) -> bool:
@@ -509,20 +603,166 @@ def _dtype(r: _Reader, outer: _Reader | None) -> str:
     return "bfloat16"
 
 
-def _checkpoint_quant(r: _Reader, outer: _Reader | None) -> str | None:
+def _unquantized_shares(source: str, names: list[str], layers: int) -> tuple[float, float]:
+    """Shares of layers whose attention / MLP an ignore list keeps in the model dtype.
+
+    An entry without a layer index (``re:.*self_attn.*``) covers every layer, one with
+    ``layers.N.`` that layer; entries naming the modules that are never quantized anyway
+    (lm_head, embeddings, norms, routers, vision) change nothing. An entry naming one
+    projection keeps that layer's whole attention or MLP in the model dtype: an
+    over-estimate of a few projections' bytes, which can only make a slice larger, never
+    an engine OOM.
+    """
+    attn: set[int] = set()
+    mlp: set[int] = set()
+    for name in names:
+        low = name.lower()
+        # MoE routers (mlp.gate, shared_expert_gate) are small parameters already
+        if any(k in low for k in _ALWAYS_UNQUANTIZED) or low.rstrip("$").endswith("gate"):
+            continue
+        found = re.search(r"layers\.(\d+)\.", low)
+        which = {int(found.group(1))} if found else set(range(layers))
+        if any(k in low for k in _ATTN_MODULES):
+            attn |= which
+        elif any(k in low for k in _MLP_MODULES):
+            mlp |= which
+        elif found:
+            attn |= which
+            mlp |= which
+        else:
+            raise SpecError(
+                f"{source}: config.json quantization_config ignores {name!r}, a module the "
+                "memory model cannot place (name a projection, self_attn, mlp or lm_head)"
+            )
+    in_range = range(layers)
+    return (
+        len([i for i in attn if i in in_range]) / layers,
+        len([i for i in mlp if i in in_range]) / layers,
+    )
+
+
+def _names(q: _Reader, key: str) -> list[str]:
+    value = q.items(key) or []
+    if not all(isinstance(v, str) for v in value):
+        raise SpecError(f"{q._where(key)} must be a list of module names")
+    return list(value)
+
+
+def _compressed_tensors(q: _Reader) -> CheckpointQuant:
+    """compressed-tensors: one ``config_groups`` entry's ``weights`` for the linear layers
+    (``pack-quantized`` int4/int8 in int32 words, ``float-quantized`` fp8,
+    ``naive-quantized`` int8; group scales in the model dtype as llm-compressor writes
+    them, a zero point per group only when asymmetric)."""
+    groups = q.obj("config_groups")
+    if not groups:
+        raise SpecError(f"{q._where('config_groups')} must name at least one group")
+    kinds: set[tuple[int, str, int | None, bool, int, str]] = set()
+    for gname, group in groups.items():
+        if not isinstance(group, dict):
+            raise SpecError(f"{q._where('config_groups.' + gname)} must be an object")
+        g = _Reader(group, q.source, f"{q.prefix}config_groups.{gname}.")
+        w = g.obj("weights")
+        if w is None:
+            raise SpecError(f"{q.source}: config.json has no '{g.prefix}weights'")
+        wr = _Reader(w, q.source, f"{g.prefix}weights.")
+        bits = wr.integer("num_bits", minimum=1, maximum=16)
+        wtype = wr.text("type", "int")
+        strategy = wr.text("strategy", "tensor")
+        size = wr.opt_integer("group_size", minimum=1) if strategy == "group" else None
+        if strategy == "block":
+            block = wr.integers("block_structure") or [128, 128]
+            if min(block) < 1:
+                raise SpecError(f"{wr._where('block_structure')} must be positive, got {block}")
+            size = math.prod(block)
+        symmetric = wr.flag("symmetric", True)
+        a = g.obj("input_activations")
+        ar = _Reader(a or {}, q.source, f"{g.prefix}input_activations.")
+        act_bits = ar.integer("num_bits", 16, minimum=1, maximum=16)
+        kinds.add((bits, wtype, size, symmetric, act_bits, strategy))
+    if len(kinds) > 1:
+        raise SpecError(
+            f"{q._where('config_groups')}: groups quantize weights differently "
+            f"({sorted(map(str, kinds))}); one scheme per checkpoint is understood"
+        )
+    bits, wtype, size, symmetric, act_bits, strategy = kinds.pop()
+    fmt = q.text("format", "")
+    return CheckpointQuant(
+        "compressed-tensors",
+        bits,
+        size or 0,
+        # block scales fp32; group scales bf16/fp16, the weights' dtype as llm-compressor
+        # saves them
+        (4 if strategy == "block" else 2) if size else 0,
+        0 if symmetric or not size else 8 if fmt == "naive-quantized" else bits,
+        kind=f"W{bits}A{act_bits}" + (f"-FP{bits}" if wtype == "float" else ""),
+    )
+
+
+def _parse_quant(q: _Reader, method: str) -> CheckpointQuant:
+    scheme = _SCHEME_ALIASES[method]
+    if scheme == "mxfp4":
+        # 4-bit values plus one 8-bit (e8m0) scale per 32 (the OCP MX format)
+        return CheckpointQuant("mxfp4", 4, 32, 1, experts_only=True)
+    if scheme == "fp8":
+        block = q.integers("weight_block_size")
+        if block and min(block) < 1:
+            raise SpecError(f"{q._where('weight_block_size')} must be positive, got {block}")
+        if block:  # DeepSeek-V3: an fp32 scale per 128 x 128 block
+            return CheckpointQuant("fp8", 8, math.prod(block), 4, kind="block")
+        return CheckpointQuant("fp8", 8)
+    if scheme in ("awq", "gptq"):
+        bits = q.integer("bits", 4, minimum=2, maximum=8)
+        size = q.integer("group_size", QUANT_GROUP, minimum=-1)
+        if size in (0, -1):  # -1: one group per input row (a per-channel scale)
+            size = 0
+        # AWQ stores zeros only with zero_point (GEMM: always); GPTQ always packs qzeros
+        zeros = bits if scheme == "gptq" or q.flag("zero_point", True) else 0
+        kind = "desc_act" if scheme == "gptq" and q.flag("desc_act", False) else ""
+        return CheckpointQuant(scheme, bits, size, 2 if size else 0, zeros if size else 0, kind)
+    if scheme == "compressed-tensors":
+        return _compressed_tensors(q)
+    # bitsandbytes: 4-bit (nf4/fp4) with an fp32 absmax per 64 weights - or, with double
+    # quantization, an 8-bit absmax plus an fp32 per 256 of those; 8-bit LLM.int8 with
+    # per-row scales
+    if q.flag("load_in_8bit", False):
+        return CheckpointQuant("bitsandbytes", 8, kind="int8")
+    if not q.flag("load_in_4bit", False):
+        raise SpecError(
+            f"{q._where('load_in_4bit')}: a bitsandbytes config must set load_in_4bit or "
+            "load_in_8bit"
+        )
+    kind = q.text("bnb_4bit_quant_type", "fp4")
+    if q.flag("bnb_4bit_use_double_quant", False):
+        return CheckpointQuant("bitsandbytes", 4, 64, 1 + 4 / 256, 0, kind=kind)
+    return CheckpointQuant("bitsandbytes", 4, 64, 4, 0, kind=kind)
+
+
+def _checkpoint_quant(r: _Reader, outer: _Reader | None, layers: int) -> CheckpointQuant | None:
     for reader in (outer, r):
         if reader is None:
             continue
-        q = reader.obj("quantization_config")
-        if q is None:
+        raw = reader.obj("quantization_config")
+        if raw is None:
             continue
-        method = q.get("quant_method")
-        if method in ("fp8", "mxfp4"):
-            return str(method)
-        raise SpecError(
-            f"{r.source}: config.json quantization_config.quant_method {method!r} is not "
-            "understood (fp8 and mxfp4 checkpoints are; for AWQ/GPTQ checkpoints give the "
-            "unquantized model's config and set the model's 'quantization')"
+        q = _Reader(raw, r.source, f"{reader.prefix}quantization_config.")
+        method = q.text("quant_method", "")
+        if method not in _SCHEME_ALIASES:
+            raise SpecError(
+                f"{q._where('quant_method')} {method!r} is not understood (understood: "
+                f"{', '.join(sorted(set(_SCHEME_ALIASES.values())))})"
+            )
+        ignored = [
+            *_names(q, "ignore"),
+            *_names(q, "modules_to_not_convert"),
+            *_names(q, "llm_int8_skip_modules"),
+        ]
+        quant = _parse_quant(q, method)
+        attn, mlp = _unquantized_shares(r.source, ignored, layers)
+        return dataclasses.replace(
+            quant,
+            unquantized=tuple(ignored),
+            attention_unquantized=attn,
+            mlp_unquantized=mlp,
         )
     return None
 
@@ -648,7 +888,7 @@ def parse_config(raw: Any, name: str = "<config>") -> ModelConfig:
         "qk_norm": model_type in ("gemma3_text", "qwen3", "qwen3_moe"),
         "attention_sinks": False,
         "extra_params": 0,
-        "checkpoint_quant": _checkpoint_quant(r, outer),
+        "checkpoint_quant": _checkpoint_quant(r, outer, layers),
     }
     # Llama's attention_bias biases o_proj too; Qwen2's only q/k/v
     fields["o_bias"] = fields["qkv_bias"] and model_type in ("llama", "mistral", "gpt_oss")
@@ -786,14 +1026,18 @@ def load_model_config(name_or_path: str | Path, base_dir: Path | None = None) ->
     error (line:column) of a broken config.json.
     """
     text = str(name_or_path)
-    entry = catalogue_entry(text)
-    if entry is not None:
-        return parse_config(entry, text)
     path = Path(text).expanduser()
     if base_dir is not None and not path.is_absolute():
         path = base_dir / path
     if path.is_dir():
         path = path / "config.json"
+    # A path that exists is read, though its name looks like a catalogue entry: the
+    # catalogue drops quantization suffixes (".../Llama-3.1-8B-Instruct-AWQ-INT4" reads as
+    # llama-3.1-8b), and the checkpoint's own quantization_config must size it.
+    looks_like_path = "/" in text or text.endswith(".json")
+    entry = None if looks_like_path and path.is_file() else catalogue_entry(text)
+    if entry is not None:
+        return parse_config(entry, text)
     if not path.is_file():
         raise SpecError(
             f"unknown model config '{text}': not a catalogue entry, a config.json or a "

@@ -94,7 +94,7 @@ def _plan_cpu(spec: FleetSpec, host: LocalHost) -> PlanResult:
     unplaced: list[Unplaced] = []
     used_mb = 0
     for m_index, model in enumerate(spec.models):
-        config = model_config_for(model)
+        config = model_config_for(model, index=m_index)
         refusals = model_refusals(model, config)
         if refusals:  # vLLM would not start it: never plan it
             for index in range(max(1, model.replicas.min)):

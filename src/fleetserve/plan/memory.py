@@ -16,10 +16,13 @@ and that sum (per card under tensor parallelism) is its slice. Each term:
 
 * weights: parameters counted from the architecture (embeddings, attention with GQA and
   biases, dense or MoE MLP, norms, untied LM head, a vision tower if the config has one),
-  times the bytes of the dtype; with ``fp8`` the linear layers take 1 byte, with ``awq``/
-  ``gptq`` 4 bits plus an fp16 scale and 4-bit zero per group of 128. Embeddings, the LM
-  head and norms stay unquantized (what vLLM's quantized linear methods do).
-  Checkpoints that ship quantized (DeepSeek-V3 fp8, gpt-oss MXFP4 experts) load that way.
+  times the bytes of the dtype. A checkpoint that ships quantized (its config.json's
+  ``quantization_config``: AWQ, GPTQ, compressed-tensors, fp8, bitsandbytes, MXFP4) has
+  its decoder linear layers at the stated bits plus a scale (and a zero point when the
+  format stores one) per group; otherwise the spec's ``quantization`` applies (``fp8``
+  1 byte, ``awq``/``gptq`` 4 bits plus an fp16 scale and 4-bit zero per group of 128).
+  Embeddings, the LM head, norms and the modules a checkpoint's ignore list names stay in
+  the model dtype (what vLLM's quantized linear methods do).
   With pipeline parallelism the fullest stage counts (vLLM's layer split, the embeddings
   on the first stage and the LM head on the last).
 * KV per token: 2 (K and V) x layers x kv_heads x head_dim x kv-dtype bytes; MLA models
@@ -51,7 +54,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fleetserve.engine.settings import DEFAULT_BATCHED_TOKENS
-from fleetserve.plan.architecture import ModelConfig, load_model_config, parse_config
+from fleetserve.plan.architecture import (
+    SPEC_QUANT,
+    CheckpointQuant,
+    ModelConfig,
+    load_model_config,
+    parse_config,
+)
 from fleetserve.units import GiB, MiB
 
 __all__ = [
@@ -77,8 +86,6 @@ CPU_BLOCK_SIZE = 128
 #: Concurrent batches in flight on GPU: vLLM's async scheduling overlaps two
 #: (``VllmConfig.max_concurrent_batches``); sliding-window layers reserve for both.
 ASYNC_BATCHES = 2
-#: Quantization group size of AWQ/GPTQ checkpoints (the common default).
-QUANT_GROUP = 128
 #: Non-torch GPU memory of one engine process: CUDA context, cuBLAS/cuDNN workspaces,
 #: allocator slack. Measured on an H200 (torch 2.11+cu130): CUDA init plus one bf16 cuBLAS
 #: matmul leaves 594 MiB used outside torch's allocator; vLLM logs 0.1-0.6 GiB.
@@ -113,30 +120,37 @@ def resolve_dtype(config: ModelConfig, dtype: Dtype = "auto") -> str:
     return "bfloat16" if _DTYPE_BYTES[found] == 4 else found
 
 
-#: MXFP4 (gpt-oss experts): 4-bit values plus one 8-bit scale per 32 values = 4.25 bits.
-MXFP4_BYTES_PER_PARAM = 17 / 32
+def quant_of(config: ModelConfig, quant: Quantization = None) -> CheckpointQuant | None:
+    """How the linear layers are stored: the checkpoint's own quantization when it ships
+    quantized (its config states bits and groups; a different spec ``quantization`` is a
+    refusal, plan/vllm_rules.py), else the spec's ``quantization`` at its defaults."""
+    if config.checkpoint_quant is not None:
+        return config.checkpoint_quant
+    return SPEC_QUANT[quant] if quant else None
 
 
 def weight_bytes(config: ModelConfig, dtype: Dtype = "auto", quant: Quantization = None) -> int:
     """Bytes of the weights as vLLM loads them (whole model, before TP sharding).
 
-    ``quant`` is the model's ``quantization``; without it the checkpoint's own
-    (``config.checkpoint_quant``: DeepSeek-V3's fp8, gpt-oss's MXFP4 experts) applies.
+    Quantized linear layers (:func:`quant_of`) take their bits plus their group scales
+    and zero points; the layers a checkpoint's ignore list keeps (and the embeddings, LM
+    head, norms, vision tower) stay in the model dtype. MXFP4 (gpt-oss) quantizes only
+    the routed experts.
     """
     unit = _DTYPE_BYTES[resolve_dtype(config, dtype)]
     kept = (config.embedding_params() + config.small_params() + config.extra_params) * unit
     linear = config.linear_params()
-    method = quant or config.checkpoint_quant
-    if method is None:
+    q = quant_of(config, quant)
+    if q is None:
         return kept + linear * unit
-    if method == "fp8":
-        return kept + linear  # 1 byte per weight; per-tensor/block scales are negligible
-    if method == "mxfp4":
-        experts = config.expert_params()
-        return kept + (linear - experts) * unit + math.ceil(experts * MXFP4_BYTES_PER_PARAM)
-    # awq / gptq: 4-bit weights + an fp16 scale and a 4-bit zero point per group
-    per_group = QUANT_GROUP // 2 + 2 + 1
-    return kept + math.ceil(linear / QUANT_GROUP) * per_group
+    if q.experts_only:
+        quantized = config.expert_params()
+    else:
+        attn = config.num_layers * config.attention_linear_params()
+        quantized = round(
+            attn * (1 - q.attention_unquantized) + (linear - attn) * (1 - q.mlp_unquantized)
+        )
+    return kept + (linear - quantized) * unit + q.linear_bytes(quantized)
 
 
 def pp_stage_layers(num_layers: int, pipeline_parallel: int) -> list[int]:

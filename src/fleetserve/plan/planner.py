@@ -145,8 +145,8 @@ def build_problem(
     dedicated = {t.name for t in spec.tenants if t.isolation == "dedicated"}
     plans: dict[str, _ModelPlan] = {}
     items: list[Item] = []
-    for model in spec.models:
-        config = model_config_for(model)
+    for m_index, model in enumerate(spec.models):
+        config = model_config_for(model, index=m_index)
         plan = _ModelPlan(model, config, {}, {})
         allowed = set(model.pools) if model.pools is not None else None
         for pc in pools:

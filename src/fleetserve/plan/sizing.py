@@ -55,12 +55,21 @@ DEFAULT_HOST_RAM_MB = 4096
 CUDA_VISIBLE_FRACTION = 143155 / 143771
 
 
-def model_config_for(model: ModelSpec, base_dir: Path | None = None) -> ModelConfig:
+def _looks_like_path(ref: str) -> bool:
+    """A ``config`` that names a file (a directory or a config.json), not a catalogue entry."""
+    return "/" in ref or ref.endswith(".json")
+
+
+def model_config_for(
+    model: ModelSpec, base_dir: Path | None = None, *, index: int | None = None
+) -> ModelConfig:
     """The architecture of ``model``: its ``config``, else derived from ``source``.
 
     Relative paths resolve against ``base_dir`` (the spec file's directory) when given. A
+    ``config`` path that does not exist says so (``models[i].config`` with ``index``); a
     name that matches nothing says so; a config.json that exists but is broken or not
-    understood reports its own error (JSON line:column, the key at fault).
+    understood reports its own error (JSON line:column, the key at fault). A ``source``
+    with a ``/`` is a hub id as often as a path, so only ``config`` gets the path message.
     """
     ref = model.config_ref
     where = "config" if model.config else "source"
@@ -68,6 +77,13 @@ def model_config_for(model: ModelSpec, base_dir: Path | None = None) -> ModelCon
         return load_model_config(ref, base_dir)
     except SpecError as e:
         if e.message.startswith("unknown model config"):
+            if where == "config" and _looks_like_path(ref):
+                field = (
+                    f"models[{index}].config"
+                    if index is not None
+                    else f"model '{model.name}': config"
+                )
+                raise SpecError(f"{field}: {ref} does not exist") from e
             raise SpecError(
                 f"model '{model.name}': {where} '{ref}' names no known model config",
                 hint=e.hint or "set 'config' to a catalogue entry, a config.json or its directory",

@@ -19,8 +19,11 @@ pins; the CUDA rules are in the same tree):
 * dtype: bfloat16 needs CUDA compute capability >= 8.0 (``CudaPlatform.
   check_if_supports_dtype``; ``auto`` falls back to float16 by itself);
 * quantization: a method's ``get_min_capability`` (fp8 7.5 - weight-only Marlin below 8.9,
-  awq 7.5, gptq 6.0, mxfp4 8.0) and its activation dtypes (mxfp4: bfloat16 only); a
-  checkpoint that ships quantized refuses another ``--quantization``;
+  awq 7.5, gptq 6.0, mxfp4 8.0, compressed-tensors 7.0 and its W4A16/W8A16/FP8 schemes 7.5)
+  for the checkpoint's own ``quantization_config`` or the spec's ``quantization``, named in
+  the refusal with both capabilities; its activation dtypes (mxfp4: bfloat16 only); a
+  checkpoint that ships quantized refuses another ``--quantization``, and a bitsandbytes
+  one is refused outright (vLLM 0.32/0.33 have no such method);
 * fp8 KV cache: accepted on every CUDA card (the Triton attention backend supports it on any
   capability; native FP8 math needs 8.9, older cards convert) - so no refusal.
 
@@ -36,10 +39,26 @@ from fleetserve.plan.architecture import ModelConfig
 from fleetserve.plan.gpus import GPU_CATALOGUE, GpuType
 from fleetserve.spec import ModelSpec
 
-#: vLLM quantization methods' ``get_min_capability()`` (x10: 75 = 7.5).
-QUANT_MIN_CAPABILITY = {"fp8": 75, "awq": 75, "gptq": 60, "mxfp4": 80}
+#: vLLM quantization methods' ``get_min_capability()`` (x10: 75 = 7.5), as vLLM 0.33
+#: states them in vllm/model_executor/layers/quantization/: fp8.py (Fp8Config),
+#: auto_awq.py (AutoAWQConfig, also awq_marlin), auto_gptq.py (AutoGPTQConfig, also
+#: gptq_marlin), mxfp4.py (Mxfp4Config), compressed_tensors/compressed_tensors.py (the
+#: method; its schemes may need more, below).
+QUANT_MIN_CAPABILITY = {"fp8": 75, "awq": 75, "gptq": 60, "mxfp4": 80, "compressed-tensors": 70}
+#: compressed-tensors checks each layer's scheme too (``_check_scheme_supported``):
+#: compressed_tensors/schemes/compressed_tensors_wNa16.py 75 (int weights, 16-bit
+#: activations), compressed_tensors_w8a16_fp8.py 75, compressed_tensors_w8a8_int8.py 75;
+#: W8A8-FP8 (compressed_tensors_w8a8_fp8.py, 89) falls back to W8A16-FP8 below 8.9.
+#: A variant not listed is held to the highest of these.
+CT_SCHEME_MIN_CAPABILITY = {"W4A16": 75, "W8A16": 75, "W8A16-FP8": 75, "W8A8-FP8": 75, "W8A8": 75}
+#: Schemes a checkpoint may ship that vLLM 0.32/0.33 cannot load: no such method in
+#: vllm/model_executor/layers/quantization/__init__.py (``get_quantization_config``).
+QUANT_NOT_IN_VLLM = ("bitsandbytes",)
 #: Activation dtypes a method supports (``get_supported_act_dtypes``), when restricted.
-QUANT_ACT_DTYPES = {"mxfp4": ("bfloat16",)}
+QUANT_ACT_DTYPES = {
+    "mxfp4": ("bfloat16",),
+    "compressed-tensors": ("float32", "float16", "bfloat16"),
+}
 #: TP degrees worth suggesting (cards per node on real hardware).
 _TP_CHOICES = (1, 2, 4, 8, 16)
 
@@ -148,7 +167,7 @@ def model_refusals(model: ModelSpec, config: ModelConfig) -> list[Refusal]:
                 (f"pipeline_parallel: {config.num_layers}",),
             )
         )
-    shipped = config.checkpoint_quant
+    shipped = config.checkpoint_quant.scheme if config.checkpoint_quant else None
     if shipped and model.quantization and model.quantization != shipped:
         out.append(
             Refusal(
@@ -156,6 +175,16 @@ def model_refusals(model: ModelSpec, config: ModelConfig) -> list[Refusal]:
                 f"the checkpoint is quantized with {shipped}; vLLM refuses --quantization "
                 f"{model.quantization} for it",
                 ("quantization: unset (the checkpoint's own method is used)",),
+            )
+        )
+    if shipped in QUANT_NOT_IN_VLLM:
+        assert config.checkpoint_quant is not None
+        out.append(
+            Refusal(
+                "config",
+                f"the checkpoint is quantized with {config.checkpoint_quant.label}; vLLM "
+                f"0.32/0.33 has no {shipped} quantization method and cannot load it",
+                ("an AWQ, GPTQ, compressed-tensors or unquantized checkpoint of the model",),
             )
         )
     method = model.quantization or shipped
@@ -169,6 +198,24 @@ def model_refusals(model: ModelSpec, config: ModelConfig) -> list[Refusal]:
             )
         )
     return out
+
+
+def quant_min_capability(model: ModelSpec, config: ModelConfig) -> tuple[str, int] | None:
+    """The quantization the replica loads (the checkpoint's, else the spec's) as messages
+    name it, and the compute capability vLLM needs for it (None: not quantized)."""
+    shipped = config.checkpoint_quant
+    if shipped is None:
+        return (
+            (model.quantization, QUANT_MIN_CAPABILITY[model.quantization])
+            if (model.quantization)
+            else None
+        )
+    need = QUANT_MIN_CAPABILITY.get(shipped.scheme, 0)
+    if shipped.scheme == "compressed-tensors":
+        need = max(
+            need, CT_SCHEME_MIN_CAPABILITY.get(shipped.kind, max(CT_SCHEME_MIN_CAPABILITY.values()))
+        )
+    return shipped.label, need
 
 
 def _cards_with(capability: int) -> str:
@@ -191,9 +238,10 @@ def gpu_refusals(model: ModelSpec, config: ModelConfig, gpu: GpuType) -> list[Re
                 ("dtype: float16",),
             )
         )
-    method = model.quantization or config.checkpoint_quant
-    if method is not None:
-        need = QUANT_MIN_CAPABILITY[method]
+    found = quant_min_capability(model, config)
+    if found is not None:
+        label, need = found
+        method = model.quantization or (config.checkpoint_quant and config.checkpoint_quant.scheme)
         if gpu.vendor == "nvidia" and gpu.capability < need:
             fixes = [
                 f"quantization: {other} (a {other.upper()} checkpoint)"
@@ -210,14 +258,14 @@ def gpu_refusals(model: ModelSpec, config: ModelConfig, gpu: GpuType) -> list[Re
             out.append(
                 Refusal(
                     where,
-                    f"{method} quantization needs compute capability >= {need / 10:.1f}; "
+                    f"{label} quantization needs compute capability >= {need / 10:.1f}; "
                     f"{gpu.name} has {_cc(gpu)} (vLLM: 'The quantization method {method} is "
                     "not supported for the current GPU')",
                     tuple(fixes),
                 )
             )
-        allowed = QUANT_ACT_DTYPES.get(method)
-        if allowed and model.dtype == "auto" and "bfloat16" in allowed and not gpu.bf16:
+        allowed = QUANT_ACT_DTYPES.get(method or "")
+        if allowed == ("bfloat16",) and model.dtype == "auto" and not gpu.bf16:
             out.append(
                 Refusal(
                     "pools",

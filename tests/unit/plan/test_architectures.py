@@ -83,7 +83,8 @@ def test_deepseek_v2_lite_is_mla_moe_not_a_dense_2_7b() -> None:
 
 def test_deepseek_v3_loads_its_fp8_checkpoint() -> None:
     cfg = load_model_config(fixture("deepseek-v3"))
-    assert cfg.checkpoint_quant == "fp8"
+    assert cfg.checkpoint_quant is not None
+    assert cfg.checkpoint_quant.label == "fp8 block"
     assert cfg.moe_layers == 58
     assert cfg.score_correction_bias
     # linears at 1 byte; embeddings, head, norms in bf16: ~673 GB (the checkpoint: 688 GB
@@ -149,7 +150,8 @@ def test_chunked_layers_hold_a_chunk_plus_in_flight_tokens() -> None:
 
 def test_gpt_oss_mxfp4_experts_sinks_and_alternating_windows() -> None:
     cfg = load_model_config(fixture("gpt-oss-20b"))
-    assert cfg.checkpoint_quant == "mxfp4"
+    assert cfg.checkpoint_quant is not None
+    assert cfg.checkpoint_quant.scheme == "mxfp4"
     assert cfg.attention_sinks
     assert (cfg.sliding_window, cfg.sliding_layers, cfg.full_layers) == (128, 12, 12)
     # MXFP4 experts (4.25 bits) + bf16 attention/embeddings: the 13.8 GB checkpoint
@@ -230,7 +232,7 @@ def test_pipeline_stages_split_layers_like_vllm() -> None:
         ),
         (
             {**MODEL_CATALOGUE["gpt-oss-20b"], "quantization_config": {"quant_method": "xyz"}},
-            "quant_method 'xyz' is not understood",
+            r"quant_method' 'xyz' is not understood",
         ),
         ({**MODEL_CATALOGUE["llama-3-8b"], "vision_config": {}}, "vision_config"),
     ],

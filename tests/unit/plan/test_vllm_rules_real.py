@@ -22,7 +22,13 @@ import pytest
 
 from fleetserve.plan.catalogue import MODEL_CATALOGUE
 from fleetserve.plan.memory import parse_config
-from fleetserve.plan.vllm_rules import QUANT_ACT_DTYPES, QUANT_MIN_CAPABILITY, model_refusals
+from fleetserve.plan.vllm_rules import (
+    CT_SCHEME_MIN_CAPABILITY,
+    QUANT_ACT_DTYPES,
+    QUANT_MIN_CAPABILITY,
+    QUANT_NOT_IN_VLLM,
+    model_refusals,
+)
 from fleetserve.spec import ModelSpec
 
 pytestmark = pytest.mark.slow
@@ -120,7 +126,10 @@ def test_quantization_capabilities_are_vllms(vllm_config: Any, method: str) -> N
     quantization = pytest.importorskip("vllm.model_executor.layers.quantization")
     config = quantization.get_quantization_config(method)
     assert config.get_min_capability() == QUANT_MIN_CAPABILITY[method]
-    dtypes = {str(d).removeprefix("torch.") for d in config.get_supported_act_dtypes()}
+    act = config.get_supported_act_dtypes
+    # CompressedTensorsConfig declares it without @classmethod: it wants the class passed
+    listed = act(config) if method == "compressed-tensors" else act()
+    dtypes = {str(d).removeprefix("torch.") for d in listed}
     assert dtypes == set(QUANT_ACT_DTYPES.get(method, ("bfloat16", "float16")))
 
 
@@ -167,3 +176,30 @@ def test_kv_head_split_is_vllms_qkv_parallel_linear(
             if "heads" in r.reason
         ]
         assert split == (not refused), (heads, kv_heads, tp)
+
+
+#: Our compressed-tensors variants and the vLLM scheme class each loads with.
+_CT_SCHEMES = {
+    "W4A16": "CompressedTensorsWNA16",
+    "W8A16": "CompressedTensorsWNA16",
+    "W8A16-FP8": "CompressedTensorsW8A16Fp8",
+    "W8A8": "CompressedTensorsW8A8Int8",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CT_SCHEME_MIN_CAPABILITY))
+def test_compressed_tensors_scheme_capabilities_are_vllms(vllm_config: Any, kind: str) -> None:
+    schemes = pytest.importorskip(
+        "vllm.model_executor.layers.quantization.compressed_tensors.schemes"
+    )
+    if kind == "W8A8-FP8":  # vLLM falls back to W8A16-FP8 where W8A8-FP8 needs more
+        assert schemes.CompressedTensorsW8A8Fp8.get_min_capability() == 89
+        kind = "W8A16-FP8"
+    scheme = getattr(schemes, _CT_SCHEMES[kind])
+    assert scheme.get_min_capability() == CT_SCHEME_MIN_CAPABILITY[kind]
+
+
+@pytest.mark.parametrize("method", QUANT_NOT_IN_VLLM)
+def test_methods_refused_outright_are_not_in_vllm(vllm_config: Any, method: str) -> None:
+    quantization = pytest.importorskip("vllm.model_executor.layers.quantization")
+    assert method not in quantization.QUANTIZATION_METHODS
