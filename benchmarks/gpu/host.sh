@@ -17,6 +17,10 @@ tag=$phase-$n; out=/root/results/$tag
 mkdir -p /root/stage "$out" "$dest"
 cp -n "$stage"/site.tar.zst.part* /root/stage/ 2>/dev/null
 bash "$stage/unpack.sh" /root/stage /tmp/site || exit 1
+# wheels the staged site lacks, carried in .whl/ (pycountry: mistral-common's language codes)
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v "already exists" || true
+fi
 export PATH="$PWD/$stage/zstd:$PATH" LD_LIBRARY_PATH="$PWD/$stage/zstd${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if [ ! -d /root/models ]; then
   mkdir -p /root/models && zstd -dc "$stage/models.tar.zst" | tar x -C /root/models --strip-components=1
