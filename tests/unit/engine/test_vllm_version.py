@@ -150,18 +150,21 @@ def test_every_layout_entry_of_the_installed_vllm_imports() -> None:
     assert callable(OutputProcessor.get_num_unfinished_requests)
 
 
-def test_layouts_cover_the_range_in_order() -> None:
-    from fleetserve.engine.vllm_api import LAYOUTS, layout_for  # noqa: PLC0415
+def test_every_functions_places_cover_the_range_in_order() -> None:
+    from fleetserve.engine.vllm_api import MOVES, module_of  # noqa: PLC0415
 
-    sinces = [Version(layout.since) for layout in LAYOUTS]
-    assert sinces == sorted(sinces)
     lower = next(Version(s.version) for s in SUPPORTED_VLLM if s.operator == ">=")
-    assert sinces[0] == lower
-    assert layout_for(Version("0.26.0")).cli_args == "vllm.entrypoints.openai.cli_args"
-    assert layout_for(Version("0.28.0")).errors.endswith("exception_handling.error_response")
-    assert layout_for(Version("0.29.0")).app == "vllm.entrypoints.launchers.app"
-    assert layout_for(Version("0.32.0")).cli_args == "vllm.entrypoints.launchers.cli_args"
-    assert layout_for(Version("0.33.0")).cli_args == "vllm.entrypoints.common.cli_args"
+    for history in MOVES.values():
+        sinces = [Version(since) for since, _ in history]
+        assert sinces == sorted(sinces)
+        assert sinces[0] == lower
+    assert module_of("make_arg_parser", Version("0.26.0")) == "vllm.entrypoints.openai.cli_args"
+    assert module_of("create_error_response", Version("0.28.0")).endswith(
+        "exception_handling.error_response"
+    )
+    assert module_of("build_app", Version("0.29.0")) == "vllm.entrypoints.launchers.app"
+    assert module_of("make_arg_parser", Version("0.32.0")) == "vllm.entrypoints.launchers.cli_args"
+    assert module_of("make_arg_parser", Version("0.33.0")) == "vllm.entrypoints.common.cli_args"
 
 
 def test_the_images_vllm_is_in_the_range() -> None:
