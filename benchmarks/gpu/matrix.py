@@ -119,11 +119,13 @@ def stop(server: Server, sig: int = signal.SIGINT, wait_s: float = 60) -> None:
 # ----------------------------------------------------------------------------- CPU accounting
 
 
-def _tree_cpu(root: int) -> dict[int, tuple[str, float]]:
+def _tree_cpu(root: int | None) -> dict[int, tuple[str, float]]:
     """PID -> (command line, CPU seconds) of ``root`` and its descendants: Ray's daemons,
     Serve's actors and the engines all start under the server's process."""
     import psutil  # noqa: PLC0415 - on the GPU host's image
 
+    if root is None:
+        return {}
     try:
         top = psutil.Process(root)
         procs = [top, *top.children(recursive=True)]
@@ -167,7 +169,7 @@ def cpu_split(
 
 
 def bench(
-    server: Server,
+    server: Server | str,
     model: str,
     tokenizer: str,
     conc: int,
@@ -176,13 +178,16 @@ def bench(
     tag: str,
     extra: list[str] | None = None,
 ) -> dict[str, Any]:
+    """One `vllm bench serve` run against ``server`` (a started server, whose process tree's
+    CPU is accounted, or a bare URL: no accounting)."""
+    url, pid = (server, None) if isinstance(server, str) else (server.url, server.proc.pid)
     name = f"{tag}-c{conc}.json"
     argv = [
         *VLLM_BENCH,
         "--backend",
         "openai",
         "--base-url",
-        server.url,
+        url,
         "--model",
         model,
         "--tokenizer",
@@ -213,11 +218,11 @@ def bench(
             ]
         ),
     ]
-    cpu0 = _tree_cpu(server.proc.pid)
+    cpu0 = _tree_cpu(pid)
     t0 = time.monotonic()
     p = subprocess.run(argv, capture_output=True, text=True, check=False)
     wall = time.monotonic() - t0
-    cpu1 = _tree_cpu(server.proc.pid)
+    cpu1 = _tree_cpu(pid)
     serving_s, engine_s, busiest = cpu_split(cpu0, cpu1)
     (out / f"{tag}-c{conc}.client.log").write_text(p.stdout[-20000:] + p.stderr[-20000:])
     if p.returncode != 0 or not (out / name).exists():
@@ -494,8 +499,7 @@ def phase_pack(a: argparse.Namespace) -> None:
 
 
 def client(a: argparse.Namespace) -> None:
-    srv = Server("fleet", subprocess.Popen(["true"]), a.url, Path("/dev/null"))
-    bench(srv, a.model.name, str(a.model), a.conc, a.prompts, a.out, f"together-{a.model.name}")
+    bench(a.url, a.model.name, str(a.model), a.conc, a.prompts, a.out, f"together-{a.model.name}")
 
 
 def conversations(
