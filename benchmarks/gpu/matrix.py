@@ -279,8 +279,6 @@ def plan_of(spec_path: Path) -> dict[str, Any]:
     """fleetserve's local plan of the spec: per model the engine's settings, its vLLM
     options, and the predicted KV cache (the engine's share of the card less the memory
     model's non-KV terms)."""
-    import torch  # noqa: PLC0415
-
     from fleetserve.engine.config import EngineConfig  # noqa: PLC0415
     from fleetserve.host import probe  # noqa: PLC0415
     from fleetserve.plan.gpus import GpuType  # noqa: PLC0415
@@ -289,12 +287,13 @@ def plan_of(spec_path: Path) -> dict[str, Any]:
     from fleetserve.spec import load_spec  # noqa: PLC0415
 
     spec = load_spec(spec_path)
+    # No torch.cuda here: a CUDA context in this process would hold ~0.5 GiB of the card
+    # for the whole phase (the probe reads the card in a child process).
     host = probe()
     settings = engine_settings(spec, host=host)
     # A CPU host (a dry run of this script) plans against RAM; the numbers mean little there.
-    free, total = (
-        torch.cuda.mem_get_info() if torch.cuda.is_available() else (0, host.memory_mb * 2**20)
-    )
+    total = (min(host.gpu_memory_mb) if host.gpu_memory_mb else host.memory_mb) * 2**20
+    free = 0
     card_mb = min(host.gpu_memory_mb or [host.memory_mb])
     out: dict[str, Any] = {
         "card_total_bytes": total,
@@ -310,7 +309,8 @@ def plan_of(spec_path: Path) -> dict[str, Any]:
         sizing = size_replica(
             m, model_config_for(m), GpuType("local", card_mb, 0, known=False), card_mb
         )
-        non_kv = sizing.memory.non_kv
+        # what vLLM's budget (utilisation x CUDA's card figure) must hold besides the KV
+        non_kv = sizing.memory.budget - sizing.memory.kv_cache
         config = EngineConfig.from_spec(m, model_path=str(m.source), settings=s)
         out[m.name] = {
             "gpu_memory_utilization": s.gpu_memory_utilization,
@@ -328,11 +328,18 @@ def plan_of(spec_path: Path) -> dict[str, Any]:
 KV_MEM = re.compile(r"Available KV cache memory: ([0-9.]+) GiB")
 KV_TOK = re.compile(r"[GC]PU KV cache size: ([0-9,]+) tokens")
 SERVED = re.compile(r"served_model_name=([^,\s]+)")
+#: vLLM's own breakdown of what its budget held besides the KV cache (GiB)
+USAGE = re.compile(
+    r"Actual usage is ([0-9.]+) GiB for weight, ([0-9.]+) GiB for peak activation, "
+    r"([0-9.]+) GiB for non-torch memory, and ([0-9.]+) GiB for CUDAGraph memory"
+)
+STARTUP_FREE = re.compile(r"Free memory on device \(([0-9.]+)/([0-9.]+) GiB\) on startup")
+GRAPHS = re.compile(r"Profiling CUDA graph memory: (.*)")
 
 
-def logged_kv(log_dirs: list[Path]) -> dict[str, dict[str, float]]:
+def logged_kv(log_dirs: list[Path]) -> dict[str, dict[str, Any]]:
     """Per served model: the KV cache memory (GiB) and tokens vLLM logged at start."""
-    found: dict[str, dict[str, float]] = {}
+    found: dict[str, dict[str, Any]] = {}
     for d in log_dirs:
         if not d.exists():
             continue
@@ -345,10 +352,19 @@ def logged_kv(log_dirs: list[Path]) -> dict[str, dict[str, float]]:
             names = SERVED.findall(text)
             mem, tok = KV_MEM.findall(text), KV_TOK.findall(text)
             if names and (mem or tok):
-                found[names[-1].strip("'\"")] = {
+                row: dict[str, Any] = {
                     "kv_gib": float(mem[-1]) if mem else 0.0,
                     "kv_tokens": float(tok[-1].replace(",", "")) if tok else 0.0,
                 }
+                if usage := USAGE.findall(text):
+                    w, act, non_torch, graphs = (float(x) for x in usage[-1])
+                    row |= {"weights_gib": w, "activation_gib": act}
+                    row |= {"non_torch_gib": non_torch, "cuda_graphs_gib": graphs}
+                if free := STARTUP_FREE.findall(text):
+                    row["startup_free_gib"], row["card_gib"] = (float(x) for x in free[-1])
+                if graphs_line := GRAPHS.findall(text):
+                    row["graphs"] = graphs_line[-1].strip()
+                found[names[-1].strip("'\"")] = row
     return found
 
 
@@ -385,6 +401,8 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
             for c in a.conc:
                 n = a.prompts or min(4096, max(64, 16 * c))
                 rows.append({"target": target, **bench(srv, name, str(a.model), c, n, out, target)})
+                # written as it goes: a phase cut by the device's time limit keeps its rows
+                (out / "overhead.json").write_text(json.dumps(rows, indent=1))
         finally:
             stop(srv)
     if "fleetserve" in order:

@@ -14,7 +14,10 @@ Ray is given more CPUs than the planner planned for (a container pinned to 2 CPU
   places on the whole machine: physical RAM clamped to the cgroup limit (node 0 alone can
   be a fraction of it - a VM whose hot-plugged memory forms other nodes).
 * GPUs: each visible CUDA card's total memory (MiB), from torch when CUDA is available
-  (it honours CUDA_VISIBLE_DEVICES, as Ray and vLLM do).
+  (it honours CUDA_VISIBLE_DEVICES, as Ray and vLLM do), read in a child process: asking
+  CUDA creates a context (~0.5 GiB of card memory on an H200) that lives as long as its
+  process, and the process that probes (``fleetserve serve``) lives as long as the fleet,
+  on the card the engines were planned to fill.
 
 Paths are module constants so tests can point them at fixtures.
 """
@@ -23,6 +26,8 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,15 +120,31 @@ def gpu_memory_mb() -> list[int]:
     if not NVIDIA_CONTROL_DEVICE.exists():
         return []  # no NVIDIA driver: skip importing torch (seconds) on CPU hosts
     try:
-        import torch  # noqa: PLC0415 - heavy; only needed when probing
-    except ImportError:
+        found = subprocess.run(
+            [sys.executable, "-c", _CUDA_CARDS],
+            capture_output=True,
+            text=True,
+            timeout=GPU_PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
         return []
-    if not torch.cuda.is_available():
-        return []
-    return [
-        int(torch.cuda.get_device_properties(i).total_memory // _MiB)
-        for i in range(torch.cuda.device_count())
-    ]
+    lines = found.stdout.split()
+    return [int(n) // _MiB for n in lines if n.isdigit()] if found.returncode == 0 else []
+
+
+#: The child's program: each visible card's total bytes, one per line (none without CUDA).
+_CUDA_CARDS = """
+try:
+    import torch
+except ImportError:
+    raise SystemExit(0)
+if torch.cuda.is_available():
+    for i in range(torch.cuda.device_count()):
+        print(torch.cuda.get_device_properties(i).total_memory)
+"""
+#: torch's import plus CUDA's initialisation take seconds, not minutes.
+GPU_PROBE_TIMEOUT_S = 120.0
 
 
 def probe() -> HostFacts:

@@ -4,6 +4,8 @@ container pinned to few CPUs (affinity) or given a CPU quota (cgroup v2 ``cpu.ma
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -78,3 +80,27 @@ def test_a_gpu_host_counts_the_machines_ram_not_numa_node_0(
     assert host.probe().memory_mb == 8192  # CPU host: vLLM CPU's node-0 figure
     monkeypatch.setattr(host, "gpu_memory_mb", lambda: [143_155])
     assert host.probe().memory_mb == machine
+
+
+def test_gpu_probe_reads_the_cards_in_a_child_process(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The card figures come from a child: CUDA's context (~0.5 GiB of card memory) dies
+    with it instead of living in `fleetserve serve` beside the engines it planned."""
+    (tmp_path / "nvidiactl").touch()
+    monkeypatch.setattr(host, "NVIDIA_CONTROL_DEVICE", tmp_path / "nvidiactl")
+    monkeypatch.setattr(host, "_CUDA_CARDS", "print(150104014848); print(150104014848)")
+    assert host.gpu_memory_mb() == [143_150, 143_150]
+    monkeypatch.setattr(host, "_CUDA_CARDS", "raise SystemExit(1)")
+    assert host.gpu_memory_mb() == []  # a failing child: no cards, as without CUDA
+
+
+def test_gpu_probe_leaves_torch_out_of_the_probing_process(tmp_path: Path) -> None:
+    (tmp_path / "nvidiactl").touch()
+    code = (
+        "import sys; from pathlib import Path; from fleetserve import host; "
+        f"host.NVIDIA_CONTROL_DEVICE = Path({str(tmp_path / 'nvidiactl')!r}); "
+        "host.gpu_memory_mb(); print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

