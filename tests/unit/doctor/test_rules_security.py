@@ -17,20 +17,28 @@ REMOTE = (FIXTURES / "trust-remote-code-hub" / "trigger.yaml").read_text(encodin
 
 
 @pytest.mark.parametrize(
-    ("image", "severity"),
+    ("image", "severity", "advisories"),
     [
-        ("vllm/vllm-openai:v0.10.1", "warning"),  # before the sparse-tensor densification
-        ("vllm/vllm-openai:v0.10.2", "error"),
-        ("vllm/vllm-openai:v0.11.0", "error"),
-        ("vllm/vllm-openai:v0.11.1", "warning"),  # fixed; the documented crash remains
-        ("vllm/vllm-openai:latest", "warning"),  # unknown release: the milder wording
+        # (image, severity, advisories the message must name)
+        ("vllm/vllm-openai:v0.10.1", "warning", ()),  # before the sparse densification
+        ("vllm/vllm-openai:v0.10.2", "error", ("GHSA-mrw7-hf4f-83pf", "GHSA-mcmc-2m55-j8jj")),
+        ("vllm/vllm-openai:v0.11.0", "error", ("GHSA-mrw7-hf4f-83pf", "GHSA-mcmc-2m55-j8jj")),
+        # 0.11.1 only turned the flag off by default: with it on, still unvalidated
+        ("vllm/vllm-openai:v0.11.1", "error", ("GHSA-mcmc-2m55-j8jj",)),
+        ("vllm/vllm-openai:v0.12.0", "error", ("GHSA-mcmc-2m55-j8jj", "GHSA-33cg-gxv8-3p8g")),
+        ("vllm/vllm-openai:v0.13.0", "warning", ("GHSA-33cg-gxv8-3p8g",)),  # M-RoPE crash
+        ("vllm/vllm-openai:v0.24.0", "warning", ()),
+        ("vllm/vllm-openai:latest", "warning", ("GHSA-mrw7-hf4f-83pf", "GHSA-mcmc-2m55-j8jj")),
     ],
 )
-def test_prompt_embeds_by_release(image: str, severity: str) -> None:
+def test_prompt_embeds_by_release(image: str, severity: str, advisories: tuple[str, ...]) -> None:
     text = EMBEDS.replace("vllm/vllm-openai:v0.11.0", image)
     [f] = run_rules(load_text(text), {"prompt-embeds-enabled"})
     assert f.severity == severity
-    assert "GHSA-mrw7-hf4f-83pf" in f.message or severity == "warning"
+    for ghsa in advisories:
+        assert ghsa in f.message
+    if not advisories:
+        assert "GHSA" not in f.message
 
 
 @pytest.mark.parametrize(
