@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-
 from fleetserve.errors import FleetServeError
 from fleetserve.k8s.doctor.finding import Finding, Located
 from fleetserve.k8s.doctor.inventory import Inventory
