@@ -72,3 +72,169 @@ def test_an_ingress_without_auth_in_front_of_vllm() -> None:
     assert f.severity == "error"
     assert f.object == "Ingress/default/vllm"
     assert f.path == "spec.rules[0].http.paths[0].backend.service.name"
+
+
+# --------------------------------------------------------------------------- internal ports
+
+INTERNAL = (FIXTURES / "vllm-internal-port-exposed" / "trigger.yaml").read_text(encoding="utf-8")
+
+
+def test_an_exposed_kv_port_names_port_object_advisory_and_fix() -> None:
+    [f] = run_rules(load_text(INTERNAL), {"vllm-internal-port-exposed"})
+    assert (f.severity, f.object, f.path) == ("error", "Service/default/prefill", "spec.ports[1]")
+    for part in ("port 14579", "CVE-2025-47277", "GHSA-hjq4-87xh-g4fv", "0.8.5, fixed there"):
+        assert part in f.message
+
+
+def test_a_fixed_release_still_exposes_an_unauthenticated_channel() -> None:
+    text = INTERNAL.replace("v0.8.4", "v0.8.5")
+    [f] = run_rules(load_text(text), {"vllm-internal-port-exposed"})
+    assert f.severity == "error"
+    assert "CVE-2025-47277, GHSA-hjq4-87xh-g4fv is fixed in vLLM 0.8.5" in f.message
+
+
+def test_an_internal_load_balancer_is_a_warning() -> None:
+    text = INTERNAL.replace(
+        "  name: prefill\nspec:\n  type: LoadBalancer",
+        "  name: prefill\n  annotations:\n    service.beta.kubernetes.io/aws-load-balancer-scheme:"
+        " internal\nspec:\n  type: LoadBalancer",
+    )
+    [f] = run_rules(load_text(text), {"vllm-internal-port-exposed"})
+    assert f.severity == "warning"
+
+
+NIXL_ROUTE = """
+# Shape of llm-d's decode pods (NixlConnector, VLLM_NIXL_SIDE_CHANNEL_PORT 5557) behind a
+# Gateway API TCPRoute that forwards the side channel.
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: decode, namespace: llm}
+spec:
+  selector: {matchLabels: {app: decode}}
+  template:
+    metadata: {labels: {app: decode}}
+    spec:
+      containers:
+        - name: vllm
+          image: ghcr.io/llm-d/llm-d:v0.2.0
+          command: ["vllm", "serve", "Qwen/Qwen3-0.6B", "--port", "8200",
+                    "--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_both"}']
+          env:
+            - {name: VLLM_NIXL_SIDE_CHANNEL_PORT, value: "5557"}
+          ports:
+            - {name: nixl, containerPort: 5557}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: decode, namespace: llm}
+spec:
+  selector: {app: decode}
+  ports: [{name: nixl, port: 5557, targetPort: nixl}]
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TCPRoute
+metadata: {name: decode-nixl, namespace: llm}
+spec:
+  parentRefs: [{name: inference-gateway}]
+  rules:
+    - backendRefs: [{name: decode, port: 5557}]
+"""
+
+
+def test_a_route_to_the_nixl_side_channel() -> None:
+    [f] = run_rules(load_text(NIXL_ROUTE), {"vllm-internal-port-exposed"})
+    assert f.object == "TCPRoute/llm/decode-nixl"
+    assert "port 5557" in f.message
+    assert "VLLM_NIXL_SIDE_CHANNEL_PORT" in f.message
+    assert "unauthenticated and unencrypted" in f.message  # no advisory: the security guide
+
+
+def test_a_disaggregated_pod_without_network_policy() -> None:
+    [f] = run_rules(load_text(NIXL_ROUTE), {"vllm-multinode-exposed"})
+    assert f.severity == "warning"  # NIXL: no advisory, unauthenticated by design
+    assert f.path.endswith("env[0].value")  # where the side-channel port is set
+    [f] = run_rules(load_text(INTERNAL), {"vllm-multinode-exposed"})
+    assert f.severity == "error"
+    assert "CVE-2025-47277" in f.message
+    policy = """
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: prefill-peers}
+spec:
+  podSelector: {matchLabels: {app: prefill}}
+  policyTypes: [Ingress]
+  ingress: [{from: [{podSelector: {matchLabels: {app: decode}}}]}]
+"""
+    assert run_rules(load_text(INTERNAL + policy), {"vllm-multinode-exposed"}) == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "port"),
+    [
+        (["--data-parallel-size", "4", "--data-parallel-size-local", "2"], 29550),
+        (["--data-parallel-address", "10.0.0.1", "--data-parallel-rpc-port", "13345"], 13345),
+        (["--headless", "--data-parallel-size", "2"], 29550),
+        (["--nnodes", "2", "--node-rank", "0", "--master-port", "29600"], 29600),
+    ],
+)
+def test_data_parallel_and_multinode_ports(flags: list[str], port: int) -> None:
+    kv_lines = [
+        line
+        for line in INTERNAL.splitlines()
+        if line.startswith("            - ") and ("kv-transfer" in line or "kv_connector" in line)
+    ]
+    text = INTERNAL.replace(
+        "\n".join(kv_lines), "\n".join(f"            - {w!r}" for w in flags)
+    ).replace("{name: kv, port: 14579, targetPort: kv}", f"{{name: peer, port: {port}}}")
+    [f] = run_rules(load_text(text), {"vllm-internal-port-exposed"})
+    assert f"port {port}" in f.message
+
+
+# --------------------------------------------------------------------------- Ray ports
+
+RAY_GCS_SERVICE = """
+apiVersion: ray.io/v1
+kind: RayCluster
+metadata: {name: rc}
+spec:
+  rayVersion: "2.46.0"
+  headGroupSpec:
+    rayStartParams: {}
+    template:
+      spec:
+        containers: [{name: ray-head, image: rayproject/ray:2.46.0}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: rc-gcs}
+spec:
+  type: LoadBalancer
+  selector: {ray.io/cluster: rc, ray.io/node-type: head}
+  ports: [{name: gcs-server, port: 6379}, {name: dashboard, port: 8265}]
+"""
+
+
+def test_ray_gcs_and_dashboard_name_their_advisories() -> None:
+    gcs, dash = run_rules(load_text(RAY_GCS_SERVICE), {"dashboard-exposed"})
+    assert "port 6379 (Ray GCS)" in gcs.message
+    assert "GHSA-6wgj-66m2-xxp2" in gcs.message
+    assert "not fixed in any release" in gcs.message
+    assert "CVE-2025-62593" in dash.message
+    assert "Ray 2.46.0 (rayVersion) is affected" in dash.message
+    newer = RAY_GCS_SERVICE.replace("2.46.0", "2.52.0")
+    _, dash = run_rules(load_text(newer), {"dashboard-exposed"})
+    assert "CVE-2025-62593" not in dash.message
+
+
+def test_port_6379_of_a_plain_redis_is_not_rays() -> None:
+    redis = """
+apiVersion: v1
+kind: Service
+metadata: {name: redis}
+spec:
+  type: LoadBalancer
+  selector: {app: redis}
+  ports: [{port: 6379}]
+"""
+    assert run_rules(load_text(redis), {"dashboard-exposed"}) == []

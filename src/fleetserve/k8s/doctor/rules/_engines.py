@@ -663,13 +663,9 @@ def parse_vllm_cli(
     return engine, paths
 
 
-def container_engine(
-    container: dict[str, Any], path: str, *, raw: bool = False
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """vLLM engine arguments of a container that runs the vLLM server (``vllm serve``,
-    ``python -m vllm.entrypoints.openai.api_server``, or the vllm-openai image), read from its
-    command/args and literal env vars; ({}, {}) for any other container. Arguments outside
-    vLLM's bounds are left out unless ``raw`` (``engine-arg-invalid`` reads them)."""
+def container_words(container: dict[str, Any], path: str) -> list[tuple[str, str]]:
+    """The container's command then args as shell words, each with its field path (a
+    ``sh -c "..."`` script is split into its words too)."""
     words: list[tuple[str, str]] = []
     for key in ("command", "args"):
         items = container.get(key)
@@ -682,8 +678,24 @@ def container_engine(
             except ValueError:
                 parts = [text]
             words.extend((w, f"{path}.{key}[{i}]") for w in parts)
+    return words
+
+
+def runs_vllm(container: dict[str, Any], words: list[tuple[str, str]]) -> bool:
+    """A container of a vLLM image, or one whose command line names vLLM."""
     image = str(container.get("image", "")).lower()
-    if "vllm" not in image and not any("vllm" in w for w, _ in words):
+    return "vllm" in image or any("vllm" in w for w, _ in words)
+
+
+def container_engine(
+    container: dict[str, Any], path: str, *, raw: bool = False
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """vLLM engine arguments of a container that runs the vLLM server (``vllm serve``,
+    ``python -m vllm.entrypoints.openai.api_server``, or the vllm-openai image), read from its
+    command/args and literal env vars; ({}, {}) for any other container. Arguments outside
+    vLLM's bounds are left out unless ``raw`` (``engine-arg-invalid`` reads them)."""
+    words = container_words(container, path)
+    if not runs_vllm(container, words):
         return {}, {}
     engine, paths = parse_vllm_cli(words, path)
     env = container.get("env")

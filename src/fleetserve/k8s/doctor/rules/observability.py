@@ -30,10 +30,13 @@ from fleetserve.k8s.doctor.ray_objects import (
     serve_config,
 )
 from fleetserve.k8s.doctor.registry import rule
+from fleetserve.k8s.doctor.rules._advisories import RAY_DNS_REBINDING, RAY_SHADOWRAY
+from fleetserve.k8s.doctor.rules._channels import Channel, vllm_channels
 from fleetserve.k8s.doctor.rules._devices import PodView, pods
 from fleetserve.k8s.doctor.rules._engines import container_engine
 from fleetserve.k8s.doctor.rules._versions import (
     TOKEN_AUTH_FROM,
+    KnownVersion,
     normalise,
     ray_version,
     vllm_version,
@@ -288,18 +291,30 @@ def worker_metrics_podmonitor(inv: Inventory) -> Iterator[Finding]:
 
 # --------------------------------------------------------------------------- dashboard
 
-_RAY_PRIVATE_PORTS = {8265: "dashboard / Jobs API", 10001: "Ray client"}
-_RAY_PRIVATE_NAMES = {"dashboard": 8265, "client": 10001, "http-dashboard": 8265}
+_RAY_PRIVATE_PORTS = {8265: "dashboard / Jobs API", 10001: "Ray client", 6379: "Ray GCS"}
+_RAY_PRIVATE_NAMES = {
+    "dashboard": 8265,
+    "client": 10001,
+    "http-dashboard": 8265,
+    "gcs-server": 6379,
+    "gcs": 6379,
+}
+#: Ports that are Ray's only when the backend is a Ray pod (6379 is also plain Redis, e.g. the
+#: external Redis of GCS fault tolerance).
+_RAY_ONLY_IN_RAY = frozenset({6379})
 _EXPOSING_TYPES = ("LoadBalancer", "NodePort")
 
 
-def _private_port(port: Any, name: Any = None) -> int | None:
+def _private_port(port: Any, name: Any = None, *, ray: bool = True) -> int | None:
+    """The Ray port (8265, 10001, 6379) a port number or name is, or None; with ``ray``
+    False (the backend may not be a Ray pod) 6379 is not taken for Ray's."""
+    hit: int | None = None
     if isinstance(port, int) and port in _RAY_PRIVATE_PORTS:
-        return port
+        hit = port
     for candidate in (port, name):
-        if isinstance(candidate, str) and candidate in _RAY_PRIVATE_NAMES:
-            return _RAY_PRIVATE_NAMES[candidate]
-    return None
+        if hit is None and isinstance(candidate, str) and candidate in _RAY_PRIVATE_NAMES:
+            hit = _RAY_PRIVATE_NAMES[candidate]
+    return None if hit in _RAY_ONLY_IN_RAY and not ray else hit
 
 
 @dataclass(frozen=True)
@@ -455,28 +470,47 @@ def _cluster_of_head_service(inv: Inventory, namespace: str, service: Any) -> Ma
     return None
 
 
+def _ray_advisories(port: int, cluster: Manifest | None) -> str:
+    """The advisories behind an exposed Ray port, with the fixed release (none for ShadowRay)
+    and, for the dashboard, whether the cluster's Ray predates the DNS-rebinding fix."""
+    parts = [RAY_SHADOWRAY.cite()]
+    v = ray_version(cluster) if cluster is not None else None
+    if port == 8265 and RAY_DNS_REBINDING.affects(v) is not False:
+        parts.append(
+            RAY_DNS_REBINDING.cite() + (f" - {v.describe()} is affected" if v is not None else "")
+        )
+    return "; ".join(parts)
+
+
 def _exposure(
-    port: int, reach: tuple[str, bool], auth: _Auth | None, mtls: str | None = None
+    port: int,
+    reach: tuple[str, bool],
+    auth: _Auth | None,
+    mtls: str | None = None,
+    cluster: Manifest | None = None,
 ) -> tuple[Severity, str]:
-    """Severity and text for one exposed Ray port: reachable from where, and who can use it."""
+    """Severity and text for one exposed Ray port: reachable from where, who can use it, and
+    the advisories (with their fixed releases) that say so."""
     where, private = reach
     head = f"port {port} ({_RAY_PRIVATE_PORTS[port]}) is reachable {where}"
+    cited = f" [{_ray_advisories(port, cluster)}]"
     if port == 10001 and mtls is not None:
         return "warning", (
             f"{head}; Ray's mutual TLS is on ({mtls}), so clients need a certificate signed "
             "by the cluster's CA, but whoever holds one can submit jobs and run code on the "
-            "cluster"
+            "cluster" + cited
         )
     if auth is not None and auth.on:
         return "warning", (
             f"{head}; token authentication is on ({auth.text}), so callers need the cluster's "
-            "token, but whoever holds it can submit jobs and run code on the cluster"
+            "token, but whoever holds it can submit jobs and run code on the cluster" + cited
         )
     why = auth.text if auth is not None else "Ray has no authentication unless RAY_AUTH_MODE=token"
     return ("warning" if private else "error"), (
         f"{head}: anyone who reaches it"
         + (" (any workload or person on that network)" if private else "")
-        + f" can submit jobs and run arbitrary code on the cluster (CVE-2023-48022 class; {why})"
+        + f" can submit jobs and run arbitrary code on the cluster ({why})"
+        + cited
     )
 
 
@@ -491,11 +525,15 @@ def _exposed_service_ports(m: Manifest) -> Iterator[tuple[str, int]]:
     svc_type = m.get("spec.type")
     if svc_type not in _EXPOSING_TYPES:
         return
+    sel = m.get("spec.selector")
+    ray = isinstance(sel, dict) and any(str(k).startswith("ray.io/") for k in sel)
     ports = m.get("spec.ports")
     for i, p in enumerate(ports if isinstance(ports, list) else []):
         if not isinstance(p, dict):
             continue
-        hit = _private_port(p.get("port"), p.get("name")) or _private_port(p.get("targetPort"))
+        hit = _private_port(p.get("port"), p.get("name"), ray=ray) or _private_port(
+            p.get("targetPort"), ray=ray
+        )
         if hit:
             yield f"spec.ports[{i}]", hit
 
@@ -530,7 +568,7 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
         cluster = _cluster_of_service(inv, m)
         auth = _auth(cluster)
         for path, port in _exposed_service_ports(m):
-            severity, text = _exposure(port, reach, auth, _mtls(cluster))
+            severity, text = _exposure(port, reach, auth, _mtls(cluster), cluster)
             yield Finding.at(
                 "dashboard-exposed",
                 severity,
@@ -564,14 +602,15 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
             (f"{hpath}.headService.spec.type", hs_type),
         ):
             if value in _EXPOSING_TYPES:
-                severity, text = _exposure(8265, _reach(value, head_ann), auth)
+                severity, text = _exposure(8265, _reach(value, head_ann), auth, cluster=m)
                 yield Finding.at(
                     "dashboard-exposed",
                     severity,
                     m,
                     where,
                     f"The head Service KubeRay creates is of type {value}, and it carries "
-                    f"every head port: {text}; the client port 10001 is exposed too.",
+                    f"every head port: {text}; the client port 10001 and the GCS port 6379 "
+                    "are exposed too.",
                     _FIX + " Use serveService (RayService) or a separate Service for 8000.",
                 )
         serve_svc = m.get("spec.serveService") if m.kind == "RayService" else None
@@ -587,7 +626,7 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
                     p.get("targetPort")
                 )
                 if svc_port:
-                    severity, text = _exposure(svc_port, reach, auth)
+                    severity, text = _exposure(svc_port, reach, auth, cluster=m)
                     yield Finding.at(
                         "dashboard-exposed",
                         severity,
@@ -602,19 +641,19 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
         )
         node_reach = ("from anything that reaches the node's address", False)
         if isinstance(head_pod, dict) and head_pod.get("hostNetwork") is True:
-            severity, text = _exposure(8265, node_reach, auth)
+            severity, text = _exposure(8265, node_reach, auth, cluster=m)
             yield Finding.at(
                 "dashboard-exposed",
                 severity,
                 m,
                 f"{hpath}.template.spec.hostNetwork",
-                "The head pod runs with hostNetwork: true, so the dashboard (8265) and the Ray "
-                f"client (10001) listen on the node's own address: {text}.",
+                "The head pod runs with hostNetwork: true, so the dashboard (8265), the Ray "
+                f"client (10001) and the GCS (6379) listen on the node's own address: {text}.",
                 "Remove hostNetwork from the head pod.",
             )
         if head.get("enableIngress") is True:
             severity, text = _exposure(
-                8265, ("through the cluster's Ingress controller", False), auth
+                8265, ("through the cluster's Ingress controller", False), auth, cluster=m
             )
             yield Finding.at(
                 "dashboard-exposed",
@@ -636,7 +675,7 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
                         and _private_port(p.get("containerPort"))
                     ):
                         port = int(p["containerPort"])
-                        severity, text = _exposure(port, node_reach, auth, _mtls(m))
+                        severity, text = _exposure(port, node_reach, auth, _mtls(m), m)
                         yield Finding.at(
                             "dashboard-exposed",
                             severity,
@@ -665,14 +704,16 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
             elif m.kind.endswith("Route") and path.split(".")[-1].startswith("backendRefs"):
                 hit = _private_port(node.get("port"))
                 backend = node.get("name")
+            cluster = _cluster_of_head_service(inv, m.namespace, backend)
+            if hit in _RAY_ONLY_IN_RAY and cluster is None:
+                hit = None  # 6379 behind an unknown backend may be any Redis
             if hit:
                 reach = (
                     _ingress_reach(inv, m)
                     if m.kind == "Ingress"
                     else ("from outside the cluster", False)
                 )
-                cluster = _cluster_of_head_service(inv, m.namespace, backend)
-                severity, text = _exposure(hit, reach, _auth(cluster), _mtls(cluster))
+                severity, text = _exposure(hit, reach, _auth(cluster), _mtls(cluster), cluster)
                 yield Finding.at(
                     "dashboard-exposed",
                     severity,
@@ -1032,57 +1073,184 @@ def no_network_policy(inv: Inventory) -> Iterator[Finding]:
 
 # --------------------------------------------------------------------------- multi-node vLLM
 
-#: vLLM 0.5.2 to 0.8.4 bound the multi-node XPUB ZeroMQ socket on every interface: any client
-#: that reaches it can subscribe and stall the tensor-parallel group (CVE-2025-30202,
-#: GHSA-9f8f-2vmf-885j; fixed in 0.8.5 by binding the node's own address, which in a pod is
-#: still reachable from every other pod).
-ZMQ_ALL_INTERFACES_FROM = Version("0.5.2")
-ZMQ_ALL_INTERFACES_FIXED_IN = Version("0.8.5")
+
+def _advisory_text(ch: Channel, v: KnownVersion | None) -> tuple[str, bool]:
+    """(what the advisories say about channel ``ch`` on release ``v``, whether ``v`` is
+    affected by one). With no advisory: vLLM's security guide, no fix by design."""
+    if not ch.advisories:
+        return (
+            "vLLM's security guide: inter-node traffic is unauthenticated and unencrypted, "
+            "by design (no release adds authentication)",
+            False,
+        )
+    parts: list[str] = []
+    affected = False
+    for adv in ch.advisories:
+        known = v if adv.component == "vLLM" else None
+        hit = adv.affects(known)
+        if hit is True:
+            affected = True
+            assert known is not None
+            parts.append(f"{known.describe()} is affected by {adv.cite()}")
+        elif hit is None:
+            parts.append(adv.cite())
+        else:
+            assert known is not None
+            parts.append(f"{adv.ids} is fixed in {known.describe()}")
+    return "; ".join(parts), affected
 
 
-@rule("vllm-multinode-exposed", versions={"vllm": "all"})
+def _channel_summary(channels: list[Channel], v: KnownVersion | None) -> tuple[str, bool]:
+    texts: list[str] = []
+    affected = False
+    for ch in channels:
+        text, hit = _advisory_text(ch, v)
+        affected = affected or hit
+        texts.append(f"port {ch.port}, {ch.what} [{text}]")
+    return "; ".join(texts), affected
+
+
+@rule("vllm-multinode-exposed", versions={"vllm": "all", "ray": "all"})
 def vllm_multinode_exposed(inv: Inventory) -> Iterator[Finding]:
-    """A multi-node vLLM group (a LeaderWorkerSet leader) whose pods any namespace reaches:
-    Ray's GCS and vLLM's inter-node ZeroMQ channels carry no authentication."""
+    """vLLM pods that listen for peers - a multi-node group (LeaderWorkerSet leader over Ray,
+    --nnodes), data parallelism across pods, KV-cache transfer between prefill and decode
+    pods - that no NetworkPolicy shields: none of those channels authenticates its callers."""
     policies = inv.of_kind("NetworkPolicy")
     for pod in pods(inv):
-        if pod.hosts <= 1:
-            continue
-        engines = [(c, path) for c, path in pod.containers() if container_engine(c, path)[0]]
-        if not engines:
+        found = vllm_channels(pod)
+        if not found:
             continue
         local = [p for p in policies if p.namespace == pod.manifest.namespace]
         if any(_restricts_ingress(np, pod) for np in local):
             continue
-        c, path = engines[0]
+        c, path, channels = found[0]
         v = vllm_version([str(c.get("image", ""))])
-        affected = (
-            v is not None
-            and v.at_least(ZMQ_ALL_INTERFACES_FROM)
-            and not v.at_least(ZMQ_ALL_INTERFACES_FIXED_IN)
-        )
-        release = (
-            f"{v.describe()} binds its multi-node ZeroMQ publisher on every interface: any "
-            "client can subscribe and stall the group (CVE-2025-30202, GHSA-9f8f-2vmf-885j, "
-            "fixed in 0.8.5)"
-            if affected and v is not None
-            else "vLLM 0.5.2 to 0.8.4 also bound its multi-node ZeroMQ publisher on every "
-            "interface (CVE-2025-30202)"
-        )
+        summary, affected = _channel_summary(channels, v)
+        span = f"spans {pod.hosts} pods over Ray and " if pod.hosts > 1 else ""
         yield Finding.at(
             "vllm-multinode-exposed",
             "error" if affected else "warning",
             pod.manifest,
-            path,
-            f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref} spans "
-            f"{pod.hosts} pods over Ray, and no NetworkPolicy in namespace "
-            f"{pod.manifest.namespace!r} restricts ingress to them: any pod of any namespace "
-            "reaches the group's Ray GCS (6379) and vLLM's inter-node channels, which carry "
-            f"no authentication; {release}.",
-            "Add a NetworkPolicy that admits only the group's own pods "
-            "(leaderworkerset.sigs.k8s.io/name) to every port but the API port, and the "
-            "gateway to that one; run vLLM 0.8.5 or newer.",
+            channels[0].path if channels[0].path != path else path,
+            f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref} ({pod.label}) "
+            f"{span}listens for its peers, and no NetworkPolicy in namespace "
+            f"{pod.manifest.namespace!r} restricts ingress to it: any pod of any namespace "
+            f"reaches {summary}.",
+            "Add a NetworkPolicy that admits only the group's own pods (e.g. "
+            "leaderworkerset.sigs.k8s.io/name, or the prefill/decode pods' labels) to every "
+            "port but the API port, and the gateway to that one; run a vLLM release the "
+            "advisories name as fixed.",
         )
+
+
+def _service_targets(svc: Manifest, pod: PodView, c: dict[str, Any]) -> Iterator[tuple[str, int]]:
+    """(field path of the Service port, the container port it reaches) for each port of
+    ``svc`` (a named targetPort resolved through the container's ports)."""
+    declared = c.get("ports")
+    named = {
+        str(p.get("name")): p.get("containerPort")
+        for p in (declared if isinstance(declared, list) else [])
+        if isinstance(p, dict) and p.get("name")
+    }
+    ports = svc.get("spec.ports")
+    for i, p in enumerate(ports if isinstance(ports, list) else []):
+        if not isinstance(p, dict):
+            continue
+        target = p.get("targetPort", p.get("port"))
+        if isinstance(target, str):
+            target = named.get(target)
+        if isinstance(target, int):
+            yield f"spec.ports[{i}]", target
+
+
+def _selected_pods(inv: Inventory, svc: Manifest) -> list[PodView]:
+    sel = svc.get("spec.selector")
+    if not isinstance(sel, dict) or not sel:
+        return []
+    return [
+        p
+        for p in pods(inv)
+        if p.manifest.namespace == svc.namespace
+        and all(p.labels.get(str(k)) == str(v) for k, v in sel.items())
+    ]
+
+
+def _route_backends(inv: Inventory) -> Iterator[tuple[Manifest, str, str, int | None]]:
+    """(route object, field path, backend Service name, Service port) of every Ingress,
+    Gateway API route and Istio VirtualService backend."""
+    for m in inv.of_kind("Ingress", "VirtualService", "HTTPRoute", "TCPRoute", "GRPCRoute"):
+        for path, node in _walk(m.body.get("spec"), "spec"):
+            if not isinstance(node, dict):
+                continue
+            name: Any = None
+            port: Any = None
+            if m.kind == "Ingress" and isinstance(node.get("service"), dict):
+                name = node["service"].get("name")
+                sp = node["service"].get("port")
+                port = sp.get("number") if isinstance(sp, dict) else None
+            elif m.kind == "VirtualService" and isinstance(node.get("destination"), dict):
+                name = str(node["destination"].get("host", "")).split(".")[0]
+                dp = node["destination"].get("port")
+                port = dp.get("number") if isinstance(dp, dict) else None
+            elif m.kind.endswith("Route") and path.split(".")[-1].startswith("backendRefs"):
+                if node.get("kind", "Service") != "Service":
+                    continue
+                name, port = node.get("name"), node.get("port")
+            if isinstance(name, str) and name:
+                yield m, path, name, port if isinstance(port, int) else None
+
+
+@rule("vllm-internal-port-exposed", versions={"vllm": "all", "ray": "all"})
+def vllm_internal_port_exposed(inv: Inventory) -> Iterator[Finding]:
+    """A LoadBalancer/NodePort Service, Ingress or route that puts one of vLLM's internal
+    listeners (KV transfer, data-parallel RPC, multi-node master, the group's Ray GCS) on
+    the network: none authenticates, and several unpickled what they received."""
+    services = {(s.namespace, s.name): s for s in inv.of_kind("Service")}
+    fronts: list[tuple[Manifest, str, Manifest, int | None, tuple[str, bool]]] = []
+    for svc in services.values():
+        if svc.get("spec.type") in _EXPOSING_TYPES:
+            reach = _reach(svc.get("spec.type"), svc.get("metadata.annotations"))
+            fronts.append((svc, "spec.type", svc, None, reach))
+    for route, path, name, port in _route_backends(inv):
+        backend = services.get((route.namespace, name))
+        if backend is not None:
+            reach = (
+                _ingress_reach(inv, route)
+                if route.kind == "Ingress"
+                else ("from outside the cluster through the Gateway", False)
+            )
+            fronts.append((route, path, backend, port, reach))
+    for front, fpath, svc, only_port, (where, private) in fronts:
+        for pod in _selected_pods(inv, svc):
+            for c, _cpath, channels in vllm_channels(pod):
+                by_port = {ch.port: ch for ch in channels}
+                for ppath, target in _service_targets(svc, pod, c):
+                    ch = by_port.get(target)
+                    if ch is None:
+                        continue
+                    if only_port is not None and svc.get(f"{ppath}.port") != only_port:
+                        continue
+                    v = vllm_version([str(c.get("image", ""))])
+                    text, _ = _advisory_text(ch, v)
+                    via = (
+                        f"Service {svc.name!r} of type {svc.get('spec.type')}"
+                        if front is svc
+                        else f"{front.ref} -> Service {svc.name!r}"
+                    )
+                    yield Finding.at(
+                        "vllm-internal-port-exposed",
+                        "warning" if private else "error",
+                        front,
+                        ppath if front is svc else fpath,
+                        f"{via} makes port {target} of vLLM container "
+                        f"{c.get('name', '?')!r} of {pod.manifest.ref} ({pod.label}), "
+                        f"{ch.what}, reachable {where}: the channel asks for no credentials, "
+                        f"so anyone who reaches it talks to the engine's internals [{text}].",
+                        "Expose only vLLM's API port (keep the peer ports on a ClusterIP or "
+                        "headless Service the group uses), admit only the group's pods to "
+                        "them with a NetworkPolicy, and run a release the advisories name "
+                        "as fixed.",
+                    )
 
 
 # --------------------------------------------------------------------------- vLLM without auth
