@@ -238,3 +238,107 @@ spec:
   ports: [{port: 6379}]
 """
     assert run_rules(load_text(redis), {"dashboard-exposed"}) == []
+
+
+# --------------------------------------------------------------------------- auth in front
+
+AUTH = FIXTURES / "vllm-exposed-without-auth"
+
+
+def _folder(name: str, drop: str = "") -> str:
+    """Every document of a fixture folder, less those that contain ``drop``."""
+    docs = [
+        doc
+        for f in sorted((AUTH / name).glob("*.yaml"))
+        for doc in f.read_text(encoding="utf-8").split("\n---\n")
+    ]
+    return "\n---\n".join(d for d in docs if not drop or drop not in d)
+
+
+def _auth_findings(text: str) -> list[str]:
+    return [f.object for f in run_rules(load_text(text), {"vllm-exposed-without-auth"})]
+
+
+def test_an_oauth2_proxy_sidecar_fronts_vllm() -> None:
+    text = _folder("near_miss_oauth2_proxy_sidecar")
+    assert _auth_findings(text) == []
+    # the same Service sent to vLLM's own port instead of the sidecar's is open
+    assert _auth_findings(text.replace("targetPort: auth-http", "targetPort: 8000")) == [
+        "Service/default/vllm-cross-vgpu"
+    ]
+
+
+def test_istio_jwt_needs_the_authorization_policy() -> None:
+    text = _folder("near_miss_istio")
+    assert _auth_findings(text) == []
+    # RequestAuthentication alone rejects bad tokens only: requests without one still pass
+    alone = _folder("near_miss_istio", drop="kind: AuthorizationPolicy")
+    assert _auth_findings(alone) == ["Service/default/vllm-cross-vgpu"]
+    # an ALLOW policy that names no principal authenticates nobody
+    open_policy = text.replace('requestPrincipals: ["*"]', 'namespaces: ["default"]')
+    assert _auth_findings(open_policy) == ["Service/default/vllm-cross-vgpu"]
+
+
+def test_istio_ext_authz_custom_action_and_envoy_filter() -> None:
+    base = _folder("near_miss_istio", drop="security.istio.io")
+    custom = """
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: ext-authz}
+spec:
+  selector: {matchLabels: {app: vllm-cross-vgpu}}
+  action: CUSTOM
+  provider: {name: oauth2-proxy}
+  rules: [{to: [{operation: {paths: ["/v1/*"]}}]}]
+"""
+    assert _auth_findings(base + custom) == []
+    envoy_filter = """
+---
+apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {name: ext-authz}
+spec:
+  workloadSelector: {labels: {app: vllm-cross-vgpu}}
+  configPatches:
+    - applyTo: HTTP_FILTER
+      patch:
+        operation: INSERT_BEFORE
+        value: {name: envoy.filters.http.ext_authz}
+"""
+    assert _auth_findings(base + envoy_filter) == []
+
+
+def test_an_envoy_gateway_security_policy_guards_the_route() -> None:
+    text = _folder("near_miss_envoy_gateway")
+    assert _auth_findings(text) == []
+    unguarded = _folder("near_miss_envoy_gateway", drop="kind: SecurityPolicy")
+    [f] = run_rules(load_text(unguarded), {"vllm-exposed-without-auth"})
+    assert f.object == "HTTPRoute/default/vllm"
+    assert f.severity == "error"  # class eg-external: the internet
+
+
+def test_a_route_through_an_unknown_gateway_is_a_warning() -> None:
+    text = _folder("trigger_httproute_pool").replace("gke-l7-regional-external-managed", "istio")
+    [f] = run_rules(load_text(text), {"vllm-exposed-without-auth"})
+    assert f.severity == "warning"
+    assert "InferencePool/default/vllm-qwen" in f.message
+
+
+@pytest.mark.parametrize(
+    "annotation",
+    [
+        'nginx.ingress.kubernetes.io/auth-url: "https://oauth2-proxy.auth.svc/oauth2/auth"',
+        "nginx.ingress.kubernetes.io/auth-type: basic",
+        "alb.ingress.kubernetes.io/auth-type: oidc",
+    ],
+)
+def test_ingress_auth_annotations(annotation: str) -> None:
+    folder = AUTH / "near_miss_ingress_auth"
+    text = "\n---\n".join(
+        (folder / name).read_text(encoding="utf-8") for name in ("deployment.yaml", "ingress.yaml")
+    ).replace(
+        'nginx.ingress.kubernetes.io/auth-url: "https://oauth2-proxy.auth.svc/oauth2/auth"',
+        annotation,
+    )
+    assert _auth_findings(text) == []

@@ -1256,12 +1256,17 @@ def vllm_internal_port_exposed(inv: Inventory) -> Iterator[Finding]:
 # --------------------------------------------------------------------------- vLLM without auth
 
 #: Ingress annotations that put authentication in front of the backends: ingress-nginx's
-#: external auth and basic auth, the AWS Load Balancer Controller's OIDC/Cognito actions.
+#: external auth (oauth2-proxy's usual wiring) and basic auth, the AWS Load Balancer
+#: Controller's OIDC/Cognito actions.
 _INGRESS_AUTH = (
     "nginx.ingress.kubernetes.io/auth-url",
     "nginx.ingress.kubernetes.io/auth-type",
     "alb.ingress.kubernetes.io/auth-type",
 )
+#: Envoy Gateway SecurityPolicy fields that make a client authenticate (gateway.envoyproxy.io).
+_SECURITY_POLICY_AUTH = ("extAuth", "jwt", "oidc", "apiKeyAuth", "basicAuth")
+#: Istio's root namespace: an AuthorizationPolicy there without a selector covers the mesh.
+_ISTIO_ROOT = "istio-system"
 
 
 def _vllm_api_key(c: dict[str, Any]) -> bool:
@@ -1277,8 +1282,37 @@ def _vllm_api_key(c: dict[str, Any]) -> bool:
     )
 
 
-def _vllm_pods(inv: Inventory, namespace: str, selector: Any) -> list[tuple[PodView, bool]]:
-    """(pod, its vLLM asks for an API key) of the vLLM servers a Service selector picks."""
+def _container_ports(c: dict[str, Any]) -> dict[int | str, int]:
+    """containerPort by number and by name."""
+    out: dict[int | str, int] = {}
+    declared = c.get("ports")
+    for p in declared if isinstance(declared, list) else []:
+        if isinstance(p, dict) and isinstance(p.get("containerPort"), int):
+            out[p["containerPort"]] = p["containerPort"]
+            if p.get("name"):
+                out[str(p["name"])] = p["containerPort"]
+    return out
+
+
+def _fronted_by_sidecar(pod: PodView, target: Any) -> str | None:
+    """The container (not vLLM) that owns the port a Service sends to - an oauth2-proxy,
+    Envoy or API-key sidecar in front of vLLM - or None when vLLM takes it (or it is
+    unknown)."""
+    if target is None:
+        return None
+    for c, path in pod.containers():
+        if container_engine(c, path)[0] or not isinstance(c.get("ports"), list):
+            continue
+        if target in _container_ports(c):
+            return str(c.get("name", "?"))
+    return None
+
+
+def _vllm_pods(
+    inv: Inventory, namespace: str, selector: Any, target: Any = None
+) -> list[tuple[PodView, bool]]:
+    """(pod, its vLLM asks for an API key) of the vLLM servers a selector picks and the
+    Service port ``target`` reaches (a sidecar that owns the port fronts vLLM instead)."""
     if not isinstance(selector, dict) or not selector:
         return []
     out = []
@@ -1288,26 +1322,146 @@ def _vllm_pods(inv: Inventory, namespace: str, selector: Any) -> list[tuple[PodV
         if not all(pod.labels.get(str(k)) == str(v) for k, v in selector.items()):
             continue
         servers = [c for c, path in pod.containers() if container_engine(c, path)[0]]
-        if servers:
+        if servers and _fronted_by_sidecar(pod, target) is None:
             out.append((pod, all(_vllm_api_key(c) for c in servers)))
     return out
 
 
+def _selects(selector: Any, pod: PodView, key: str = "matchLabels") -> bool:
+    """An Istio/Envoy workload selector (``{matchLabels: ...}`` or ``{labels: ...}``) that
+    picks ``pod``; no selector picks every pod of the namespace."""
+    if not isinstance(selector, dict):
+        return True
+    labels = selector.get(key, selector.get("labels"))
+    if not isinstance(labels, dict):
+        return True
+    return all(pod.labels.get(str(k)) == str(v) for k, v in labels.items())
+
+
+def _istio_requires_auth(policy: Manifest) -> bool:
+    """An AuthorizationPolicy that makes callers authenticate: CUSTOM (ext_authz), an ALLOW
+    whose every rule names request principals / principals / JWT claims, or a DENY of
+    requests without a principal."""
+    spec = as_dict(policy.get("spec"))
+    action = spec.get("action", "ALLOW")
+    if action == "CUSTOM":
+        return True
+    rules = spec.get("rules")
+    if not isinstance(rules, list) or not rules:
+        return False  # ALLOW with no rules denies all; no rules on DENY allows all
+
+    def authed(r: Any) -> bool:
+        text = str(r)
+        return any(k in text for k in ("requestPrincipals", "principals", "request.auth."))
+
+    if action == "DENY":
+        return any("notRequestPrincipals" in str(r) or "notPrincipals" in str(r) for r in rules)
+    return all(isinstance(r, dict) and authed(r) for r in rules)
+
+
+def _mesh_auth(inv: Inventory, pod: PodView) -> str | None:
+    """The Istio or Envoy policy that authenticates requests to ``pod``, or None."""
+    ns = pod.manifest.namespace
+    for m in inv.of_kind("AuthorizationPolicy"):
+        if not m.api_version.startswith("security.istio.io/"):
+            continue
+        spec = as_dict(m.get("spec"))
+        in_scope = (m.namespace == ns and _selects(spec.get("selector"), pod)) or (
+            m.namespace == _ISTIO_ROOT and "selector" not in spec
+        )
+        if in_scope and _istio_requires_auth(m):
+            return m.ref
+    for m in inv.of_kind("EnvoyFilter"):
+        spec = as_dict(m.get("spec"))
+        if (
+            m.namespace in (ns, _ISTIO_ROOT)
+            and "envoy.filters.http.ext_authz" in str(spec.get("configPatches"))
+            and (
+                m.namespace == _ISTIO_ROOT or _selects(spec.get("workloadSelector"), pod, "labels")
+            )
+        ):
+            return m.ref
+    return None
+
+
+def _gateway_auth(inv: Inventory, route: Manifest) -> str | None:
+    """An Envoy Gateway SecurityPolicy (authentication) attached to ``route`` or to a Gateway
+    it attaches to, or an Istio/Envoy ext_authz at the gateway."""
+    parents = {
+        str(p.get("name")) for p in (route.get("spec.parentRefs") or []) if isinstance(p, dict)
+    }
+    for m in inv.of_kind("SecurityPolicy"):
+        spec = as_dict(m.get("spec"))
+        if not any(k in spec for k in _SECURITY_POLICY_AUTH):
+            continue
+        refs = spec.get("targetRefs") or ([spec["targetRef"]] if "targetRef" in spec else [])
+        for ref in refs if isinstance(refs, list) else []:
+            if not isinstance(ref, dict):
+                continue
+            if (ref.get("kind") == route.kind and ref.get("name") == route.name) or (
+                ref.get("kind") == "Gateway" and ref.get("name") in parents
+            ):
+                return m.ref
+    return None
+
+
+def _gateway_reach(inv: Inventory, route: Manifest) -> tuple[str, bool] | None:
+    """Reach of a Gateway API route from its parent Gateway's class: an internal class
+    serves the VPC (a warning), an external one the internet (an error); None when the
+    Gateway or its class says nothing (the finding is then a warning)."""
+    parents = {
+        str(p.get("name")) for p in (route.get("spec.parentRefs") or []) if isinstance(p, dict)
+    }
+    for gw in inv.of_kind("Gateway"):
+        if gw.name not in parents:
+            continue
+        cls = str(gw.get("spec.gatewayClassName", ""))
+        low = cls.lower()
+        if "internal" in low or "rilb" in low or "ilb" in low.split("-"):
+            return f"from inside the VPC (Gateway {gw.name!r}, class {cls})", True
+        if "external" in low:
+            return f"from the internet (Gateway {gw.name!r}, class {cls})", False
+    return None
+
+
+def _pool_pods(inv: Inventory, namespace: str, name: str) -> tuple[Manifest, dict[str, str]] | None:
+    """(InferencePool, its pod selector) named ``name`` in ``namespace``."""
+    for pool in inv.of_kind("InferencePool"):
+        if pool.namespace != namespace or pool.name != name:
+            continue
+        sel = pool.get("spec.selector")
+        if not isinstance(sel, dict):
+            return None
+        match = sel.get("matchLabels")
+        labels: dict[Any, Any] = match if isinstance(match, dict) else sel
+        return pool, {str(k): str(v) for k, v in labels.items() if not isinstance(v, dict | list)}
+    return None
+
+
 @rule("vllm-exposed-without-auth", versions={"vllm": "all"})
 def vllm_exposed_without_auth(inv: Inventory) -> Iterator[Finding]:
-    """vLLM reachable from outside the cluster with no credentials asked by vLLM or the gateway."""
+    """vLLM reachable from outside the cluster with no credentials asked by vLLM, a sidecar,
+    the mesh (Istio AuthorizationPolicy, Envoy ext_authz) or the gateway."""
     services = {(s.namespace, s.name): s for s in inv.of_kind("Service")}
-    routes: list[tuple[Manifest, str, Manifest, tuple[str, bool]]] = []
+    # (front object, field path, namespace, pod selector, target port, reach, via text)
+    routes: list[tuple[Manifest, str, str, Any, Any, tuple[str, bool], str]] = []
     for svc in services.values():
         if svc.get("spec.type") in _EXPOSING_TYPES:
-            routes.append(
-                (
-                    svc,
-                    "spec.type",
-                    svc,
-                    _reach(svc.get("spec.type"), svc.get("metadata.annotations")),
+            reach = _reach(svc.get("spec.type"), svc.get("metadata.annotations"))
+            ports = svc.get("spec.ports")
+            for p in ports if isinstance(ports, list) else [None]:
+                target = p.get("targetPort", p.get("port")) if isinstance(p, dict) else None
+                routes.append(
+                    (
+                        svc,
+                        "spec.type",
+                        svc.namespace,
+                        svc.get("spec.selector"),
+                        target,
+                        reach,
+                        f"Service {svc.name!r}",
+                    )
                 )
-            )
     for ing in inv.of_kind("Ingress"):
         ann = as_dict(ing.get("metadata.annotations"))
         if any(key in ann for key in _INGRESS_AUTH):
@@ -1315,27 +1469,88 @@ def vllm_exposed_without_auth(inv: Inventory) -> Iterator[Finding]:
         for path, value in _walk(ing.get("spec"), "spec"):
             if not path.endswith(".service.name") or not isinstance(value, str):
                 continue
-            target = services.get((ing.namespace, value))
-            if target is not None:
-                routes.append((ing, path, target, _ingress_reach(inv, ing)))
-    for front, path, svc, (where, private) in routes:
-        open_pods = [
-            p for p, keyed in _vllm_pods(inv, svc.namespace, svc.get("spec.selector")) if not keyed
-        ]
-        if not open_pods:
+            target_svc = services.get((ing.namespace, value))
+            if target_svc is not None:
+                number = ing.get(path.rsplit(".", 1)[0] + ".port.number")
+                target = _service_target(target_svc, number)
+                routes.append(
+                    (
+                        ing,
+                        path,
+                        ing.namespace,
+                        target_svc.get("spec.selector"),
+                        target,
+                        _ingress_reach(inv, ing),
+                        f"{ing.ref} -> Service {value!r}",
+                    )
+                )
+    for route in inv.of_kind("HTTPRoute", "GRPCRoute"):
+        if _gateway_auth(inv, route) is not None:
             continue
+        gw_reach = _gateway_reach(inv, route)
+        for path, node in _walk(route.get("spec"), "spec"):
+            if not isinstance(node, dict) or not path.split(".")[-1].startswith("backendRefs"):
+                continue
+            kind, name = node.get("kind", "Service"), node.get("name")
+            if not isinstance(name, str):
+                continue
+            if kind == "Service" and (route.namespace, name) in services:
+                svc = services[(route.namespace, name)]
+                routes.append(
+                    (
+                        route,
+                        path,
+                        route.namespace,
+                        svc.get("spec.selector"),
+                        _service_target(svc, node.get("port")),
+                        gw_reach or ("through the Gateway", True),
+                        f"{route.ref} -> Service {name!r}",
+                    )
+                )
+            elif kind == "InferencePool" and (found := _pool_pods(inv, route.namespace, name)):
+                routes.append(
+                    (
+                        route,
+                        path,
+                        route.namespace,
+                        found[1],
+                        None,
+                        gw_reach or ("through the Gateway", True),
+                        f"{route.ref} -> {found[0].ref}",
+                    )
+                )
+    seen: set[tuple[str, str]] = set()
+    for front, path, ns, selector, target, (where, private), via in routes:
+        open_pods = [
+            p
+            for p, keyed in _vllm_pods(inv, ns, selector, target)
+            if not keyed and _mesh_auth(inv, p) is None
+        ]
+        if not open_pods or (front.ref, path) in seen:
+            continue
+        seen.add((front.ref, path))
         names = ", ".join(sorted({p.manifest.ref for p in open_pods}))
-        via = f"Service {svc.name!r}" if front is svc else f"{front.ref} -> Service {svc.name!r}"
         yield Finding.at(
             "vllm-exposed-without-auth",
             "warning" if private else "error",
             front,
             path,
-            f"{via} makes the vLLM server of {names} reachable {where}, and neither vLLM "
-            "(--api-key / VLLM_API_KEY) nor the gateway asks for credentials: anyone who "
-            "reaches it can use the model, exhaust the GPUs, and call every endpoint the "
+            f"{via} makes the vLLM server of {names} reachable {where}, and nothing asks for "
+            "credentials - not vLLM (--api-key / VLLM_API_KEY), a sidecar in front of it, "
+            "the mesh (Istio AuthorizationPolicy, Envoy ext_authz) nor the gateway: anyone "
+            "who reaches it can use the model, exhaust the GPUs, and call every endpoint the "
             "server enables (LoRA loading, prompt embeddings).",
             "Set VLLM_API_KEY from a Secret (vLLM then requires 'Authorization: Bearer'), or "
-            "put an authenticating gateway in front (ingress-nginx auth-url, ALB OIDC); keep "
-            "the Service ClusterIP.",
+            "put authentication in front (ingress-nginx auth-url with oauth2-proxy, ALB OIDC, "
+            "an Istio RequestAuthentication plus an AuthorizationPolicy requiring "
+            "requestPrincipals, an Envoy Gateway SecurityPolicy); keep the Service ClusterIP.",
         )
+
+
+def _service_target(svc: Manifest, port: Any) -> Any:
+    """The targetPort behind Service port ``port`` (None: any of them)."""
+    ports = svc.get("spec.ports")
+    for p in ports if isinstance(ports, list) else []:
+        if isinstance(p, dict) and (port is None or p.get("port") == port):
+            return p.get("targetPort", p.get("port"))
+    return None
