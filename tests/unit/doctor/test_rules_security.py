@@ -342,3 +342,33 @@ def test_ingress_auth_annotations(annotation: str) -> None:
         annotation,
     )
     assert _auth_findings(text) == []
+
+
+LWS = (FIXTURES / "vllm-multinode-exposed" / "trigger.yaml").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("image", "env", "severity"),
+    [
+        ("v0.7.3", "", "error"),  # V0 by default: CVE-2025-30165 and CVE-2025-30202
+        ("v0.8.4", "", "error"),  # CVE-2025-30202 (fixed in 0.8.5)
+        ("v0.8.5", "", "warning"),  # V1 by default: CVE-2025-30165 does not apply
+        ("v0.8.5", "VLLM_USE_V1: '0'", "error"),  # V0 forced: CVE-2025-30165 applies
+        ("v0.10.0", "VLLM_USE_V1: '0'", "warning"),  # V0 removed
+    ],
+)
+def test_multinode_v0_pickle_follows_the_engine(image: str, env: str, severity: str) -> None:
+    text = LWS.replace("vllm/vllm-openai:v0.8.4", f"vllm/vllm-openai:{image}")
+    if env:
+        name, value = env.split(": ")
+        text = text.replace(
+            '            resources:\n              limits: {nvidia.com/gpu: "8", memory: 1124Gi}\n'
+            "            ports:",
+            f"            env: [{{name: {name}, value: {value}}}]\n"
+            '            resources:\n              limits: {nvidia.com/gpu: "8", memory: 1124Gi}\n'
+            "            ports:",
+        )
+        assert name in text
+    [f] = run_rules(load_text(text), {"vllm-multinode-exposed"})
+    assert f.severity == severity
+    assert "GHSA-9pcc-gvx5-r5wm" in f.message

@@ -34,19 +34,27 @@ class Advisory:
     fixed_in: Version | None
     #: What it lets an attacker do, for messages.
     impact: str
+    #: From this release the affected code is vLLM's V0 engine, which runs only when the
+    #: environment sets ``VLLM_USE_V1=0`` (V1 is the default from 0.8.0).
+    v0_only_from: Version | None = None
 
     @property
     def ids(self) -> str:
         """``CVE-2025-32444, GHSA-hj4w-hm2g-p6w5``."""
         return f"{self.cve}, {self.ghsa}"
 
-    def affects(self, v: KnownVersion | None) -> bool | None:
-        """Whether the release ``v`` is affected; None when the release is unknown."""
+    def affects(self, v: KnownVersion | None, env: dict[str, str] | None = None) -> bool | None:
+        """Whether the release ``v`` (run with ``env``) is affected; None when the release is
+        unknown."""
         if v is None:
             return None
         if self.affected_from is not None and not v.at_least(self.affected_from):
             return False
-        return self.fixed_in is None or not v.at_least(self.fixed_in)
+        if self.fixed_in is not None and v.at_least(self.fixed_in):
+            return False
+        if self.v0_only_from is not None and v.at_least(self.v0_only_from):
+            return (env or {}).get("VLLM_USE_V1", "").strip() == "0"
+        return True
 
     def releases(self) -> str:
         """``vLLM 0.6.5 up to 0.8.5, fixed there`` / ``every Ray release, not fixed``."""
@@ -103,7 +111,8 @@ VLLM_MULTINODE_PICKLE = Advisory(
     Version("0.10.0"),
     "the V0 engine's multi-node workers unpickle what arrives on their ZeroMQ socket: code "
     "execution on every node for whoever reaches it (V0 is the default before 0.8.0, and "
-    "with VLLM_USE_V1=0 until its removal in 0.10.0)",
+    "runs with VLLM_USE_V1=0 until its removal in 0.10.0)",
+    v0_only_from=Version("0.8.0"),
 )
 #: Multi-node: the XPUB ZeroMQ publisher bound every interface.
 VLLM_MULTINODE_XPUB = Advisory(

@@ -1074,7 +1074,9 @@ def no_network_policy(inv: Inventory) -> Iterator[Finding]:
 # --------------------------------------------------------------------------- multi-node vLLM
 
 
-def _advisory_text(ch: Channel, v: KnownVersion | None) -> tuple[str, bool]:
+def _advisory_text(
+    ch: Channel, v: KnownVersion | None, env: dict[str, str] | None = None
+) -> tuple[str, bool]:
     """(what the advisories say about channel ``ch`` on release ``v``, whether ``v`` is
     affected by one). With no advisory: vLLM's security guide, no fix by design."""
     if not ch.advisories:
@@ -1087,24 +1089,31 @@ def _advisory_text(ch: Channel, v: KnownVersion | None) -> tuple[str, bool]:
     affected = False
     for adv in ch.advisories:
         known = v if adv.component == "vLLM" else None
-        hit = adv.affects(known)
+        hit = adv.affects(known, env)
         if hit is True:
             affected = True
             assert known is not None
             parts.append(f"{known.describe()} is affected by {adv.cite()}")
         elif hit is None:
             parts.append(adv.cite())
+        elif adv.fixed_in is not None and known is not None and known.at_least(adv.fixed_in):
+            parts.append(f"{adv.ids} is fixed in {known.describe()}")
         else:
             assert known is not None
-            parts.append(f"{adv.ids} is fixed in {known.describe()}")
+            parts.append(
+                f"{adv.ids} affects only the V0 engine, which {known.describe()} runs only "
+                "with VLLM_USE_V1=0"
+            )
     return "; ".join(parts), affected
 
 
-def _channel_summary(channels: list[Channel], v: KnownVersion | None) -> tuple[str, bool]:
+def _channel_summary(
+    channels: list[Channel], v: KnownVersion | None, env: dict[str, str]
+) -> tuple[str, bool]:
     texts: list[str] = []
     affected = False
     for ch in channels:
-        text, hit = _advisory_text(ch, v)
+        text, hit = _advisory_text(ch, v, env)
         affected = affected or hit
         texts.append(f"port {ch.port}, {ch.what} [{text}]")
     return "; ".join(texts), affected
@@ -1125,7 +1134,7 @@ def vllm_multinode_exposed(inv: Inventory) -> Iterator[Finding]:
             continue
         c, path, channels = found[0]
         v = vllm_version([str(c.get("image", ""))])
-        summary, affected = _channel_summary(channels, v)
+        summary, affected = _channel_summary(channels, v, _literal_env(c))
         span = f"spans {pod.hosts} pods over Ray and " if pod.hosts > 1 else ""
         yield Finding.at(
             "vllm-multinode-exposed",
@@ -1141,6 +1150,15 @@ def vllm_multinode_exposed(inv: Inventory) -> Iterator[Finding]:
             "port but the API port, and the gateway to that one; run a vLLM release the "
             "advisories name as fixed.",
         )
+
+
+def _literal_env(c: dict[str, Any]) -> dict[str, str]:
+    env = c.get("env")
+    return {
+        str(e["name"]): str(e["value"])
+        for e in (env if isinstance(env, list) else [])
+        if isinstance(e, dict) and "name" in e and "value" in e
+    }
 
 
 def _service_targets(svc: Manifest, pod: PodView, c: dict[str, Any]) -> Iterator[tuple[str, int]]:
@@ -1231,7 +1249,7 @@ def vllm_internal_port_exposed(inv: Inventory) -> Iterator[Finding]:
                     if only_port is not None and svc.get(f"{ppath}.port") != only_port:
                         continue
                     v = vllm_version([str(c.get("image", ""))])
-                    text, _ = _advisory_text(ch, v)
+                    text, _ = _advisory_text(ch, v, _literal_env(c))
                     via = (
                         f"Service {svc.name!r} of type {svc.get('spec.type')}"
                         if front is svc
