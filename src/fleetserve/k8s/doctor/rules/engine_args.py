@@ -14,7 +14,7 @@ from typing import Any
 
 from fleetserve.errors import FleetServeError
 from fleetserve.k8s.doctor.finding import Finding, Located
-from fleetserve.k8s.doctor.inventory import Inventory
+from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import groups
 from fleetserve.k8s.doctor.registry import rule
 from fleetserve.k8s.doctor.rules._advisories import (
@@ -26,7 +26,7 @@ from fleetserve.k8s.doctor.rules._devices import pods
 from fleetserve.k8s.doctor.rules._engines import (
     container_engine,
     engine_replicas,
-    kubeai_engine,
+    kubeai_engines,
     out_of_bounds,
     production_stack_engines,
     split_rejected,
@@ -90,10 +90,9 @@ def _engines(inv: Inventory) -> Iterator[_Engine]:
                 }
                 image = (str(c.get("image", "")),)
                 yield _Engine(pod.manifest, who, engine, paths, path, literal, image)
-    for m in inv.of_kind("Model"):
-        found = kubeai_engine(m)
-        if found is not None:
-            yield _Engine(m, found.who, found.engine, found.paths, found.path, found.env)
+    for where, found in kubeai_engines(inv):
+        who = found.who if isinstance(where, Manifest) else f"{found.who} of {where.file}"
+        yield _Engine(where, who, found.engine, found.paths, found.path, found.env)
     for values in inv.charts("vllm-production-stack"):
         for e in production_stack_engines(values.body):
             who = f"{e.who} of {values.file}"

@@ -47,7 +47,7 @@ from fleetserve.k8s.doctor.rules._engines import (
     container_engine,
     engine_replicas,
     http_port,
-    kubeai_engine,
+    kubeai_engines,
     production_stack_engines,
 )
 from fleetserve.k8s.doctor.rules._models import gib, replica_need
@@ -397,9 +397,7 @@ def tp_gpus_mismatch(inv: Inventory) -> Iterator[Finding]:
 def _operator_tp(inv: Inventory) -> Iterator[Finding]:
     """KubeAI Models and production-stack modelSpecs: TP x PP against the GPUs they ask for."""
     found: list[tuple[Located, OperatorEngine]] = []
-    for m in inv.of_kind("Model"):
-        if (e := kubeai_engine(m)) is not None:
-            found.append((m, e))
+    found.extend(kubeai_engines(inv))
     for values in inv.charts("vllm-production-stack"):
         for e in production_stack_engines(values.body):
             spec = get_path(values.body, e.path)
