@@ -22,7 +22,7 @@ from fleetserve.k8s.doctor.rules._advisories import (
     VLLM_PROMPT_EMBEDS_MROPE,
     VLLM_PROMPT_EMBEDS_VALIDATION,
 )
-from fleetserve.k8s.doctor.rules._devices import pods
+from fleetserve.k8s.doctor.rules._devices import lws_worker, pods
 from fleetserve.k8s.doctor.rules._engines import (
     container_engine,
     engine_replicas,
@@ -192,7 +192,30 @@ def shm_too_small(inv: Inventory) -> Iterator[Finding]:
             ranks = int(engine.get("tensor_parallel_size", 1)) * int(
                 engine.get("pipeline_parallel_size", 1)
             )
-            if ranks <= 1 or _shm_volume(pod.spec, c) is not None:
+            if ranks <= 1:
+                continue
+            worker = lws_worker(inv, pod)
+            if worker is not None and worker is not pod:
+                # The group's ranks also run in the worker pods (vLLM over Ray): they need
+                # the same shared memory.
+                for wc, wpath in worker.containers():
+                    gpu = "gpu" in str(wc.get("resources", "")).lower()
+                    if gpu and _shm_volume(worker.spec, wc) is None:
+                        yield Finding.at(
+                            "shm-too-small",
+                            "error",
+                            pod.manifest,
+                            f"{wpath}.volumeMounts",
+                            f"Container {wc.get('name', '?')!r} of {pod.manifest.ref}'s worker "
+                            f"template hosts ranks of the leader's vLLM ({ranks} tensor/pipeline "
+                            f"ranks over {pod.hosts} pods) but mounts nothing at /dev/shm: the "
+                            f"runtime's {DEFAULT_SHM_MIB} MiB is too little for NCCL between "
+                            "the ranks on that pod, and the engine fails at start-up.",
+                            "Mount an in-memory emptyDir at /dev/shm in the worker template "
+                            "too (volumes: [{name: dshm, emptyDir: {medium: Memory}}]).",
+                        )
+                        break
+            if _shm_volume(pod.spec, c) is not None:
                 continue
             yield Finding.at(
                 "shm-too-small",
