@@ -5,9 +5,11 @@ vLLM Deployment) and trust-remote-code-hub/ (KubeAI's DeepSeek-R1 Model)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from fleetserve.k8s.doctor.loader import load_text
+from fleetserve.k8s.doctor.loader import load_paths, load_text
 from fleetserve.k8s.doctor.registry import run_rules
 
 from .conftest import FIXTURES
@@ -372,3 +374,31 @@ def test_multinode_v0_pickle_follows_the_engine(image: str, env: str, severity: 
     [f] = run_rules(load_text(text), {"vllm-multinode-exposed"})
     assert f.severity == severity
     assert "GHSA-9pcc-gvx5-r5wm" in f.message
+
+
+def test_alternative_gateways_of_one_name(tmp_path: Path) -> None:
+    # Shape of vllm-project/production-stack src/gateway_inference_extension/configs: gke/,
+    # istio/ and kgateway/ variants of one Gateway 'inference-gateway', each with its route;
+    # a route beside its own variant takes that one, a route above all of them none.
+    docs = _folder("trigger_httproute_pool").split("\n---\n")
+    deployment = next(d for d in docs if "kind: Deployment" in d)
+    pool = next(d for d in docs if "kind: InferencePool" in d)
+    gateway = next(d for d in docs if "kind: Gateway\n" in d)
+    route = next(d for d in docs if "kind: HTTPRoute" in d)
+    (tmp_path / "vllm.yaml").write_text(deployment + "\n---\n" + pool, encoding="utf-8")
+    for variant, cls in (("gke", "gke-l7-regional-external-managed"), ("kgateway", "kgateway")):
+        (tmp_path / variant).mkdir()
+        (tmp_path / variant / "gateway.yaml").write_text(
+            gateway.replace("gke-l7-regional-external-managed", cls), encoding="utf-8"
+        )
+        (tmp_path / variant / "httproute.yaml").write_text(route, encoding="utf-8")
+    (tmp_path / "httproute.yaml").write_text(route, encoding="utf-8")
+    found = {
+        (Path(f.file).relative_to(tmp_path).as_posix(), f.severity)
+        for f in run_rules(load_paths([tmp_path]), {"vllm-exposed-without-auth"})
+    }
+    assert found == {
+        ("gke/httproute.yaml", "error"),
+        ("kgateway/httproute.yaml", "warning"),
+        ("httproute.yaml", "warning"),
+    }

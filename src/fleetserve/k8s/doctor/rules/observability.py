@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -1430,9 +1431,21 @@ def _gateway_reach(inv: Inventory, route: Manifest) -> tuple[str, bool] | None:
     parents = {
         str(p.get("name")) for p in (route.get("spec.parentRefs") or []) if isinstance(p, dict)
     }
-    for gw in inv.of_kind("Gateway"):
-        if gw.name not in parents:
-            continue
+    candidates = [
+        gw
+        for gw in inv.of_kind("Gateway")
+        if gw.name in parents and gw.namespace == route.namespace
+    ]
+
+    # Alternatives of one name (production-stack ships gke/, istio/ and kgateway/ variants of
+    # its inference-gateway): the one nearest the route's own file is the route's.
+    # Equally near alternatives leave the Gateway unknown.
+    def nearness(gw: Manifest) -> int:
+        return len(os.path.commonpath([gw.file, route.file]) or "")
+
+    best = max((nearness(gw) for gw in candidates), default=0)
+    nearest = [gw for gw in candidates if nearness(gw) == best]
+    for gw in nearest if len(nearest) == 1 else []:
         cls = str(gw.get("spec.gatewayClassName", ""))
         low = cls.lower()
         if "internal" in low or "rilb" in low or "ilb" in low.split("-"):
@@ -1537,16 +1550,16 @@ def vllm_exposed_without_auth(inv: Inventory) -> Iterator[Finding]:
                         f"{route.ref} -> {found[0].ref}",
                     )
                 )
-    seen: set[tuple[str, str]] = set()
+    seen: set[tuple[str, str, str]] = set()
     for front, path, ns, selector, target, (where, private), via in routes:
         open_pods = [
             p
             for p, keyed in _vllm_pods(inv, ns, selector, target)
             if not keyed and _mesh_auth(inv, p) is None
         ]
-        if not open_pods or (front.ref, path) in seen:
+        if not open_pods or (front.ref, front.file, path) in seen:
             continue
-        seen.add((front.ref, path))
+        seen.add((front.ref, front.file, path))
         names = ", ".join(sorted({p.manifest.ref for p in open_pods}))
         yield Finding.at(
             "vllm-exposed-without-auth",
