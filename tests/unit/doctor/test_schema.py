@@ -165,3 +165,31 @@ def test_spark_pod_template_files_need_no_containers(tmp_path: Path) -> None:
     pod.write_text(_POD_TEMPLATE, encoding="utf-8")
     [missing] = validate_schemas(load_paths([pod]), None).findings
     assert "'containers' is a required property" in missing.message
+
+
+def test_an_object_one_of_the_inputs_crds_accepts_is_no_error() -> None:
+    # production-stack carries a stale install bundle beside its CRD bases: the samples follow
+    # the bases, and whichever file loads last must not make them schema errors.
+    folder = SCHEMA / "two_crds_one_kind"
+    assert validate_schemas(load_paths([folder])).findings == []
+    for first, second in (("bundle", "bases"), ("bases", "bundle")):
+        files = [folder / f"{first}.yaml", folder / f"{second}.yaml", folder / "sample.yaml"]
+        assert validate_schemas(load_paths(files)).findings == []
+
+
+def test_an_object_no_input_crd_accepts_is_still_an_error() -> None:
+    folder = SCHEMA / "two_crds_one_kind"
+    sample = (
+        (folder / "sample.yaml")
+        .read_text(encoding="utf-8")
+        .replace("hfTokenKeyName: token", "hfTokenKey: token")
+    )
+    text = "\n---\n".join(
+        [
+            (folder / "bundle.yaml").read_text(encoding="utf-8"),
+            (folder / "bases.yaml").read_text(encoding="utf-8"),
+            sample,
+        ]
+    )
+    [f] = validate_schemas(load_text(text)).findings
+    assert f.path == "spec.hfTokenSecret.hfTokenKey"

@@ -24,6 +24,8 @@ HelmChart = Literal[
     "ingress-nginx",
     "kube-prometheus-stack",
     "vllm-production-stack",
+    "kubeai",
+    "kubeai-models",
     "unknown",
 ]
 

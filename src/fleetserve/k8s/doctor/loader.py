@@ -471,6 +471,15 @@ def _detect_chart(data: dict[str, Any]) -> HelmChart:
     serving = data.get("servingEngineSpec")
     if isinstance(serving, dict) and "modelSpec" in serving:
         return "vllm-production-stack"  # vllm-project/production-stack's helm/values.yaml
+    if isinstance(data.get("resourceProfiles"), dict) and isinstance(
+        data.get("modelServers"), dict
+    ):
+        return "kubeai"  # substratusai/kubeai charts/kubeai/values.yaml
+    catalog = data.get("catalog")
+    if isinstance(catalog, dict) and any(
+        isinstance(m, dict) and "engine" in m and "url" in m for m in catalog.values()
+    ):
+        return "kubeai-models"  # substratusai/kubeai charts/models/values.yaml
     return "unknown"
 
 

@@ -86,9 +86,16 @@ class CrdSchemas:
     """CRD schemas by (group, kind) -> version -> schema."""
 
     versions: dict[tuple[str, str], dict[str, CrdVersion]] = field(default_factory=dict)
+    #: (group, kind, version) -> other schemas the input's own CRDs give the same version. A
+    #: repository often carries a generated install bundle older than its CRD bases
+    #: (vllm-project/production-stack: operator/config/default.yaml beside crd/bases/): an
+    #: object one of them accepts is no schema error.
+    alternatives: dict[tuple[str, str, str], list[CrdVersion]] = field(default_factory=dict)
 
-    def add_crd(self, body: dict[str, Any]) -> None:
-        """Register every version of one CustomResourceDefinition object."""
+    def add_crd(self, body: dict[str, Any], *, keep_previous: bool = False) -> None:
+        """Register every version of one CustomResourceDefinition object; with
+        ``keep_previous``, a different schema already registered for a version stays as an
+        alternative instead of being replaced."""
         spec = body.get("spec") if isinstance(body.get("spec"), dict) else None
         if spec is None:
             return
@@ -103,7 +110,11 @@ class CrdSchemas:
             if not isinstance(schema, dict):
                 continue
             entry = CrdVersion(name, group, str(v.get("name")), kind, v.get("served", True), schema)
-            self.versions.setdefault((group, kind), {})[entry.version] = entry
+            by_version = self.versions.setdefault((group, kind), {})
+            previous = by_version.get(entry.version)
+            if keep_previous and previous is not None and previous.schema != schema:
+                self.alternatives.setdefault((group, kind, entry.version), []).append(previous)
+            by_version[entry.version] = entry
 
     @classmethod
     def from_dir(
@@ -135,7 +146,10 @@ class CrdSchemas:
 
     def copy(self) -> CrdSchemas:
         """A copy that can take more CRDs without changing this one."""
-        return CrdSchemas({k: dict(v) for k, v in self.versions.items()})
+        return CrdSchemas(
+            {k: dict(v) for k, v in self.versions.items()},
+            {k: list(v) for k, v in self.alternatives.items()},
+        )
 
     def lookup(self, api_version: str, kind: str) -> tuple[CrdVersion | None, list[str]]:
         """(schema for apiVersion/kind or None, the versions the CRD serves)."""
@@ -490,6 +504,15 @@ class CrdValidator:
         w = _Walk(m)
         _metadata_checks(w, m.body)
         w.check(m.body, entry.schema, "")
+        if w.out:
+            for other in self.schemas.alternatives.get(
+                (entry.group, entry.kind, entry.version), []
+            ):
+                alt = _Walk(m)
+                _metadata_checks(alt, m.body)
+                alt.check(m.body, other.schema, "")
+                if not alt.out:
+                    return []  # another CRD of the input for this kind accepts the object
         return w.out
 
 
@@ -613,9 +636,20 @@ def validators(
         schemas = CrdSchemas.from_dir(crds, wanted)
     else:
         schemas = CrdSchemas()
+    # The input's CRDs replace the release's; several input CRDs for one kind are alternatives.
+    seen: set[tuple[str, str]] = set()
     for m in inv.of_kind("CustomResourceDefinition"):
-        schemas.add_crd(m.body)
+        spec = m.body.get("spec")
+        key = (str(spec.get("group", "")), _crd_kind_of(spec)) if isinstance(spec, dict) else None
+        schemas.add_crd(m.body, keep_previous=key in seen)
+        if key is not None:
+            seen.add(key)
     return [CrdValidator(schemas), CoreValidator(k8s_version)]
+
+
+def _crd_kind_of(spec: dict[str, Any]) -> str:
+    names = spec.get("names")
+    return str(names.get("kind", "")) if isinstance(names, dict) else ""
 
 
 @dataclass(frozen=True)

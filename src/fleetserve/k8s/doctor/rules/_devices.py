@@ -190,6 +190,17 @@ def pods(inv: Inventory) -> list[PodView]:
     return out
 
 
+def lws_worker(inv: Inventory, leader: PodView) -> PodView | None:
+    """The worker template of the LeaderWorkerSet whose leader template is ``leader`` (LWS
+    runs the leader template for the workers too when there is none); None for other pods."""
+    if leader.hosts <= 1:
+        return None
+    for p in pods(inv):
+        if p.manifest is leader.manifest and ".workerTemplate." in f"{p.path}.":
+            return p
+    return leader
+
+
 def node_constraints(pod_spec: dict[str, Any]) -> dict[str, set[str]]:
     """Node label key -> allowed values (nodeSelector, and ``In`` terms of required affinity).
 

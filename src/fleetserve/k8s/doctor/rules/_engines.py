@@ -31,7 +31,8 @@ from pydantic import ValidationError
 from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import FleetServeError
-from fleetserve.k8s.doctor.inventory import Manifest
+from fleetserve.k8s.doctor.finding import Located
+from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import GroupView, serve_apps, serve_config
 from fleetserve.plan.catalogue import catalogue_entry
 from fleetserve.spec import parse_spec
@@ -663,13 +664,9 @@ def parse_vllm_cli(
     return engine, paths
 
 
-def container_engine(
-    container: dict[str, Any], path: str, *, raw: bool = False
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """vLLM engine arguments of a container that runs the vLLM server (``vllm serve``,
-    ``python -m vllm.entrypoints.openai.api_server``, or the vllm-openai image), read from its
-    command/args and literal env vars; ({}, {}) for any other container. Arguments outside
-    vLLM's bounds are left out unless ``raw`` (``engine-arg-invalid`` reads them)."""
+def container_words(container: dict[str, Any], path: str) -> list[tuple[str, str]]:
+    """The container's command then args as shell words, each with its field path (a
+    ``sh -c "..."`` script is split into its words too)."""
     words: list[tuple[str, str]] = []
     for key in ("command", "args"):
         items = container.get(key)
@@ -682,8 +679,24 @@ def container_engine(
             except ValueError:
                 parts = [text]
             words.extend((w, f"{path}.{key}[{i}]") for w in parts)
+    return words
+
+
+def runs_vllm(container: dict[str, Any], words: list[tuple[str, str]]) -> bool:
+    """A container of a vLLM image, or one whose command line names vLLM."""
     image = str(container.get("image", "")).lower()
-    if "vllm" not in image and not any("vllm" in w for w, _ in words):
+    return "vllm" in image or any("vllm" in w for w, _ in words)
+
+
+def container_engine(
+    container: dict[str, Any], path: str, *, raw: bool = False
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """vLLM engine arguments of a container that runs the vLLM server (``vllm serve``,
+    ``python -m vllm.entrypoints.openai.api_server``, or the vllm-openai image), read from its
+    command/args and literal env vars; ({}, {}) for any other container. Arguments outside
+    vLLM's bounds are left out unless ``raw`` (``engine-arg-invalid`` reads them)."""
+    words = container_words(container, path)
+    if not runs_vllm(container, words):
         return {}, {}
     engine, paths = parse_vllm_cli(words, path)
     env = container.get("env")
@@ -740,30 +753,93 @@ class OperatorEngine:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def kubeai_engine(m: Manifest) -> OperatorEngine | None:
+def kubeai_engine(m: Manifest, profiles: dict[str, int] | None = None) -> OperatorEngine | None:
     """The vLLM engine of a KubeAI ``Model`` (None for other kinds or engines)."""
     if m.kind != "Model" or not m.api_version.startswith(KUBEAI_GROUP + "/"):
         return None
-    spec = m.body.get("spec")
+    return kubeai_spec_engine(m.body.get("spec"), f"KubeAI Model {m.name!r}", "spec", profiles)
+
+
+def kubeai_spec_engine(
+    spec: Any, who: str, base: str, profiles: dict[str, int] | None = None
+) -> OperatorEngine | None:
+    """The vLLM engine of a KubeAI Model spec (a ``Model``'s ``spec`` or an entry of the
+    models chart's ``catalog``): ``args``, ``url: hf://...``, ``env`` and
+    ``resourceProfile: <profile>:<count>``, whose GPUs are the count times the profile's
+    GPUs per unit (``profiles``, from the kubeai chart's ``resourceProfiles``; KubeAI's own
+    GPU profiles give 1 per unit, which is assumed for a ``*gpu*`` profile not listed)."""
     if not isinstance(spec, dict) or str(spec.get("engine", "")).upper() != "VLLM":
         return None
     args = spec.get("args")
     words = [
-        (str(a), f"spec.args[{i}]") for i, a in enumerate(args if isinstance(args, list) else [])
+        (str(a), f"{base}.args[{i}]") for i, a in enumerate(args if isinstance(args, list) else [])
     ]
-    engine, paths = parse_vllm_cli(words, "spec.args")
+    engine, paths = parse_vllm_cli(words, f"{base}.args")
     url = spec.get("url")
     if isinstance(url, str) and url.startswith("hf://"):
         engine.setdefault("model", url.removeprefix("hf://"))
-        paths.setdefault("model", "spec.url")
+        paths.setdefault("model", f"{base}.url")
     profile = str(spec.get("resourceProfile", ""))
     name, _, count = profile.rpartition(":")
-    gpus = int(count) if count.isdigit() and "gpu" in name.lower() else None
+    gpus: int | None = None
+    if count.isdigit():
+        per_unit = (profiles or {}).get(name)
+        if per_unit is None and "gpu" in name.lower():
+            per_unit = 1
+        gpus = int(count) * per_unit if per_unit else None
     env = spec.get("env")
     literal = {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
-    return OperatorEngine(
-        f"KubeAI Model {m.name!r}", "spec", engine, paths, gpus, "spec.resourceProfile", literal
-    )
+    return OperatorEngine(who, base, engine, paths, gpus, f"{base}.resourceProfile", literal)
+
+
+#: Extended resources that count as GPUs in a KubeAI resource profile.
+_GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+
+
+def kubeai_profiles(values: Any) -> dict[str, int]:
+    """GPUs per unit of each resource profile of the kubeai chart's values (limits, else
+    requests, of nvidia.com/gpu or amd.com/gpu; 0 for a CPU profile)."""
+    profiles = values.get("resourceProfiles") if isinstance(values, dict) else None
+    out: dict[str, int] = {}
+    for name, prof in profiles.items() if isinstance(profiles, dict) else []:
+        if not isinstance(prof, dict):
+            continue
+        count = 0
+        for key in ("limits", "requests"):
+            res = prof.get(key)
+            for r in _GPU_RESOURCES:
+                if isinstance(res, dict) and str(res.get(r, "")).isdigit():
+                    count = max(count, int(str(res[r])))
+        out[str(name)] = count
+    return out
+
+
+def kubeai_catalog_engines(values: Any, profiles: dict[str, int]) -> list[OperatorEngine]:
+    """The vLLM engines of the kubeai models chart's ``catalog`` (every entry: enabling one
+    with ``--set catalog.<name>.enabled=true`` deploys it as written)."""
+    catalog = values.get("catalog") if isinstance(values, dict) else None
+    out: list[OperatorEngine] = []
+    for name, spec in catalog.items() if isinstance(catalog, dict) else []:
+        e = kubeai_spec_engine(spec, f"KubeAI catalog model {name!r}", f"catalog.{name}", profiles)
+        if e is not None:
+            out.append(e)
+    return out
+
+
+def kubeai_engines(inv: Inventory) -> list[tuple[Located, OperatorEngine]]:
+    """Every KubeAI vLLM engine of the input - ``Model`` objects and the models chart's
+    catalog - with GPU counts from the kubeai chart's resource profiles when its values are
+    in the input."""
+    profiles: dict[str, int] = {}
+    for values in inv.charts("kubeai"):
+        profiles.update(kubeai_profiles(values.body))
+    out: list[tuple[Located, OperatorEngine]] = []
+    for m in inv.of_kind("Model"):
+        if (e := kubeai_engine(m, profiles)) is not None:
+            out.append((m, e))
+    for values in inv.charts("kubeai-models"):
+        out.extend((values, e) for e in kubeai_catalog_engines(values.body, profiles))
+    return out
 
 
 def production_stack_engines(values: Any) -> list[OperatorEngine]:

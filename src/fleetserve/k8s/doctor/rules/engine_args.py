@@ -12,18 +12,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from packaging.version import Version
-
 from fleetserve.errors import FleetServeError
 from fleetserve.k8s.doctor.finding import Finding, Located
-from fleetserve.k8s.doctor.inventory import Inventory
+from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import groups
 from fleetserve.k8s.doctor.registry import rule
-from fleetserve.k8s.doctor.rules._devices import pods
+from fleetserve.k8s.doctor.rules._advisories import (
+    VLLM_PROMPT_EMBEDS,
+    VLLM_PROMPT_EMBEDS_MROPE,
+    VLLM_PROMPT_EMBEDS_VALIDATION,
+)
+from fleetserve.k8s.doctor.rules._devices import lws_worker, pods
 from fleetserve.k8s.doctor.rules._engines import (
     container_engine,
     engine_replicas,
-    kubeai_engine,
+    kubeai_engines,
     out_of_bounds,
     production_stack_engines,
     split_rejected,
@@ -87,10 +90,9 @@ def _engines(inv: Inventory) -> Iterator[_Engine]:
                 }
                 image = (str(c.get("image", "")),)
                 yield _Engine(pod.manifest, who, engine, paths, path, literal, image)
-    for m in inv.of_kind("Model"):
-        found = kubeai_engine(m)
-        if found is not None:
-            yield _Engine(m, found.who, found.engine, found.paths, found.path, found.env)
+    for where, found in kubeai_engines(inv):
+        who = found.who if isinstance(where, Manifest) else f"{found.who} of {where.file}"
+        yield _Engine(where, who, found.engine, found.paths, found.path, found.env)
     for values in inv.charts("vllm-production-stack"):
         for e in production_stack_engines(values.body):
             who = f"{e.who} of {values.file}"
@@ -190,7 +192,30 @@ def shm_too_small(inv: Inventory) -> Iterator[Finding]:
             ranks = int(engine.get("tensor_parallel_size", 1)) * int(
                 engine.get("pipeline_parallel_size", 1)
             )
-            if ranks <= 1 or _shm_volume(pod.spec, c) is not None:
+            if ranks <= 1:
+                continue
+            worker = lws_worker(inv, pod)
+            if worker is not None and worker is not pod:
+                # The group's ranks also run in the worker pods (vLLM over Ray): they need
+                # the same shared memory.
+                for wc, wpath in worker.containers():
+                    gpu = "gpu" in str(wc.get("resources", "")).lower()
+                    if gpu and _shm_volume(worker.spec, wc) is None:
+                        yield Finding.at(
+                            "shm-too-small",
+                            "error",
+                            pod.manifest,
+                            f"{wpath}.volumeMounts",
+                            f"Container {wc.get('name', '?')!r} of {pod.manifest.ref}'s worker "
+                            f"template hosts ranks of the leader's vLLM ({ranks} tensor/pipeline "
+                            f"ranks over {pod.hosts} pods) but mounts nothing at /dev/shm: the "
+                            f"runtime's {DEFAULT_SHM_MIB} MiB is too little for NCCL between "
+                            "the ranks on that pod, and the engine fails at start-up.",
+                            "Mount an in-memory emptyDir at /dev/shm in the worker template "
+                            "too (volumes: [{name: dshm, emptyDir: {medium: Memory}}]).",
+                        )
+                        break
+            if _shm_volume(pod.spec, c) is not None:
                 continue
             yield Finding.at(
                 "shm-too-small",
@@ -240,11 +265,17 @@ def trust_remote_code_hub(inv: Inventory) -> Iterator[Finding]:
         )
 
 
-#: vLLM releases that torch.load user-sent prompt embeddings, sparse ones included, without
-#: validating them: GHSA-mrw7-hf4f-83pf (CVE-2025-62164, memory corruption, possibly code
-#: execution), affecting 0.10.2 up to 0.11.1, where it is fixed (vllm-project/vllm#27204).
-PROMPT_EMBEDS_VULNERABLE_FROM = Version("0.10.2")
-PROMPT_EMBEDS_FIXED_IN = Version("0.11.1")
+#: The advisories of --enable-prompt-embeds, oldest first (GHSA-mrw7-hf4f-83pf: 0.10.2 up to
+#: 0.11.1; its follow-up GHSA-mcmc-2m55-j8jj: with the flag on, up to 0.13.0; the M-RoPE
+#: crash GHSA-33cg-gxv8-3p8g: 0.12.0 up to 0.24.0). The first two corrupt memory (an error),
+#: the last crashes the engine on one model family (said, as the documented crash is).
+PROMPT_EMBEDS_ADVISORIES = (
+    VLLM_PROMPT_EMBEDS,
+    VLLM_PROMPT_EMBEDS_VALIDATION,
+    VLLM_PROMPT_EMBEDS_MROPE,
+)
+#: The first release where an enabled flag corrupts no memory (the sparse-tensor checks).
+PROMPT_EMBEDS_SAFE_FROM = VLLM_PROMPT_EMBEDS_VALIDATION.fixed_in
 
 
 @rule("prompt-embeds-enabled", versions={"vllm": "all"})
@@ -254,35 +285,28 @@ def prompt_embeds_enabled(inv: Inventory) -> Iterator[Finding]:
         if e.engine.get("enable_prompt_embeds") is not True:
             continue
         v = vllm_version(list(e.images))
-        vulnerable = (
-            v is not None
-            and v.at_least(PROMPT_EMBEDS_VULNERABLE_FROM)
-            and not v.at_least(PROMPT_EMBEDS_FIXED_IN)
-        )
-        if vulnerable:
-            assert v is not None
+        hits = [a for a in PROMPT_EMBEDS_ADVISORIES if a.affects(v)]
+        corrupting = [a for a in hits if a is not VLLM_PROMPT_EMBEDS_MROPE]
+        if v is not None and hits:
+            what = f"{v.describe()} is affected by " + "; and by ".join(a.cite() for a in hits)
+        elif v is not None:
             what = (
-                f"{v.describe()} deserialises them with torch.load without validation "
-                "(GHSA-mrw7-hf4f-83pf, CVE-2025-62164: 0.10.2 to 0.11.0): a crafted tensor "
-                "corrupts memory, a crash or code execution in the engine"
+                f"{v.describe()} validates the tensors, but vLLM's own documentation says to "
+                "enable the flag only for trusted users"
             )
         else:
             what = (
-                "vLLM's own documentation says to enable it only for trusted users: a "
-                "tensor of the wrong shape crashes the engine"
-                + (
-                    ""
-                    if v is not None
-                    else ", and before 0.11.1 (GHSA-mrw7-hf4f-83pf) a crafted one corrupts memory"
-                )
+                "the image names no vLLM release, so the advisories cannot be ruled out: "
+                + "; ".join(a.cite() for a in PROMPT_EMBEDS_ADVISORIES)
             )
         yield Finding.at(
             "prompt-embeds-enabled",
-            "error" if vulnerable else "warning",
+            "error" if corrupting else "warning",
             e.manifest,
             e.paths.get("enable_prompt_embeds", e.path),
             f"{e.who} enables prompt_embeds inputs: every client of the API can send raw "
-            f"embedding tensors, and {what}.",
+            f"embedding tensors the engine deserialises with torch.load, and {what}.",
             "Remove --enable-prompt-embeds unless only trusted clients reach the engine; "
-            f"run vLLM {PROMPT_EMBEDS_FIXED_IN} or newer if it must stay.",
+            f"if it must stay, run vLLM {VLLM_PROMPT_EMBEDS_MROPE.fixed_in} or newer (no "
+            f"advisory open; memory-safe from {PROMPT_EMBEDS_SAFE_FROM}).",
         )

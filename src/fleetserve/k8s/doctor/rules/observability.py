@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,10 +31,13 @@ from fleetserve.k8s.doctor.ray_objects import (
     serve_config,
 )
 from fleetserve.k8s.doctor.registry import rule
+from fleetserve.k8s.doctor.rules._advisories import RAY_DNS_REBINDING, RAY_SHADOWRAY
+from fleetserve.k8s.doctor.rules._channels import Channel, vllm_channels
 from fleetserve.k8s.doctor.rules._devices import PodView, pods
 from fleetserve.k8s.doctor.rules._engines import container_engine
 from fleetserve.k8s.doctor.rules._versions import (
     TOKEN_AUTH_FROM,
+    KnownVersion,
     normalise,
     ray_version,
     vllm_version,
@@ -288,18 +292,30 @@ def worker_metrics_podmonitor(inv: Inventory) -> Iterator[Finding]:
 
 # --------------------------------------------------------------------------- dashboard
 
-_RAY_PRIVATE_PORTS = {8265: "dashboard / Jobs API", 10001: "Ray client"}
-_RAY_PRIVATE_NAMES = {"dashboard": 8265, "client": 10001, "http-dashboard": 8265}
+_RAY_PRIVATE_PORTS = {8265: "dashboard / Jobs API", 10001: "Ray client", 6379: "Ray GCS"}
+_RAY_PRIVATE_NAMES = {
+    "dashboard": 8265,
+    "client": 10001,
+    "http-dashboard": 8265,
+    "gcs-server": 6379,
+    "gcs": 6379,
+}
+#: Ports that are Ray's only when the backend is a Ray pod (6379 is also plain Redis, e.g. the
+#: external Redis of GCS fault tolerance).
+_RAY_ONLY_IN_RAY = frozenset({6379})
 _EXPOSING_TYPES = ("LoadBalancer", "NodePort")
 
 
-def _private_port(port: Any, name: Any = None) -> int | None:
+def _private_port(port: Any, name: Any = None, *, ray: bool = True) -> int | None:
+    """The Ray port (8265, 10001, 6379) a port number or name is, or None; with ``ray``
+    False (the backend may not be a Ray pod) 6379 is not taken for Ray's."""
+    hit: int | None = None
     if isinstance(port, int) and port in _RAY_PRIVATE_PORTS:
-        return port
+        hit = port
     for candidate in (port, name):
-        if isinstance(candidate, str) and candidate in _RAY_PRIVATE_NAMES:
-            return _RAY_PRIVATE_NAMES[candidate]
-    return None
+        if hit is None and isinstance(candidate, str) and candidate in _RAY_PRIVATE_NAMES:
+            hit = _RAY_PRIVATE_NAMES[candidate]
+    return None if hit in _RAY_ONLY_IN_RAY and not ray else hit
 
 
 @dataclass(frozen=True)
@@ -455,28 +471,47 @@ def _cluster_of_head_service(inv: Inventory, namespace: str, service: Any) -> Ma
     return None
 
 
+def _ray_advisories(port: int, cluster: Manifest | None) -> str:
+    """The advisories behind an exposed Ray port, with the fixed release (none for ShadowRay)
+    and, for the dashboard, whether the cluster's Ray predates the DNS-rebinding fix."""
+    parts = [RAY_SHADOWRAY.cite()]
+    v = ray_version(cluster) if cluster is not None else None
+    if port == 8265 and RAY_DNS_REBINDING.affects(v) is not False:
+        parts.append(
+            RAY_DNS_REBINDING.cite() + (f" - {v.describe()} is affected" if v is not None else "")
+        )
+    return "; ".join(parts)
+
+
 def _exposure(
-    port: int, reach: tuple[str, bool], auth: _Auth | None, mtls: str | None = None
+    port: int,
+    reach: tuple[str, bool],
+    auth: _Auth | None,
+    mtls: str | None = None,
+    cluster: Manifest | None = None,
 ) -> tuple[Severity, str]:
-    """Severity and text for one exposed Ray port: reachable from where, and who can use it."""
+    """Severity and text for one exposed Ray port: reachable from where, who can use it, and
+    the advisories (with their fixed releases) that say so."""
     where, private = reach
     head = f"port {port} ({_RAY_PRIVATE_PORTS[port]}) is reachable {where}"
+    cited = f" [{_ray_advisories(port, cluster)}]"
     if port == 10001 and mtls is not None:
         return "warning", (
             f"{head}; Ray's mutual TLS is on ({mtls}), so clients need a certificate signed "
             "by the cluster's CA, but whoever holds one can submit jobs and run code on the "
-            "cluster"
+            "cluster" + cited
         )
     if auth is not None and auth.on:
         return "warning", (
             f"{head}; token authentication is on ({auth.text}), so callers need the cluster's "
-            "token, but whoever holds it can submit jobs and run code on the cluster"
+            "token, but whoever holds it can submit jobs and run code on the cluster" + cited
         )
     why = auth.text if auth is not None else "Ray has no authentication unless RAY_AUTH_MODE=token"
     return ("warning" if private else "error"), (
         f"{head}: anyone who reaches it"
         + (" (any workload or person on that network)" if private else "")
-        + f" can submit jobs and run arbitrary code on the cluster (CVE-2023-48022 class; {why})"
+        + f" can submit jobs and run arbitrary code on the cluster ({why})"
+        + cited
     )
 
 
@@ -491,11 +526,15 @@ def _exposed_service_ports(m: Manifest) -> Iterator[tuple[str, int]]:
     svc_type = m.get("spec.type")
     if svc_type not in _EXPOSING_TYPES:
         return
+    sel = m.get("spec.selector")
+    ray = isinstance(sel, dict) and any(str(k).startswith("ray.io/") for k in sel)
     ports = m.get("spec.ports")
     for i, p in enumerate(ports if isinstance(ports, list) else []):
         if not isinstance(p, dict):
             continue
-        hit = _private_port(p.get("port"), p.get("name")) or _private_port(p.get("targetPort"))
+        hit = _private_port(p.get("port"), p.get("name"), ray=ray) or _private_port(
+            p.get("targetPort"), ray=ray
+        )
         if hit:
             yield f"spec.ports[{i}]", hit
 
@@ -530,7 +569,7 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
         cluster = _cluster_of_service(inv, m)
         auth = _auth(cluster)
         for path, port in _exposed_service_ports(m):
-            severity, text = _exposure(port, reach, auth, _mtls(cluster))
+            severity, text = _exposure(port, reach, auth, _mtls(cluster), cluster)
             yield Finding.at(
                 "dashboard-exposed",
                 severity,
@@ -564,14 +603,15 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
             (f"{hpath}.headService.spec.type", hs_type),
         ):
             if value in _EXPOSING_TYPES:
-                severity, text = _exposure(8265, _reach(value, head_ann), auth)
+                severity, text = _exposure(8265, _reach(value, head_ann), auth, cluster=m)
                 yield Finding.at(
                     "dashboard-exposed",
                     severity,
                     m,
                     where,
                     f"The head Service KubeRay creates is of type {value}, and it carries "
-                    f"every head port: {text}; the client port 10001 is exposed too.",
+                    f"every head port: {text}; the client port 10001 and the GCS port 6379 "
+                    "are exposed too.",
                     _FIX + " Use serveService (RayService) or a separate Service for 8000.",
                 )
         serve_svc = m.get("spec.serveService") if m.kind == "RayService" else None
@@ -587,7 +627,7 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
                     p.get("targetPort")
                 )
                 if svc_port:
-                    severity, text = _exposure(svc_port, reach, auth)
+                    severity, text = _exposure(svc_port, reach, auth, cluster=m)
                     yield Finding.at(
                         "dashboard-exposed",
                         severity,
@@ -602,19 +642,19 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
         )
         node_reach = ("from anything that reaches the node's address", False)
         if isinstance(head_pod, dict) and head_pod.get("hostNetwork") is True:
-            severity, text = _exposure(8265, node_reach, auth)
+            severity, text = _exposure(8265, node_reach, auth, cluster=m)
             yield Finding.at(
                 "dashboard-exposed",
                 severity,
                 m,
                 f"{hpath}.template.spec.hostNetwork",
-                "The head pod runs with hostNetwork: true, so the dashboard (8265) and the Ray "
-                f"client (10001) listen on the node's own address: {text}.",
+                "The head pod runs with hostNetwork: true, so the dashboard (8265), the Ray "
+                f"client (10001) and the GCS (6379) listen on the node's own address: {text}.",
                 "Remove hostNetwork from the head pod.",
             )
         if head.get("enableIngress") is True:
             severity, text = _exposure(
-                8265, ("through the cluster's Ingress controller", False), auth
+                8265, ("through the cluster's Ingress controller", False), auth, cluster=m
             )
             yield Finding.at(
                 "dashboard-exposed",
@@ -636,7 +676,7 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
                         and _private_port(p.get("containerPort"))
                     ):
                         port = int(p["containerPort"])
-                        severity, text = _exposure(port, node_reach, auth, _mtls(m))
+                        severity, text = _exposure(port, node_reach, auth, _mtls(m), m)
                         yield Finding.at(
                             "dashboard-exposed",
                             severity,
@@ -665,14 +705,16 @@ def dashboard_exposed(inv: Inventory) -> Iterator[Finding]:
             elif m.kind.endswith("Route") and path.split(".")[-1].startswith("backendRefs"):
                 hit = _private_port(node.get("port"))
                 backend = node.get("name")
+            cluster = _cluster_of_head_service(inv, m.namespace, backend)
+            if hit in _RAY_ONLY_IN_RAY and cluster is None:
+                hit = None  # 6379 behind an unknown backend may be any Redis
             if hit:
                 reach = (
                     _ingress_reach(inv, m)
                     if m.kind == "Ingress"
                     else ("from outside the cluster", False)
                 )
-                cluster = _cluster_of_head_service(inv, m.namespace, backend)
-                severity, text = _exposure(hit, reach, _auth(cluster), _mtls(cluster))
+                severity, text = _exposure(hit, reach, _auth(cluster), _mtls(cluster), cluster)
                 yield Finding.at(
                     "dashboard-exposed",
                     severity,
@@ -1032,68 +1074,218 @@ def no_network_policy(inv: Inventory) -> Iterator[Finding]:
 
 # --------------------------------------------------------------------------- multi-node vLLM
 
-#: vLLM 0.5.2 to 0.8.4 bound the multi-node XPUB ZeroMQ socket on every interface: any client
-#: that reaches it can subscribe and stall the tensor-parallel group (CVE-2025-30202,
-#: GHSA-9f8f-2vmf-885j; fixed in 0.8.5 by binding the node's own address, which in a pod is
-#: still reachable from every other pod).
-ZMQ_ALL_INTERFACES_FROM = Version("0.5.2")
-ZMQ_ALL_INTERFACES_FIXED_IN = Version("0.8.5")
+
+def _advisory_text(
+    ch: Channel, v: KnownVersion | None, env: dict[str, str] | None = None
+) -> tuple[str, bool]:
+    """(what the advisories say about channel ``ch`` on release ``v``, whether ``v`` is
+    affected by one). With no advisory: vLLM's security guide, no fix by design."""
+    if not ch.advisories:
+        return (
+            "vLLM's security guide: inter-node traffic is unauthenticated and unencrypted, "
+            "by design (no release adds authentication)",
+            False,
+        )
+    parts: list[str] = []
+    affected = False
+    for adv in ch.advisories:
+        known = v if adv.component == "vLLM" else None
+        hit = adv.affects(known, env)
+        if hit is True:
+            affected = True
+            assert known is not None
+            parts.append(f"{known.describe()} is affected by {adv.cite()}")
+        elif hit is None:
+            parts.append(adv.cite())
+        elif adv.fixed_in is not None and known is not None and known.at_least(adv.fixed_in):
+            parts.append(f"{adv.ids} is fixed in {known.describe()}")
+        else:
+            assert known is not None
+            parts.append(
+                f"{adv.ids} affects only the V0 engine, which {known.describe()} runs only "
+                "with VLLM_USE_V1=0"
+            )
+    return "; ".join(parts), affected
 
 
-@rule("vllm-multinode-exposed", versions={"vllm": "all"})
+def _channel_summary(
+    channels: list[Channel], v: KnownVersion | None, env: dict[str, str]
+) -> tuple[str, bool]:
+    texts: list[str] = []
+    affected = False
+    for ch in channels:
+        text, hit = _advisory_text(ch, v, env)
+        affected = affected or hit
+        texts.append(f"port {ch.port}, {ch.what} [{text}]")
+    return "; ".join(texts), affected
+
+
+@rule("vllm-multinode-exposed", versions={"vllm": "all", "ray": "all"})
 def vllm_multinode_exposed(inv: Inventory) -> Iterator[Finding]:
-    """A multi-node vLLM group (a LeaderWorkerSet leader) whose pods any namespace reaches:
-    Ray's GCS and vLLM's inter-node ZeroMQ channels carry no authentication."""
+    """vLLM pods that listen for peers - a multi-node group (LeaderWorkerSet leader over Ray,
+    --nnodes), data parallelism across pods, KV-cache transfer between prefill and decode
+    pods - that no NetworkPolicy shields: none of those channels authenticates its callers."""
     policies = inv.of_kind("NetworkPolicy")
     for pod in pods(inv):
-        if pod.hosts <= 1:
-            continue
-        engines = [(c, path) for c, path in pod.containers() if container_engine(c, path)[0]]
-        if not engines:
+        found = vllm_channels(pod)
+        if not found:
             continue
         local = [p for p in policies if p.namespace == pod.manifest.namespace]
         if any(_restricts_ingress(np, pod) for np in local):
             continue
-        c, path = engines[0]
+        c, path, channels = found[0]
         v = vllm_version([str(c.get("image", ""))])
-        affected = (
-            v is not None
-            and v.at_least(ZMQ_ALL_INTERFACES_FROM)
-            and not v.at_least(ZMQ_ALL_INTERFACES_FIXED_IN)
-        )
-        release = (
-            f"{v.describe()} binds its multi-node ZeroMQ publisher on every interface: any "
-            "client can subscribe and stall the group (CVE-2025-30202, GHSA-9f8f-2vmf-885j, "
-            "fixed in 0.8.5)"
-            if affected and v is not None
-            else "vLLM 0.5.2 to 0.8.4 also bound its multi-node ZeroMQ publisher on every "
-            "interface (CVE-2025-30202)"
-        )
+        summary, affected = _channel_summary(channels, v, _literal_env(c))
+        span = f"spans {pod.hosts} pods over Ray and " if pod.hosts > 1 else ""
         yield Finding.at(
             "vllm-multinode-exposed",
             "error" if affected else "warning",
             pod.manifest,
-            path,
-            f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref} spans "
-            f"{pod.hosts} pods over Ray, and no NetworkPolicy in namespace "
-            f"{pod.manifest.namespace!r} restricts ingress to them: any pod of any namespace "
-            "reaches the group's Ray GCS (6379) and vLLM's inter-node channels, which carry "
-            f"no authentication; {release}.",
-            "Add a NetworkPolicy that admits only the group's own pods "
-            "(leaderworkerset.sigs.k8s.io/name) to every port but the API port, and the "
-            "gateway to that one; run vLLM 0.8.5 or newer.",
+            channels[0].path if channels[0].path != path else path,
+            f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref} ({pod.label}) "
+            f"{span}listens for its peers, and no NetworkPolicy in namespace "
+            f"{pod.manifest.namespace!r} restricts ingress to it: any pod of any namespace "
+            f"reaches {summary}.",
+            "Add a NetworkPolicy that admits only the group's own pods (e.g. "
+            "leaderworkerset.sigs.k8s.io/name, or the prefill/decode pods' labels) to every "
+            "port but the API port, and the gateway to that one; run a vLLM release the "
+            "advisories name as fixed.",
         )
+
+
+def _literal_env(c: dict[str, Any]) -> dict[str, str]:
+    env = c.get("env")
+    return {
+        str(e["name"]): str(e["value"])
+        for e in (env if isinstance(env, list) else [])
+        if isinstance(e, dict) and "name" in e and "value" in e
+    }
+
+
+def _service_targets(svc: Manifest, pod: PodView, c: dict[str, Any]) -> Iterator[tuple[str, int]]:
+    """(field path of the Service port, the container port it reaches) for each port of
+    ``svc`` (a named targetPort resolved through the container's ports)."""
+    declared = c.get("ports")
+    named = {
+        str(p.get("name")): p.get("containerPort")
+        for p in (declared if isinstance(declared, list) else [])
+        if isinstance(p, dict) and p.get("name")
+    }
+    ports = svc.get("spec.ports")
+    for i, p in enumerate(ports if isinstance(ports, list) else []):
+        if not isinstance(p, dict):
+            continue
+        target = p.get("targetPort", p.get("port"))
+        if isinstance(target, str):
+            target = named.get(target)
+        if isinstance(target, int):
+            yield f"spec.ports[{i}]", target
+
+
+def _selected_pods(inv: Inventory, svc: Manifest) -> list[PodView]:
+    sel = svc.get("spec.selector")
+    if not isinstance(sel, dict) or not sel:
+        return []
+    return [
+        p
+        for p in pods(inv)
+        if p.manifest.namespace == svc.namespace
+        and all(p.labels.get(str(k)) == str(v) for k, v in sel.items())
+    ]
+
+
+def _route_backends(inv: Inventory) -> Iterator[tuple[Manifest, str, str, int | None]]:
+    """(route object, field path, backend Service name, Service port) of every Ingress,
+    Gateway API route and Istio VirtualService backend."""
+    for m in inv.of_kind("Ingress", "VirtualService", "HTTPRoute", "TCPRoute", "GRPCRoute"):
+        for path, node in _walk(m.body.get("spec"), "spec"):
+            if not isinstance(node, dict):
+                continue
+            name: Any = None
+            port: Any = None
+            if m.kind == "Ingress" and isinstance(node.get("service"), dict):
+                name = node["service"].get("name")
+                sp = node["service"].get("port")
+                port = sp.get("number") if isinstance(sp, dict) else None
+            elif m.kind == "VirtualService" and isinstance(node.get("destination"), dict):
+                name = str(node["destination"].get("host", "")).split(".")[0]
+                dp = node["destination"].get("port")
+                port = dp.get("number") if isinstance(dp, dict) else None
+            elif m.kind.endswith("Route") and path.split(".")[-1].startswith("backendRefs"):
+                if node.get("kind", "Service") != "Service":
+                    continue
+                name, port = node.get("name"), node.get("port")
+            if isinstance(name, str) and name:
+                yield m, path, name, port if isinstance(port, int) else None
+
+
+@rule("vllm-internal-port-exposed", versions={"vllm": "all", "ray": "all"})
+def vllm_internal_port_exposed(inv: Inventory) -> Iterator[Finding]:
+    """A LoadBalancer/NodePort Service, Ingress or route that puts one of vLLM's internal
+    listeners (KV transfer, data-parallel RPC, multi-node master, the group's Ray GCS) on
+    the network: none authenticates, and several unpickled what they received."""
+    services = {(s.namespace, s.name): s for s in inv.of_kind("Service")}
+    fronts: list[tuple[Manifest, str, Manifest, int | None, tuple[str, bool]]] = []
+    for svc in services.values():
+        if svc.get("spec.type") in _EXPOSING_TYPES:
+            reach = _reach(svc.get("spec.type"), svc.get("metadata.annotations"))
+            fronts.append((svc, "spec.type", svc, None, reach))
+    for route, path, name, port in _route_backends(inv):
+        backend = services.get((route.namespace, name))
+        if backend is not None:
+            reach = (
+                _ingress_reach(inv, route)
+                if route.kind == "Ingress"
+                else ("from outside the cluster through the Gateway", False)
+            )
+            fronts.append((route, path, backend, port, reach))
+    for front, fpath, svc, only_port, (where, private) in fronts:
+        for pod in _selected_pods(inv, svc):
+            for c, _cpath, channels in vllm_channels(pod):
+                by_port = {ch.port: ch for ch in channels}
+                for ppath, target in _service_targets(svc, pod, c):
+                    ch = by_port.get(target)
+                    if ch is None:
+                        continue
+                    if only_port is not None and svc.get(f"{ppath}.port") != only_port:
+                        continue
+                    v = vllm_version([str(c.get("image", ""))])
+                    text, _ = _advisory_text(ch, v, _literal_env(c))
+                    via = (
+                        f"Service {svc.name!r} of type {svc.get('spec.type')}"
+                        if front is svc
+                        else f"{front.ref} -> Service {svc.name!r}"
+                    )
+                    yield Finding.at(
+                        "vllm-internal-port-exposed",
+                        "warning" if private else "error",
+                        front,
+                        ppath if front is svc else fpath,
+                        f"{via} makes port {target} of vLLM container "
+                        f"{c.get('name', '?')!r} of {pod.manifest.ref} ({pod.label}), "
+                        f"{ch.what}, reachable {where}: the channel asks for no credentials, "
+                        f"so anyone who reaches it talks to the engine's internals [{text}].",
+                        "Expose only vLLM's API port (keep the peer ports on a ClusterIP or "
+                        "headless Service the group uses), admit only the group's pods to "
+                        "them with a NetworkPolicy, and run a release the advisories name "
+                        "as fixed.",
+                    )
 
 
 # --------------------------------------------------------------------------- vLLM without auth
 
 #: Ingress annotations that put authentication in front of the backends: ingress-nginx's
-#: external auth and basic auth, the AWS Load Balancer Controller's OIDC/Cognito actions.
+#: external auth (oauth2-proxy's usual wiring) and basic auth, the AWS Load Balancer
+#: Controller's OIDC/Cognito actions.
 _INGRESS_AUTH = (
     "nginx.ingress.kubernetes.io/auth-url",
     "nginx.ingress.kubernetes.io/auth-type",
     "alb.ingress.kubernetes.io/auth-type",
 )
+#: Envoy Gateway SecurityPolicy fields that make a client authenticate (gateway.envoyproxy.io).
+_SECURITY_POLICY_AUTH = ("extAuth", "jwt", "oidc", "apiKeyAuth", "basicAuth")
+#: Istio's root namespace: an AuthorizationPolicy there without a selector covers the mesh.
+_ISTIO_ROOT = "istio-system"
 
 
 def _vllm_api_key(c: dict[str, Any]) -> bool:
@@ -1109,8 +1301,37 @@ def _vllm_api_key(c: dict[str, Any]) -> bool:
     )
 
 
-def _vllm_pods(inv: Inventory, namespace: str, selector: Any) -> list[tuple[PodView, bool]]:
-    """(pod, its vLLM asks for an API key) of the vLLM servers a Service selector picks."""
+def _container_ports(c: dict[str, Any]) -> dict[int | str, int]:
+    """containerPort by number and by name."""
+    out: dict[int | str, int] = {}
+    declared = c.get("ports")
+    for p in declared if isinstance(declared, list) else []:
+        if isinstance(p, dict) and isinstance(p.get("containerPort"), int):
+            out[p["containerPort"]] = p["containerPort"]
+            if p.get("name"):
+                out[str(p["name"])] = p["containerPort"]
+    return out
+
+
+def _fronted_by_sidecar(pod: PodView, target: Any) -> str | None:
+    """The container (not vLLM) that owns the port a Service sends to - an oauth2-proxy,
+    Envoy or API-key sidecar in front of vLLM - or None when vLLM takes it (or it is
+    unknown)."""
+    if target is None:
+        return None
+    for c, path in pod.containers():
+        if container_engine(c, path)[0] or not isinstance(c.get("ports"), list):
+            continue
+        if target in _container_ports(c):
+            return str(c.get("name", "?"))
+    return None
+
+
+def _vllm_pods(
+    inv: Inventory, namespace: str, selector: Any, target: Any = None
+) -> list[tuple[PodView, bool]]:
+    """(pod, its vLLM asks for an API key) of the vLLM servers a selector picks and the
+    Service port ``target`` reaches (a sidecar that owns the port fronts vLLM instead)."""
     if not isinstance(selector, dict) or not selector:
         return []
     out = []
@@ -1120,26 +1341,158 @@ def _vllm_pods(inv: Inventory, namespace: str, selector: Any) -> list[tuple[PodV
         if not all(pod.labels.get(str(k)) == str(v) for k, v in selector.items()):
             continue
         servers = [c for c, path in pod.containers() if container_engine(c, path)[0]]
-        if servers:
+        if servers and _fronted_by_sidecar(pod, target) is None:
             out.append((pod, all(_vllm_api_key(c) for c in servers)))
     return out
 
 
+def _selects(selector: Any, pod: PodView, key: str = "matchLabels") -> bool:
+    """An Istio/Envoy workload selector (``{matchLabels: ...}`` or ``{labels: ...}``) that
+    picks ``pod``; no selector picks every pod of the namespace."""
+    if not isinstance(selector, dict):
+        return True
+    labels = selector.get(key, selector.get("labels"))
+    if not isinstance(labels, dict):
+        return True
+    return all(pod.labels.get(str(k)) == str(v) for k, v in labels.items())
+
+
+def _istio_requires_auth(policy: Manifest) -> bool:
+    """An AuthorizationPolicy that makes callers authenticate: CUSTOM (ext_authz), an ALLOW
+    whose every rule names request principals / principals / JWT claims, or a DENY of
+    requests without a principal."""
+    spec = as_dict(policy.get("spec"))
+    action = spec.get("action", "ALLOW")
+    if action == "CUSTOM":
+        return True
+    rules = spec.get("rules")
+    if not isinstance(rules, list) or not rules:
+        return False  # ALLOW with no rules denies all; no rules on DENY allows all
+
+    def authed(r: Any) -> bool:
+        text = str(r)
+        return any(k in text for k in ("requestPrincipals", "principals", "request.auth."))
+
+    if action == "DENY":
+        return any("notRequestPrincipals" in str(r) or "notPrincipals" in str(r) for r in rules)
+    return all(isinstance(r, dict) and authed(r) for r in rules)
+
+
+def _mesh_auth(inv: Inventory, pod: PodView) -> str | None:
+    """The Istio or Envoy policy that authenticates requests to ``pod``, or None."""
+    ns = pod.manifest.namespace
+    for m in inv.of_kind("AuthorizationPolicy"):
+        if not m.api_version.startswith("security.istio.io/"):
+            continue
+        spec = as_dict(m.get("spec"))
+        in_scope = (m.namespace == ns and _selects(spec.get("selector"), pod)) or (
+            m.namespace == _ISTIO_ROOT and "selector" not in spec
+        )
+        if in_scope and _istio_requires_auth(m):
+            return m.ref
+    for m in inv.of_kind("EnvoyFilter"):
+        spec = as_dict(m.get("spec"))
+        if (
+            m.namespace in (ns, _ISTIO_ROOT)
+            and "envoy.filters.http.ext_authz" in str(spec.get("configPatches"))
+            and (
+                m.namespace == _ISTIO_ROOT or _selects(spec.get("workloadSelector"), pod, "labels")
+            )
+        ):
+            return m.ref
+    return None
+
+
+def _gateway_auth(inv: Inventory, route: Manifest) -> str | None:
+    """An Envoy Gateway SecurityPolicy (authentication) attached to ``route`` or to a Gateway
+    it attaches to, or an Istio/Envoy ext_authz at the gateway."""
+    parents = {
+        str(p.get("name")) for p in (route.get("spec.parentRefs") or []) if isinstance(p, dict)
+    }
+    for m in inv.of_kind("SecurityPolicy"):
+        spec = as_dict(m.get("spec"))
+        if not any(k in spec for k in _SECURITY_POLICY_AUTH):
+            continue
+        refs = spec.get("targetRefs") or ([spec["targetRef"]] if "targetRef" in spec else [])
+        for ref in refs if isinstance(refs, list) else []:
+            if not isinstance(ref, dict):
+                continue
+            if (ref.get("kind") == route.kind and ref.get("name") == route.name) or (
+                ref.get("kind") == "Gateway" and ref.get("name") in parents
+            ):
+                return m.ref
+    return None
+
+
+def _gateway_reach(inv: Inventory, route: Manifest) -> tuple[str, bool] | None:
+    """Reach of a Gateway API route from its parent Gateway's class: an internal class
+    serves the VPC (a warning), an external one the internet (an error); None when the
+    Gateway or its class says nothing (the finding is then a warning)."""
+    parents = {
+        str(p.get("name")) for p in (route.get("spec.parentRefs") or []) if isinstance(p, dict)
+    }
+    candidates = [
+        gw
+        for gw in inv.of_kind("Gateway")
+        if gw.name in parents and gw.namespace == route.namespace
+    ]
+
+    # Alternatives of one name (production-stack ships gke/, istio/ and kgateway/ variants of
+    # its inference-gateway): the one nearest the route's own file is the route's.
+    # Equally near alternatives leave the Gateway unknown.
+    def nearness(gw: Manifest) -> int:
+        return len(os.path.commonpath([gw.file, route.file]) or "")
+
+    best = max((nearness(gw) for gw in candidates), default=0)
+    nearest = [gw for gw in candidates if nearness(gw) == best]
+    for gw in nearest if len(nearest) == 1 else []:
+        cls = str(gw.get("spec.gatewayClassName", ""))
+        low = cls.lower()
+        if "internal" in low or "rilb" in low or "ilb" in low.split("-"):
+            return f"from inside the VPC (Gateway {gw.name!r}, class {cls})", True
+        if "external" in low:
+            return f"from the internet (Gateway {gw.name!r}, class {cls})", False
+    return None
+
+
+def _pool_pods(inv: Inventory, namespace: str, name: str) -> tuple[Manifest, dict[str, str]] | None:
+    """(InferencePool, its pod selector) named ``name`` in ``namespace``."""
+    for pool in inv.of_kind("InferencePool"):
+        if pool.namespace != namespace or pool.name != name:
+            continue
+        sel = pool.get("spec.selector")
+        if not isinstance(sel, dict):
+            return None
+        match = sel.get("matchLabels")
+        labels: dict[Any, Any] = match if isinstance(match, dict) else sel
+        return pool, {str(k): str(v) for k, v in labels.items() if not isinstance(v, dict | list)}
+    return None
+
+
 @rule("vllm-exposed-without-auth", versions={"vllm": "all"})
 def vllm_exposed_without_auth(inv: Inventory) -> Iterator[Finding]:
-    """vLLM reachable from outside the cluster with no credentials asked by vLLM or the gateway."""
+    """vLLM reachable from outside the cluster with no credentials asked by vLLM, a sidecar,
+    the mesh (Istio AuthorizationPolicy, Envoy ext_authz) or the gateway."""
     services = {(s.namespace, s.name): s for s in inv.of_kind("Service")}
-    routes: list[tuple[Manifest, str, Manifest, tuple[str, bool]]] = []
+    # (front object, field path, namespace, pod selector, target port, reach, via text)
+    routes: list[tuple[Manifest, str, str, Any, Any, tuple[str, bool], str]] = []
     for svc in services.values():
         if svc.get("spec.type") in _EXPOSING_TYPES:
-            routes.append(
-                (
-                    svc,
-                    "spec.type",
-                    svc,
-                    _reach(svc.get("spec.type"), svc.get("metadata.annotations")),
+            reach = _reach(svc.get("spec.type"), svc.get("metadata.annotations"))
+            ports = svc.get("spec.ports")
+            for p in ports if isinstance(ports, list) else [None]:
+                target = p.get("targetPort", p.get("port")) if isinstance(p, dict) else None
+                routes.append(
+                    (
+                        svc,
+                        "spec.type",
+                        svc.namespace,
+                        svc.get("spec.selector"),
+                        target,
+                        reach,
+                        f"Service {svc.name!r}",
+                    )
                 )
-            )
     for ing in inv.of_kind("Ingress"):
         ann = as_dict(ing.get("metadata.annotations"))
         if any(key in ann for key in _INGRESS_AUTH):
@@ -1147,27 +1500,88 @@ def vllm_exposed_without_auth(inv: Inventory) -> Iterator[Finding]:
         for path, value in _walk(ing.get("spec"), "spec"):
             if not path.endswith(".service.name") or not isinstance(value, str):
                 continue
-            target = services.get((ing.namespace, value))
-            if target is not None:
-                routes.append((ing, path, target, _ingress_reach(inv, ing)))
-    for front, path, svc, (where, private) in routes:
-        open_pods = [
-            p for p, keyed in _vllm_pods(inv, svc.namespace, svc.get("spec.selector")) if not keyed
-        ]
-        if not open_pods:
+            target_svc = services.get((ing.namespace, value))
+            if target_svc is not None:
+                number = ing.get(path.rsplit(".", 1)[0] + ".port.number")
+                target = _service_target(target_svc, number)
+                routes.append(
+                    (
+                        ing,
+                        path,
+                        ing.namespace,
+                        target_svc.get("spec.selector"),
+                        target,
+                        _ingress_reach(inv, ing),
+                        f"{ing.ref} -> Service {value!r}",
+                    )
+                )
+    for route in inv.of_kind("HTTPRoute", "GRPCRoute"):
+        if _gateway_auth(inv, route) is not None:
             continue
+        gw_reach = _gateway_reach(inv, route)
+        for path, node in _walk(route.get("spec"), "spec"):
+            if not isinstance(node, dict) or not path.split(".")[-1].startswith("backendRefs"):
+                continue
+            kind, name = node.get("kind", "Service"), node.get("name")
+            if not isinstance(name, str):
+                continue
+            if kind == "Service" and (route.namespace, name) in services:
+                svc = services[(route.namespace, name)]
+                routes.append(
+                    (
+                        route,
+                        path,
+                        route.namespace,
+                        svc.get("spec.selector"),
+                        _service_target(svc, node.get("port")),
+                        gw_reach or ("through the Gateway", True),
+                        f"{route.ref} -> Service {name!r}",
+                    )
+                )
+            elif kind == "InferencePool" and (found := _pool_pods(inv, route.namespace, name)):
+                routes.append(
+                    (
+                        route,
+                        path,
+                        route.namespace,
+                        found[1],
+                        None,
+                        gw_reach or ("through the Gateway", True),
+                        f"{route.ref} -> {found[0].ref}",
+                    )
+                )
+    seen: set[tuple[str, str, str]] = set()
+    for front, path, ns, selector, target, (where, private), via in routes:
+        open_pods = [
+            p
+            for p, keyed in _vllm_pods(inv, ns, selector, target)
+            if not keyed and _mesh_auth(inv, p) is None
+        ]
+        if not open_pods or (front.ref, front.file, path) in seen:
+            continue
+        seen.add((front.ref, front.file, path))
         names = ", ".join(sorted({p.manifest.ref for p in open_pods}))
-        via = f"Service {svc.name!r}" if front is svc else f"{front.ref} -> Service {svc.name!r}"
         yield Finding.at(
             "vllm-exposed-without-auth",
             "warning" if private else "error",
             front,
             path,
-            f"{via} makes the vLLM server of {names} reachable {where}, and neither vLLM "
-            "(--api-key / VLLM_API_KEY) nor the gateway asks for credentials: anyone who "
-            "reaches it can use the model, exhaust the GPUs, and call every endpoint the "
+            f"{via} makes the vLLM server of {names} reachable {where}, and nothing asks for "
+            "credentials - not vLLM (--api-key / VLLM_API_KEY), a sidecar in front of it, "
+            "the mesh (Istio AuthorizationPolicy, Envoy ext_authz) nor the gateway: anyone "
+            "who reaches it can use the model, exhaust the GPUs, and call every endpoint the "
             "server enables (LoRA loading, prompt embeddings).",
             "Set VLLM_API_KEY from a Secret (vLLM then requires 'Authorization: Bearer'), or "
-            "put an authenticating gateway in front (ingress-nginx auth-url, ALB OIDC); keep "
-            "the Service ClusterIP.",
+            "put authentication in front (ingress-nginx auth-url with oauth2-proxy, ALB OIDC, "
+            "an Istio RequestAuthentication plus an AuthorizationPolicy requiring "
+            "requestPrincipals, an Envoy Gateway SecurityPolicy); keep the Service ClusterIP.",
         )
+
+
+def _service_target(svc: Manifest, port: Any) -> Any:
+    """The targetPort behind Service port ``port`` (None: any of them)."""
+    ports = svc.get("spec.ports")
+    for p in ports if isinstance(ports, list) else []:
+        if isinstance(p, dict) and (port is None or p.get("port") == port):
+            return p.get("targetPort", p.get("port"))
+    return None

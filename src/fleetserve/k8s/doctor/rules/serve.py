@@ -38,6 +38,7 @@ from fleetserve.k8s.doctor.rules._devices import (
     card_of_type,
     container_slice,
     hami_config,
+    lws_worker,
     pods,
 )
 from fleetserve.k8s.doctor.rules._engines import (
@@ -47,7 +48,7 @@ from fleetserve.k8s.doctor.rules._engines import (
     container_engine,
     engine_replicas,
     http_port,
-    kubeai_engine,
+    kubeai_engines,
     production_stack_engines,
 )
 from fleetserve.k8s.doctor.rules._models import gib, replica_need
@@ -397,9 +398,7 @@ def tp_gpus_mismatch(inv: Inventory) -> Iterator[Finding]:
 def _operator_tp(inv: Inventory) -> Iterator[Finding]:
     """KubeAI Models and production-stack modelSpecs: TP x PP against the GPUs they ask for."""
     found: list[tuple[Located, OperatorEngine]] = []
-    for m in inv.of_kind("Model"):
-        if (e := kubeai_engine(m)) is not None:
-            found.append((m, e))
+    found.extend(kubeai_engines(inv))
     for values in inv.charts("vllm-production-stack"):
         for e in production_stack_engines(values.body):
             spec = get_path(values.body, e.path)
@@ -440,13 +439,20 @@ def _server_tp(inv: Inventory) -> Iterator[Finding]:
         tp = int(engine.get("tensor_parallel_size") or 1)
         pp = int(engine.get("pipeline_parallel_size") or 1)
         gpus = container_slice(c, cfg)
-        # A LeaderWorkerSet leader's engine spans its group: every pod brings its GPUs.
-        total = gpus.count * pod.hosts if gpus is not None else 0
+        # A LeaderWorkerSet leader's engine spans its group: the leader's GPUs plus each
+        # worker pod's (the worker template's, which may differ from the leader's).
+        worker = lws_worker(inv, pod)
+        per_worker = _pod_gpus(worker, cfg) if worker is not None else 0
+        total = (gpus.count + (pod.hosts - 1) * per_worker) if gpus is not None else 0
         if gpus is None or gpus.is_hami or total == tp * pp:
             continue  # HAMi slices: the hami-gpu-count rule explains nvidia.com/gpu there
         if engine.get("distributed_executor_backend") == "ray" and total < tp * pp:
             continue  # ranks may live in other pods of a Ray cluster
-        group = f" x {pod.hosts} pods of the group" if pod.hosts > 1 else ""
+        group = (
+            f" + {pod.hosts - 1} worker pod(s) x nvidia.com/gpu: {per_worker} = {total}"
+            if pod.hosts > 1
+            else ""
+        )
         effect = (
             f"vLLM finds {total} GPU(s) for {tp * pp} ranks and fails at start-up"
             if total < tp * pp
@@ -761,6 +767,16 @@ def _replica_pods(r: EngineReplica, all_pods: list[PodView]) -> list[PodView]:
         and p.group.gpus_per_pod > 0
         and can_host(p.group, r)
     ]
+
+
+def _pod_gpus(pod: PodView, cfg: HamiConfig) -> int:
+    """Whole GPUs a pod template's containers ask for (HAMi slices count 0)."""
+    total = 0
+    for c, _ in pod.containers():
+        got = container_slice(c, cfg)
+        if got is not None and not got.is_hami:
+            total += got.count
+    return total
 
 
 def _server_engines(
