@@ -47,7 +47,7 @@ import numpy as np
 import yaml
 
 from fleetserve.bench.workload.text import PromptText
-from fleetserve.serve.deployment_options import ROUTER_CLASS, request_router_options
+from fleetserve.plan.deployment import ROUTER_CLASS, request_router_options
 from fleetserve.spec import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE, ModelSpec
 
 ROUTERS = {

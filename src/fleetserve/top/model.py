@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fleetserve.observe import metrics as m
-from fleetserve.serve.deployment_options import deployment_name
+from fleetserve.plan.deployment import deployment_name
 
 #: Serve deployments of models are named ``model-<name>`` (fleetserve.serve.app).
 MODEL_DEPLOYMENT_PREFIX = deployment_name("")

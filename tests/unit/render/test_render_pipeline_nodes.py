@@ -103,9 +103,9 @@ def test_engine_runs_pipeline_stages_with_rays_executor(objects: list[dict[str, 
     (model,) = spec.models
     assert (model.tensor_parallel, model.pipeline_parallel) == (8, 2)
     assert model.engine_args["distributed_executor_backend"] == "ray"
-    assert args.engine_settings is not None
+    assert args.deployments is not None
     cli = EngineConfig.from_spec(
-        model, model_path="/models/405b", settings=args.engine_settings[model.name]
+        model, model_path="/models/405b", settings=args.deployments[model.name].engine
     ).vllm_cli_args()
     for flag, value in (
         ("--tensor-parallel-size", "8"),

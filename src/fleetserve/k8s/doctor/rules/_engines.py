@@ -429,7 +429,17 @@ def _fleetserve_replicas(
     args = app.get("args")
     if not isinstance(args, dict) or not isinstance(args.get("spec"), dict):
         return None
-    settings_raw = args.get("engine_settings")
+    # The plan's resolved deployments (fleetserve render), or engine settings alone (a
+    # hand-written config, or one rendered before the deployments were carried).
+    deployments_raw = args.get("deployments")
+    if isinstance(deployments_raw, dict):
+        settings_raw: Any = {
+            name: d.get("engine") for name, d in deployments_raw.items() if isinstance(d, dict)
+        }
+        settings_field = "deployments.{}.engine"
+    else:
+        settings_raw = args.get("engine_settings")
+        settings_field = "engine_settings.{}"
     try:
         spec = parse_spec(args["spec"], "serveConfigV2 args.spec")
     except FleetServeError:
@@ -460,7 +470,7 @@ def _fleetserve_replicas(
                     engine, _ = parse_vllm_cli(config.vllm_cli_args(), "")
                 except (ValidationError, FleetServeError, TypeError, ValueError):
                     engine = {}  # the engine refuses these settings itself: nothing to check
-                spath = f"{app_path}.args.engine_settings.{model.name}"
+                spath = f"{app_path}.args.{settings_field.format(model.name)}"
                 for key in raw:
                     paths[key] = f"{spath}.{key}"
         if model.config and catalogue_entry(model.config) is not None:

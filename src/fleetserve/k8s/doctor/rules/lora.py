@@ -32,7 +32,7 @@ from fleetserve.k8s.doctor.registry import rule
 from fleetserve.k8s.doctor.rules._devices import pods
 from fleetserve.k8s.doctor.rules._engines import can_host, container_engine, engine_replicas
 from fleetserve.k8s.render.volumes import adapter_paths
-from fleetserve.serve.deployment_options import deployment_name
+from fleetserve.plan.deployment import deployment_name
 from fleetserve.spec import FleetSpec, parse_spec
 
 
