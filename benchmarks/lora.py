@@ -39,7 +39,7 @@ import httpx
 import yaml
 
 from fleetserve.modelstore.store import ModelStore
-from fleetserve.serve.ports import free_port
+from fleetserve.serve.control.ports import free_port
 from fleetserve.spec import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE
 from overhead import Server  # same directory: run as a script
 

@@ -70,7 +70,7 @@ from fleetserve.engine.config import EngineConfig, vllm_server_argv
 from fleetserve.host import probe
 from fleetserve.modelstore.store import ModelStore
 from fleetserve.plan.local import local_deployment
-from fleetserve.serve.ports import free_port
+from fleetserve.serve.control.ports import free_port
 from fleetserve.spec import FleetSpec, default_fleet
 
 PROMPT = (

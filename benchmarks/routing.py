@@ -1,7 +1,7 @@
 """Routing benchmark: fleetserve's prefix router vs Ray Serve's default (power of two
 choices) vs Ray Serve LLM's PrefixCacheAffinityRouter, two replicas of the default model.
 
-Design note. Each arm is the same Serve application (``fleetserve.serve.app:build_app``
+Design note. Each arm is the same Serve application (``fleetserve.serve.control.app:build_app``
 from a Serve config, as a RayService runs it) whose model deployment differs only in
 ``request_router_config``: fleetserve's ``FleetRouter`` (policy prefix), Serve's
 ``PowerOfTwoChoicesRequestRouter``, or Ray Serve LLM's router (``benchmarks/
@@ -93,7 +93,7 @@ def serve_config(arm: str, port: int, args: argparse.Namespace) -> dict[str, Any
     app: dict[str, Any] = {
         "name": "fleetserve",
         "route_prefix": "/",
-        "import_path": "fleetserve.serve.app:build_app",
+        "import_path": "fleetserve.serve.control.app:build_app",
         "args": {"spec": {"models": [model]}, "engine": args.engine},
     }
     if router:

@@ -40,7 +40,7 @@ from fleetserve.errors import ServeError
 from fleetserve.host import probe
 from fleetserve.modelstore.store import ModelStore
 from fleetserve.plan.local import local_deployment
-from fleetserve.serve import ports
+from fleetserve.serve.control import ports
 from fleetserve.spec import default_fleet
 
 #: Longest wait for an engine to come up (model preparation + engine load + compile on a

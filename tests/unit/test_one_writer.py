@@ -26,10 +26,10 @@ from fleetserve.k8s.render.groups import plan_worker_groups
 from fleetserve.plan import plan_fleet
 from fleetserve.plan.deployment import FleetDeployment, deployment_name
 from fleetserve.plan.local import local_deployment, plan_local
-from fleetserve.serve import runner
-from fleetserve.serve.api_keys import ApiKeyTable
-from fleetserve.serve.app import build_app, build_application
-from fleetserve.serve.runner import FleetServer, ServeOptions
+from fleetserve.serve.control import runner
+from fleetserve.serve.control.app import build_app, build_application
+from fleetserve.serve.control.runner import FleetServer, ServeOptions
+from fleetserve.serve.guard.api_keys import ApiKeyTable
 from fleetserve.spec import FleetSpec, load_spec, parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "k8s"

@@ -7,7 +7,7 @@ deployment options (replica count or autoscaling, ``max_ongoing_requests``, the 
 router, the drain timeout). They used to be written in several places (the planner, the
 local serve settings, the app builder, the RayService renderer) that could disagree. This
 module is the only writer: it turns a plan's placement into a :class:`ModelDeployment`, and
-``serve`` (:mod:`fleetserve.serve.app`) and ``render``
+``serve`` (:mod:`fleetserve.serve.control.app`) and ``render``
 (:mod:`fleetserve.k8s.render.serveconfig`) only read it. A RayService carries the resolved
 objects in its app args and writes the same options in ``deployments[]`` (where Ray and
 ``doctor`` read them), so the app that Ray builds from those args runs exactly what the
@@ -47,17 +47,33 @@ APP_NAME = "fleetserve"
 #: The ingress deployment's name.
 INGRESS_DEPLOYMENT = "ingress"
 #: Import path of fleetserve's Serve application builder (a Serve config's ``import_path``).
-APP_IMPORT_PATH = "fleetserve.serve.app:build_app"
+APP_IMPORT_PATH = "fleetserve.serve.control.app:build_app"
+#: Where releases before serve/ was split by concern had it: manifests they rendered (and
+#: images they built) still name it, and ``doctor`` must still recognise fleetserve's app.
+FORMER_APP_IMPORT_PATHS = ("fleetserve.serve.app:build_app",)
 #: Import path of fleetserve's request router (``serve.routing.router.FleetRouter``).
 ROUTER_CLASS = "fleetserve.serve.routing.router:FleetRouter"
 #: Import path of fleetserve's autoscaling policy (``serve.autoscaling``).
-POLICY_CLASS = "fleetserve.serve.autoscaling:LLMAutoscalingPolicy"
+POLICY_CLASS = "fleetserve.serve.control.autoscaling:LLMAutoscalingPolicy"
 #: Logical CPUs reserved by the (single) ingress replica: enough to be counted, small
 #: enough never to be the reason a fleet does not fit (pitfall ``ingress-starved``).
 INGRESS_CPUS = 0.1
 #: Ingress requests at once beyond the models' own bounds; it only relays, so the models'
 #: limits are what bind.
 INGRESS_MIN_ONGOING = 1000
+#: Serve's own request timeout is ours plus this, so ours (with its error event) fires first.
+SERVE_TIMEOUT_MARGIN_S = 15.0
+
+
+def serve_request_timeout_s(request_timeout_s: float) -> float:
+    """Serve's ``http_options.request_timeout_s``: a backstop behind our own deadline."""
+    return request_timeout_s + SERVE_TIMEOUT_MARGIN_S
+
+
+def is_fleetserve_app(import_path: str) -> bool:
+    """Whether a Serve config's ``import_path`` names fleetserve's application builder."""
+    module = import_path.partition(":")[0]
+    return module in {p.partition(":")[0] for p in (APP_IMPORT_PATH, *FORMER_APP_IMPORT_PATHS)}
 
 
 def deployment_name(model: str) -> str:
@@ -131,7 +147,7 @@ def serve_options(
     return {
         "name": deployment_name(model.name),
         "max_ongoing_requests": r.max_ongoing_requests,
-        # The gateway's exact admission (serve/admission.py) is the binding limit;
+        # The gateway's exact admission (serve/guard/admission.py) is the binding limit;
         # Serve's own queue bound is a backstop above it, so its router's stale view of
         # replica load can never refuse a request the gateway admitted.
         "max_queued_requests": r.max * r.max_ongoing_requests + r.max_queued_requests,
@@ -339,6 +355,7 @@ def pod_deployment(
 __all__ = [
     "APP_IMPORT_PATH",
     "APP_NAME",
+    "FORMER_APP_IMPORT_PATHS",
     "INGRESS_CPUS",
     "INGRESS_DEPLOYMENT",
     "POLICY_CLASS",
@@ -348,9 +365,11 @@ __all__ = [
     "PodTarget",
     "RayOptions",
     "deployment_name",
+    "is_fleetserve_app",
     "node_deployment",
     "pod_deployment",
     "replica_count_options",
     "request_router_options",
     "serve_options",
+    "serve_request_timeout_s",
 ]

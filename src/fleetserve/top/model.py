@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from fleetserve.observe import metrics as m
 from fleetserve.plan.deployment import deployment_name
 
-#: Serve deployments of models are named ``model-<name>`` (fleetserve.serve.app).
+#: Serve deployments of models are named ``model-<name>`` (fleetserve.serve.control.app).
 MODEL_DEPLOYMENT_PREFIX = deployment_name("")
 
 

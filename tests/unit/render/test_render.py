@@ -17,7 +17,7 @@ from fleetserve.k8s.render import RenderOptions, render
 from fleetserve.k8s.render.groups import plan_worker_groups, tenant_warnings
 from fleetserve.plan.deployment import deployment_name
 from fleetserve.plan.result import PlanResult, Unplaced
-from fleetserve.serve.app import BuildArgs
+from fleetserve.serve.control.app import BuildArgs
 from fleetserve.spec import parse_spec
 
 
@@ -120,7 +120,7 @@ def test_serve_config_deployments_pin_replicas_to_their_group(kit: Any) -> None:
     objects = render(*kit.sliced_fleet())
     cfg = serve_cfg(objects)
     (app,) = cfg["applications"]
-    assert app["import_path"] == "fleetserve.serve.app:build_app"
+    assert app["import_path"] == "fleetserve.serve.control.app:build_app"
     deps = {d["name"]: d for d in app["deployments"]}
     llama = deps["model-llama-3-8b"]
     assert llama["autoscaling_config"]["min_replicas"] == 1

@@ -22,7 +22,7 @@ from fleetserve.engine.config import EngineConfig
 from fleetserve.errors import RenderError
 from fleetserve.k8s.render import RenderOptions, render
 from fleetserve.plan import plan_fleet
-from fleetserve.serve.app import BuildArgs
+from fleetserve.serve.control.app import BuildArgs
 from fleetserve.spec import FleetSpec, load_spec
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "k8s" / "pipeline-across-nodes.yaml"

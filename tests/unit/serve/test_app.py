@@ -8,7 +8,7 @@ import pytest
 
 from fleetserve.errors import SpecError
 from fleetserve.plan.deployment import deployment_name
-from fleetserve.serve.app import build_app
+from fleetserve.serve.control.app import build_app
 
 SPEC = {
     "models": [

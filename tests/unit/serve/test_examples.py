@@ -8,7 +8,7 @@ import pytest
 
 from fleetserve.host import probe
 from fleetserve.plan.local import local_deployment
-from fleetserve.serve.resources import ClusterCapacity, fit_resources
+from fleetserve.serve.control.resources import ClusterCapacity, fit_resources
 from fleetserve.spec import default_fleet, load_spec
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"

@@ -8,7 +8,7 @@ from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import CapacityError
 from fleetserve.plan.deployment import INGRESS_CPUS, FleetDeployment, node_deployment
 from fleetserve.plan.local import plan_unsized
-from fleetserve.serve.resources import ClusterCapacity, fit_resources
+from fleetserve.serve.control.resources import ClusterCapacity, fit_resources
 from fleetserve.spec import FleetSpec, default_fleet, parse_spec
 
 S = EngineSettings(

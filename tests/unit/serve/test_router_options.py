@@ -15,8 +15,8 @@ from fleetserve.plan.deployment import (
     replica_count_options,
     request_router_options,
 )
-from fleetserve.serve.app import build_app
-from fleetserve.serve.autoscaling import LLMAutoscalingPolicy
+from fleetserve.serve.control.app import build_app
+from fleetserve.serve.control.autoscaling import LLMAutoscalingPolicy
 from fleetserve.serve.routing.router import FleetRouter
 from fleetserve.spec import parse_spec
 

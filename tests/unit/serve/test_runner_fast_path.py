@@ -20,8 +20,8 @@ from ray import serve
 from fleetserve.engine.cpu_binding import BIND_ENV, HOST_CPUS_ENV, format_cores
 from fleetserve.host import HostFacts
 from fleetserve.plan.local import joined_deployment
-from fleetserve.serve import runner
-from fleetserve.serve.runner import FleetServer, ServeOptions, fast_path_env
+from fleetserve.serve.control import runner
+from fleetserve.serve.control.runner import FleetServer, ServeOptions, fast_path_env
 from fleetserve.spec import parse_spec
 
 KEYS = (

@@ -1,6 +1,6 @@
 """The RayService's ``serveConfigV2``: fleetserve's Serve app with the plan's deployments.
 
-Design: one Serve application (``fleetserve.serve.app:build_app``, args of its
+Design: one Serve application (``fleetserve.serve.control.app:build_app``, args of its
 ``BuildArgs`` shape) serves every model of the fleet behind one OpenAI endpoint: an
 ``ingress`` deployment and one ``model-<name>`` deployment per model. Its ``args`` carry the
 fleet spec (secret references rewritten to the env vars the pods get, see :mod:`.secrets`)
@@ -40,8 +40,8 @@ from fleetserve.plan.deployment import (
     ModelDeployment,
     PodTarget,
     pod_deployment,
+    serve_request_timeout_s,
 )
-from fleetserve.serve.limits import serve_request_timeout_s
 from fleetserve.spec import FleetSpec
 
 

@@ -34,6 +34,7 @@ from fleetserve.errors import FleetServeError
 from fleetserve.k8s.doctor.inventory import Manifest
 from fleetserve.k8s.doctor.ray_objects import GroupView, serve_apps, serve_config
 from fleetserve.plan.catalogue import catalogue_entry
+from fleetserve.plan.deployment import is_fleetserve_app
 from fleetserve.spec import parse_spec
 
 #: Normalised engine argument -> accepted spellings in env vars (upper case) besides its own.
@@ -418,13 +419,13 @@ def _pins(options: dict[str, Any]) -> tuple[str, ...]:
 def _fleetserve_replicas(
     m: Manifest, app: dict[str, Any], app_path: str, app_name: str
 ) -> list[EngineReplica] | None:
-    """fleetserve's own app (``fleetserve.serve.app:build_app``): one replica kind per model.
+    """fleetserve's own app (``plan.deployment.APP_IMPORT_PATH``): one replica kind per model.
 
     The engine arguments are computed by fleetserve's engine code itself
     (:meth:`EngineConfig.vllm_cli_args`), so doctor checks exactly what the replicas will run.
     None when the app is not fleetserve's or its args are not a valid fleet spec.
     """
-    if not str(app.get("import_path", "")).startswith("fleetserve.serve.app"):
+    if not is_fleetserve_app(str(app.get("import_path", ""))):
         return None
     args = app.get("args")
     if not isinstance(args, dict) or not isinstance(args.get("spec"), dict):

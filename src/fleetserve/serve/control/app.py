@@ -5,13 +5,13 @@ Two entry points build the same application:
 * :func:`build_application` - the Python API ``fleetserve serve`` uses (it has already
   resolved models, settings and keys, and checked the fit);
 * :func:`build_app` - the Serve *application builder* for Ray's own tooling, named in a
-  Serve config as ``import_path: fleetserve.serve.app:build_app`` with ``args`` of the
+  Serve config as ``import_path: fleetserve.serve.control.app:build_app`` with ``args`` of the
   shape :class:`BuildArgs` (what a RayService's ``serveConfigV2`` carries)::
 
       applications:
         - name: fleetserve
           route_prefix: /
-          import_path: fleetserve.serve.app:build_app
+          import_path: fleetserve.serve.control.app:build_app
           args:
             spec: {models: [{name: gemma-3-270m, source: "builtin:gemma-3-270m"}]}
             # or: spec_path: /etc/fleetserve/fleet.yaml  (neither: the default fleet)
@@ -46,12 +46,12 @@ from fleetserve.plan.deployment import (
     node_deployment,
 )
 from fleetserve.plan.local import joined_deployment, local_deployment, plan_unsized
-from fleetserve.serve.api_keys import ApiKeyTable
-from fleetserve.serve.ingress import Ingress
-from fleetserve.serve.limits import RequestLimits
-from fleetserve.serve.model_server import ModelServer
-from fleetserve.serve.quota_guard import GuardConfig
-from fleetserve.serve.quota_store import KEEPER_DEPLOYMENT, QuotaKeeper, limits_to_args
+from fleetserve.serve.guard.api_keys import ApiKeyTable
+from fleetserve.serve.guard.quota_guard import GuardConfig
+from fleetserve.serve.guard.quota_store import KEEPER_DEPLOYMENT, QuotaKeeper, limits_to_args
+from fleetserve.serve.ingress.ingress import Ingress
+from fleetserve.serve.ingress.limits import RequestLimits
+from fleetserve.serve.replica.model_server import ModelServer
 from fleetserve.spec import FleetSpec, default_fleet, format_validation_error, load_spec, parse_spec
 
 
@@ -151,7 +151,7 @@ def build_application(
     guard = GuardConfig.from_spec(
         spec, {name: s.max_model_len for name, s in deployment.engine_settings().items()}
     )
-    # The quota counters: one keeper shared by every ingress replica (serve/quota_store.py).
+    # The quota counters: one keeper shared by every ingress replica (serve/guard/quota_store.py).
     quota = (
         _deployment(QuotaKeeper)
         .options(name=KEEPER_DEPLOYMENT)
@@ -191,7 +191,7 @@ def _gpu_cluster() -> bool:
 
 
 def build_app(args: dict[str, Any]) -> Application:
-    """Serve application builder (``import_path: fleetserve.serve.app:build_app``).
+    """Serve application builder (``import_path: fleetserve.serve.control.app:build_app``).
 
     ``args`` has the shape of :class:`BuildArgs` (see the module docstring). API keys are
     read from the environment of the process that builds the app.

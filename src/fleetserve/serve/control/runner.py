@@ -55,13 +55,18 @@ from fleetserve.engine.cpu_binding import (
 )
 from fleetserve.errors import ServeError
 from fleetserve.host import HostFacts, probe
-from fleetserve.plan.deployment import APP_NAME, INGRESS_DEPLOYMENT, FleetDeployment
+from fleetserve.plan.deployment import (
+    APP_NAME,
+    INGRESS_DEPLOYMENT,
+    FleetDeployment,
+    serve_request_timeout_s,
+)
 from fleetserve.plan.local import joined_deployment, local_deployment
-from fleetserve.serve.api_keys import ApiKeyTable
-from fleetserve.serve.app import build_application, resolve_model_paths
-from fleetserve.serve.limits import RequestLimits, serve_request_timeout_s, transport_env
-from fleetserve.serve.ports import free_port
-from fleetserve.serve.resources import ClusterCapacity, fit_resources
+from fleetserve.serve.control.app import build_application, resolve_model_paths
+from fleetserve.serve.control.ports import free_port
+from fleetserve.serve.control.resources import ClusterCapacity, fit_resources
+from fleetserve.serve.guard.api_keys import ApiKeyTable
+from fleetserve.serve.ingress.limits import RequestLimits, transport_env
 from fleetserve.spec import FleetSpec
 
 #: Seconds between deployment status polls while starting.
@@ -334,7 +339,7 @@ class FleetServer:
                         "host": o.host,
                         "port": proxy_port,
                         # A backstop: the ingress's own deadline ends requests first,
-                        # in the OpenAI error shape (serve/limits.py).
+                        # in the OpenAI error shape (serve/ingress/limits.py).
                         "request_timeout_s": serve_request_timeout_s(
                             o.spec.server.request_timeout_s
                         ),
