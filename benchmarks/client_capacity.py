@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from fleetserve.serve.ports import free_port
+from fleetserve.serve.control.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetserve.engine.config import EngineConfig
-from fleetserve.serve.ports import free_port
+from fleetserve.serve.control.ports import free_port
 from overhead import (
     Phase,
     Server,

@@ -42,7 +42,7 @@ from typing import Any
 
 import httpx
 
-from fleetserve.serve.ports import free_port
+from fleetserve.serve.control.ports import free_port
 from fleetserve.spec import DEFAULT_MODEL_SOURCE
 from overhead import Server, percentile  # same directory: run as a script
 

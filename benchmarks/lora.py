@@ -39,7 +39,7 @@ import httpx
 import yaml
 
 from fleetserve.modelstore.store import ModelStore
-from fleetserve.serve.ports import free_port
+from fleetserve.serve.control.ports import free_port
 from fleetserve.spec import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE
 from overhead import Server  # same directory: run as a script
 
@@ -147,12 +147,13 @@ def vllm_argv(spec_model: dict[str, Any], port: int) -> list[str]:
     """``vllm serve`` with the engine options fleetserve gives ``spec_model`` (one source:
     :meth:`EngineConfig.vllm_cli_args`, as the engine parity test does)."""
     from fleetserve.engine.config import EngineConfig, vllm_server_argv  # noqa: PLC0415 - imports vLLM config
-    from fleetserve.serve.settings import engine_settings  # noqa: PLC0415
+    from fleetserve.host import probe  # noqa: PLC0415
+    from fleetserve.plan.local import local_deployment  # noqa: PLC0415
     from fleetserve.spec import parse_spec  # noqa: PLC0415
 
     spec = parse_spec({"models": [spec_model]}, "lora bench")
     model = spec.models[0]
-    settings = engine_settings(spec)[model.name]
+    settings = local_deployment(spec, probe()).models[model.name].engine
     path = ModelStore().resolve(DEFAULT_MODEL_SOURCE)
     config = EngineConfig.from_spec(model, model_path=path, settings=settings)
     return vllm_server_argv(config.vllm_cli_args(), host="127.0.0.1", port=port)

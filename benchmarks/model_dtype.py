@@ -13,7 +13,7 @@ Each engine runs in its own subprocess (a fresh engine per measurement; vLLM's e
 does not release everything on ``del``). ``--enforce-eager`` skips torch.compile, which takes
 5-15 minutes per dtype on a busy 2-CPU host. ``--engine transformers`` is the quick proxy: the
 same weights in transformers (eager, 1 thread, batch 8 x 24 greedy tokens), both dtypes in one
-process, alternating per round. Numbers land in docs/design.md (Default model preparation).
+process, alternating per round. Numbers land in docs/decisions.md (Default model preparation).
 """
 
 from __future__ import annotations

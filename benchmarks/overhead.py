@@ -67,9 +67,10 @@ import httpx
 import yaml
 
 from fleetserve.engine.config import EngineConfig, vllm_server_argv
+from fleetserve.host import probe
 from fleetserve.modelstore.store import ModelStore
-from fleetserve.serve.ports import free_port
-from fleetserve.serve.settings import engine_settings
+from fleetserve.plan.local import local_deployment
+from fleetserve.serve.control.ports import free_port
 from fleetserve.spec import FleetSpec, default_fleet
 
 PROMPT = (
@@ -180,7 +181,7 @@ def stop_group(pid: int) -> None:
 
 def engine_config(spec: FleetSpec) -> EngineConfig:
     model = spec.models[0]
-    settings = engine_settings(spec)[model.name]
+    settings = local_deployment(spec, probe()).models[model.name].engine
     if model.source is None:
         raise SystemExit(f"models[0].source: the default fleet's model {model.name!r} has none")
     path = ModelStore().resolve(model.source)

@@ -21,9 +21,9 @@ from collections.abc import AsyncIterator, Callable
 
 import uvloop
 
-from fleetserve.serve.limits import Deadlines
-from fleetserve.serve.quota_guard import _StreamTap
-from fleetserve.serve.usage import UsageScanner, scan_stream
+from fleetserve.serve.guard.quota_guard import _StreamTap
+from fleetserve.serve.guard.usage import UsageScanner, scan_stream
+from fleetserve.serve.ingress.limits import Deadlines
 
 CHUNK = (
     b'data: {"id":"cmpl-0","object":"chat.completion.chunk","created":0,"model":"m",'

@@ -1,7 +1,7 @@
 """Routing benchmark: fleetserve's prefix router vs Ray Serve's default (power of two
 choices) vs Ray Serve LLM's PrefixCacheAffinityRouter, two replicas of the default model.
 
-Design note. Each arm is the same Serve application (``fleetserve.serve.app:build_app``
+Design note. Each arm is the same Serve application (``fleetserve.serve.control.app:build_app``
 from a Serve config, as a RayService runs it) whose model deployment differs only in
 ``request_router_config``: fleetserve's ``FleetRouter`` (policy prefix), Serve's
 ``PowerOfTwoChoicesRequestRouter``, or Ray Serve LLM's router (``benchmarks/
@@ -47,7 +47,7 @@ import numpy as np
 import yaml
 
 from fleetserve.bench.workload.text import PromptText
-from fleetserve.serve.deployment_options import ROUTER_CLASS, request_router_options
+from fleetserve.plan.deployment import ROUTER_CLASS, request_router_options
 from fleetserve.spec import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE, ModelSpec
 
 ROUTERS = {
@@ -93,7 +93,7 @@ def serve_config(arm: str, port: int, args: argparse.Namespace) -> dict[str, Any
     app: dict[str, Any] = {
         "name": "fleetserve",
         "route_prefix": "/",
-        "import_path": "fleetserve.serve.app:build_app",
+        "import_path": "fleetserve.serve.control.app:build_app",
         "args": {"spec": {"models": [model]}, "engine": args.engine},
     }
     if router:

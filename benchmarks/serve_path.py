@@ -37,7 +37,7 @@ from pathlib import Path
 
 import httpx
 
-from fleetserve.serve.ports import free_port
+from fleetserve.serve.control.ports import free_port
 from overhead import one_request, process_tree  # same directory: run as a script
 
 MODEL = "fake-model"

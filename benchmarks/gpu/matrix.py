@@ -282,15 +282,15 @@ def plan_of(spec_path: Path) -> dict[str, Any]:
     from fleetserve.engine.config import EngineConfig  # noqa: PLC0415
     from fleetserve.host import probe  # noqa: PLC0415
     from fleetserve.plan.gpus import GpuType  # noqa: PLC0415
+    from fleetserve.plan.local import local_deployment  # noqa: PLC0415
     from fleetserve.plan.sizing import model_config_for, size_replica  # noqa: PLC0415
-    from fleetserve.serve.settings import engine_settings  # noqa: PLC0415
     from fleetserve.spec import load_spec  # noqa: PLC0415
 
     spec = load_spec(spec_path)
     # No torch.cuda here: a CUDA context in this process would hold ~0.5 GiB of the card
     # for the whole phase (the probe reads the card in a child process).
     host = probe()
-    settings = engine_settings(spec, host=host)
+    settings = local_deployment(spec, host).engine_settings()
     # A CPU host (a dry run of this script) plans against RAM; the numbers mean little there.
     total = (min(host.gpu_memory_mb) if host.gpu_memory_mb else host.memory_mb) * 2**20
     free = 0

@@ -22,7 +22,7 @@ from fleetserve.errors import FleetServeError
 #: Only the chosen command's module is imported: serve pulls in Ray and vLLM, plan scipy,
 #: and ``fleetserve doctor`` or ``--help`` must not pay for them.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("fleetserve.serve.command", "serve the fleet's models behind an OpenAI API"),
+    "serve": ("fleetserve.serve.control.command", "serve the fleet's models behind an OpenAI API"),
     "model": ("fleetserve.modelstore.command", "prepare or locate the default model"),
     "plan": ("fleetserve.plan.command", "place model replicas on GPUs; derive engine settings"),
     "render": ("fleetserve.k8s.render.command", "write KubeRay/HAMi/monitoring manifests"),

@@ -1,7 +1,7 @@
 """This machine, measured once: the CPUs, RAM and GPUs a local fleet may use.
 
 Design note. ``fleetserve serve`` plans on this machine (:mod:`fleetserve.plan.local`) and
-then starts Ray here (:mod:`fleetserve.serve.runner`). Both must see the same machine, or
+then starts Ray here (:mod:`fleetserve.serve.control.runner`). Both must see the same machine, or
 Ray is given more CPUs than the planner planned for (a container pinned to 2 CPUs of a
 64-CPU host: ``os.cpu_count()`` says 64). So every host fact comes from :func:`probe`:
 

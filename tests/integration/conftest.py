@@ -37,9 +37,10 @@ import pytest
 
 from fleetserve.engine.config import EngineConfig, vllm_server_argv
 from fleetserve.errors import ServeError
+from fleetserve.host import probe
 from fleetserve.modelstore.store import ModelStore
-from fleetserve.serve import ports
-from fleetserve.serve.settings import engine_settings
+from fleetserve.plan.local import local_deployment
+from fleetserve.serve.control import ports
 from fleetserve.spec import default_fleet
 
 #: Longest wait for an engine to come up (model preparation + engine load + compile on a
@@ -442,7 +443,7 @@ def default_engine_args() -> list[str]:
     """The engine options fleetserve gives the default model, as `vllm serve` options."""
     spec = default_fleet()
     model = spec.models[0]
-    settings = engine_settings(spec)[model.name]
+    settings = local_deployment(spec, probe()).models[model.name].engine
     assert model.source is not None  # the default fleet names its model's weights
     path = ModelStore().resolve(model.source)
     return EngineConfig.from_spec(model, model_path=path, settings=settings).vllm_cli_args()

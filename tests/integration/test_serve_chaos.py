@@ -119,7 +119,7 @@ def wait_until(check: Any, timeout_s: float, what: str) -> None:
 def fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[Fleet]:
     # Behind Serve's proxy: with direct ingress (the default) a killed ingress replica does
     # not come back on Ray 2.60 (its replacement finds no free port in the one-port range;
-    # a known limit, docs/design.md), so the recovery test runs with the proxy.
+    # a known limit, docs/decisions.md), so the recovery test runs with the proxy.
     f = start_fleet(tmp_path_factory.mktemp("chaos"), servers, direct_ingress=False)
     yield f
     f.server.stop()
@@ -129,7 +129,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[Fl
 def test_every_process_of_a_started_ray_runs_at_normal_priority(fleet: Fleet) -> None:
     # Ray starts its workers at niceness 15 unless told otherwise; in the server's own
     # scheduling group its daemons (at 0) would then win every contest for a core against
-    # the engine (serve/runner.py, LOCAL_RAY_ENV).
+    # the engine (serve/control/runner.py, LOCAL_RAY_ENV).
     processes = fleet.processes()
     workers = [p for p, cmd in processes.items() if cmd.startswith("ray::")]
     assert workers, processes  # Serve's controller and replicas are Ray workers

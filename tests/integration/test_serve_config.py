@@ -1,6 +1,6 @@
 """Ray's own tooling deploys the app from a Serve config (``import_path`` + ``args``), as a
 RayService's ``serveConfigV2`` does: ``serve run config.yaml`` with the builder
-``fleetserve.serve.app:build_app``."""
+``fleetserve.serve.control.app:build_app``."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_serve_run_with_a_serve_config(tmp_path: Path, servers: Any) -> None:
             {
                 "name": "fleetserve",
                 "route_prefix": "/",
-                "import_path": "fleetserve.serve.app:build_app",
+                "import_path": "fleetserve.serve.control.app:build_app",
                 "args": {
                     "spec": {
                         "models": [

@@ -17,9 +17,9 @@ import pytest
 from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.fake_engine import FakeEngine
 from fleetserve.engine.settings import EngineSettings
-from fleetserve.serve.api_keys import ApiKeyTable
-from fleetserve.serve.gateway import Gateway, ModelRoute, create_api
-from fleetserve.serve.model_client import LocalModelClient, ModelClient
+from fleetserve.serve.guard.api_keys import ApiKeyTable
+from fleetserve.serve.ingress.gateway import Gateway, ModelRoute, create_api
+from fleetserve.serve.ingress.model_client import LocalModelClient, ModelClient
 from fleetserve.spec import FleetSpec, parse_spec
 
 #: Small engines: enough for the few tokens a gateway test asks for.

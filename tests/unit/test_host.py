@@ -15,8 +15,8 @@ import ray
 
 from fleetserve import host
 from fleetserve.plan.local import LocalHost
-from fleetserve.serve import runner
-from fleetserve.serve.runner import FleetServer, ServeOptions, local_capacity
+from fleetserve.serve.control import runner
+from fleetserve.serve.control.runner import FleetServer, ServeOptions, local_capacity
 from fleetserve.spec import default_fleet
 
 

@@ -9,7 +9,7 @@ which ``benchmarks/client_capacity.py`` measures.
 
 Why aiohttp and not httpx: on this project's 2-core test machine httpx 0.28 streamed SSE
 responses at ~0.5 k req/s (~20-80 ms TTFT error at 16-64 concurrent streams), aiohttp at
-~5 k req/s (see docs/design.md, "Bench"); the client must never be the bottleneck.
+~5 k req/s (see docs/decisions.md, "Bench"); the client must never be the bottleneck.
 
 What must stay true: a request never raises out of :meth:`StreamingClient.send`; every
 failure becomes an ``error_type`` on the record (connection, HTTP status, stream error).

@@ -105,10 +105,12 @@ class EngineConfig(BaseModel):
         *,
         model_path: str,
         settings: EngineSettings,
+        engine_args: dict[str, Any] | None = None,
         kind: EngineKind = "vllm",
         fake_token_delay_s: float = 0.0,
     ) -> EngineConfig:
-        """The engine of one model of the fleet spec."""
+        """The engine of one model of the fleet spec. ``engine_args``: as the plan resolved
+        them (``ModelDeployment.engine_args``); default the spec's."""
         return cls(
             kind=kind,
             name=model.name,
@@ -119,7 +121,7 @@ class EngineConfig(BaseModel):
             dtype=model.dtype,
             quantization=model.quantization,
             kv_cache_dtype=model.kv_cache_dtype,
-            engine_args=dict(model.engine_args),
+            engine_args=dict(model.engine_args if engine_args is None else engine_args),
             fake_token_delay_s=fake_token_delay_s,
             hf_token_env=model.hf_token.env_name if model.hf_token else None,
             lora=LoraSettings.from_spec(model),

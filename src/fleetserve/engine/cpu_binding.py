@@ -30,7 +30,7 @@ niceness 15, so each of their wake-ups preempted it (Ray's idle floor is ~11 % o
 against ~1.4 % for ``vllm serve``). Measured on a 2-CPU host, one server, vLLM's benchmark
 client at concurrency 8, phases alternating: the rest on core 1 gave +4 % tok/s on a quiet
 host, and on a loaded one +7 % only together with Ray's workers at niceness 0, which
-``serve/runner.py`` sets for every Ray it starts (docs/benchmarks.md, overhead: without
+``serve/control/runner.py`` sets for every Ray it starts (docs/benchmarks.md, overhead: without
 it the split lost ~10 % under load). So when ``fleetserve serve`` starts a
 local Ray for CPU engines, it starts Ray on the *serving cores*
 (:func:`serving_cores`: the host's cores less those its engines will claim, which are the

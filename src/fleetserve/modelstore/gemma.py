@@ -25,7 +25,7 @@ converted once:
 
 dtype: bfloat16. Gemma is trained in bf16 and overflows in float16; bf16 halves the disk,
 RAM and memory-bandwidth cost of float32 (511 vs 1023 MiB of weights) and decodes about 2x
-faster on a CPU with AVX512-BF16/AMX (benchmarks/model_dtype.py; docs/design.md). Storing the
+faster on a CPU with AVX512-BF16/AMX (benchmarks/model_dtype.py; docs/decisions.md). Storing the
 dequantized Q4 values in bf16 rounds them once; bf16 compute changes some greedy
 continuations against float32, both fluent.
 """

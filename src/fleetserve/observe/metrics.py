@@ -18,7 +18,7 @@ since HAMi's rename to Prometheus naming (commit 6609804f, PR #1644, March 2026;
 HAMi 4707fb02 - older monitors, and ``--legacy-metrics``, export ``vGPU_device_memory_*`` /
 ``HostGPUMemoryUsage`` instead), checked against our own exposition sample in
 ``tests/fixtures/observe/hami_vgpu_monitor.prom``)
-keeps its names as they are; fleetserve's gateway metrics (:mod:`fleetserve.serve.metrics`)
+keeps its names as they are; fleetserve's gateway metrics (:mod:`fleetserve.serve.ingress.metrics`)
 go through ``ray.util.metrics`` like Serve's.
 
 What must stay true: a dashboard panel or alert names a metric only through a
@@ -245,7 +245,7 @@ SERVE_REPLICA_PROCESSING = PromMetric(
 )
 
 # --------------------------------------------------------------------------- gateway
-# Recorded by fleetserve's ingress (fleetserve.serve.metrics) through ray.util.metrics.
+# Recorded by fleetserve's ingress (fleetserve.serve.ingress.metrics) through ray.util.metrics.
 # Label values are bounded by the spec: models and tenants not in it are "unknown", a
 # request without a tenant (auth off) is "none", endpoints not routed are "other".
 _GW = ("model", "tenant")

@@ -9,17 +9,31 @@ host RAM the worker may hold (vllm/v1/worker/cpu_worker.py: KV cache = fraction 
 RAM - the worker's resident memory), so the fraction must cover the weights, the runtime
 and a KV cache of ``concurrency`` x ``max_model_len`` (at least one full sequence), and the
 fractions of all replicas together must fit what the host can spare.
+
+When nothing can be sized - the fake engine (no weights), a cluster fleetserve only joins
+(this machine's memory says nothing about its nodes), engine settings handed in by a
+hand-written Serve config - :func:`plan_unsized` plans from the spec alone: the same
+limits (:func:`fleetserve.engine.settings.engine_limits`), a conservative memory fraction
+(:data:`GPU_MEMORY_FRACTION` of a card, :data:`CPU_REPLICA_MEMORY_GIB` of host RAM), and
+- with no slice sized - Ray's share of a card is the engine's fraction of it.
 """
 
 from __future__ import annotations
 
 import math
 
-from fleetserve.engine.settings import CPU_MAX_MEMORY_FRACTION, EngineSettings
-from fleetserve.host import HostFacts
+from fleetserve.engine.settings import (
+    CPU_MAX_MEMORY_FRACTION,
+    EngineSettings,
+    engine_limits,
+    vllm_default_batched_tokens,
+)
+from fleetserve.errors import SpecError
+from fleetserve.host import HostFacts, engine_visible_memory
+from fleetserve.plan.deployment import FleetDeployment, node_deployment
 from fleetserve.plan.gpus import GpuType
 from fleetserve.plan.memory import estimate_replica
-from fleetserve.plan.planner import PoolCard, build_problem, compose_result, solve
+from fleetserve.plan.planner import PoolCard, build_problem, compose_result, resolve_pool, solve
 from fleetserve.plan.problem import DEVICE_SPLIT_COUNT, PoolShape
 from fleetserve.plan.result import PlanResult, PoolUsage, ReplicaPlacement, Unplaced
 from fleetserve.plan.sizing import (
@@ -30,11 +44,19 @@ from fleetserve.plan.sizing import (
     resolved_limits,
 )
 from fleetserve.plan.vllm_rules import model_refusals
-from fleetserve.spec import FleetSpec, GpuSpec, PoolSpec
+from fleetserve.spec import FleetSpec, GpuSpec, ModelSpec, PoolSpec
 from fleetserve.units import mib_to_gib
 
 #: Host RAM kept for the OS, Ray (GCS, raylet, dashboard) and the HTTP proxy on a CPU host.
 CPU_HOST_RESERVE_MB = 3072
+#: Host RAM one unsized replica may use on a CPU host (GiB). vLLM's CPU backend reads
+#: ``gpu_memory_utilization`` as a fraction of the NUMA node's RAM that must cover the
+#: engine process's whole RSS (weights, compiled graphs: ~2.3 GiB for Gemma 3 270M) plus the
+#: KV cache; a flat fraction such as 0.1 fails on a 24 GiB host ("requested memory for kv
+#: (-0.25 GiB)"), so the budget is absolute and converted per host.
+CPU_REPLICA_MEMORY_GIB = 4.0
+#: Fraction of a whole card for an unsized replica that owns its GPU(s).
+GPU_MEMORY_FRACTION = 0.9
 #: The planner's view of this machine is the host probe's (fleetserve.host): the same
 #: CPUs and RAM ``serve`` gives Ray and the engines.
 LocalHost = HostFacts
@@ -186,3 +208,126 @@ def _plan_cpu(spec: FleetSpec, host: LocalHost) -> PlanResult:
             )
         ],
     )
+
+
+def cpu_memory_fraction(total_bytes: int) -> float:
+    """``gpu_memory_utilization`` giving one unsized CPU replica its RAM budget on a host
+    of ``total_bytes``."""
+    fraction = CPU_REPLICA_MEMORY_GIB * 2**30 / max(total_bytes, 1)
+    return round(min(CPU_MAX_MEMORY_FRACTION, fraction), 4)
+
+
+def pool_batched_tokens(spec: FleetSpec, model: ModelSpec) -> int | None:
+    """vLLM's batched-tokens default on the cards ``model`` may run on (the spec's GPU
+    pools, those it names if it names any): the smallest one's, as one Serve deployment
+    gives every replica the same number. None when the spec describes no GPU pool (vLLM's
+    fallback for an unknown device applies)."""
+    defaults = []
+    for pool in spec.pools:
+        if model.pools is not None and pool.name not in model.pools:
+            continue
+        gpu = resolve_pool(pool).gpu
+        if gpu is not None:
+            defaults.append(vllm_default_batched_tokens(gpu.memory_mib, gpu.name))
+    return min(defaults, default=None)
+
+
+def _config_context(model: ModelSpec) -> int | None:
+    """The config's default context, or None when there is no readable config (the fake
+    engine's made-up sources, a hub repo id outside the catalogue: vLLM reads it there)."""
+    try:
+        return model_config_for(model).default_max_model_len
+    except SpecError:
+        return None
+
+
+def unsized_settings(
+    model: ModelSpec, *, gpu: bool, memory_bytes: int, batched_tokens: int | None = None
+) -> EngineSettings:
+    """Conservative settings of one of ``model``'s replicas from the spec alone.
+
+    The limits (context, sequences, batched tokens) are resolved exactly as the planner
+    resolves them (the model config's context, the card's batched-tokens default), so a
+    joined cluster runs the numbers planning would.
+    """
+    limits = engine_limits(model, context=_config_context(model), batched_tokens=batched_tokens)
+    return EngineSettings(
+        gpu_memory_utilization=GPU_MEMORY_FRACTION if gpu else cpu_memory_fraction(memory_bytes),
+        max_num_seqs=limits.max_num_seqs,
+        max_model_len=limits.max_model_len,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        kv_cache_tokens=limits.kv_cache_tokens,
+    )
+
+
+def plan_unsized(
+    spec: FleetSpec,
+    *,
+    gpu: bool,
+    memory_bytes: int | None = None,
+    settings: dict[str, EngineSettings] | None = None,
+) -> PlanResult:
+    """One replica per model planned from the spec alone (see the module note).
+
+    ``gpu``: the replicas run on GPUs (a GPU cluster or host); ``memory_bytes``: host RAM a
+    CPU replica's fraction is of (default: this machine's, as vLLM CPU measures it);
+    ``settings``: engine settings already decided, by model name (they are kept; Ray's
+    share follows from them).
+    """
+    memory = memory_bytes if memory_bytes is not None else engine_visible_memory()
+    replicas = []
+    for model in spec.models:
+        engine = (settings or {}).get(model.name) or unsized_settings(
+            model,
+            gpu=gpu,
+            memory_bytes=memory,
+            batched_tokens=pool_batched_tokens(spec, model) if gpu else None,
+        )
+        num_gpus = 0.0
+        if gpu:
+            cards = model.gpus_per_replica
+            # Whole cards for a replica over several; else no slice was sized, so Ray's
+            # share of the card is the engine's.
+            num_gpus = float(cards) if cards > 1 else round(engine.gpu_memory_utilization, 4)
+        replicas.append(
+            ReplicaPlacement(
+                model=model.name,
+                index=0,
+                pool="unsized",
+                node=0,
+                gpus=[],
+                memory_mb=0,
+                cores_percent=0,
+                engine=engine,
+                tenant=model.tenant,
+                num_gpus=num_gpus,
+                tensor_parallel=model.tensor_parallel,
+                pipeline_parallel=model.pipeline_parallel,
+                whole_cards=gpu and model.gpus_per_replica > 1,
+            )
+        )
+    return PlanResult(
+        feasible=True,
+        gpus_used=0,
+        nodes={},
+        optimality_gap=None,
+        replicas=replicas,
+        unplaced=[],
+        scenario="unsized",
+        solver="spec",
+    )
+
+
+def local_deployment(spec: FleetSpec, host: LocalHost, *, sized: bool = True) -> FleetDeployment:
+    """What ``fleetserve serve`` deploys on this machine: the local plan (``sized``: real
+    engines sized from their model configs), else the unsized plan (the fake engine), read
+    as replicas sharing this node (:func:`fleetserve.plan.deployment.node_deployment`)."""
+    if sized:
+        return node_deployment(spec, plan_local(spec, host))
+    return node_deployment(spec, plan_unsized(spec, gpu=bool(host.gpu_memory_mb)))
+
+
+def joined_deployment(spec: FleetSpec, *, gpu: bool) -> FleetDeployment:
+    """What ``fleetserve serve --address`` deploys on a Ray cluster it joins (GPUs or not):
+    the unsized plan, as replicas sharing the cluster's nodes."""
+    return node_deployment(spec, plan_unsized(spec, gpu=gpu))

@@ -155,7 +155,11 @@ class PlanResult(_Frozen):
     )
     replicas: list[ReplicaPlacement]
     unplaced: list[Unplaced]
-    scenario: str = Field(default="min", description="'min' or 'max' replicas, or 'local'.")
+    scenario: str = Field(
+        default="min",
+        description="'min' or 'max' replicas, 'local' (this host), or 'unsized' "
+        "(from the spec alone: plan.local.plan_unsized).",
+    )
     solver: str = Field(
         default="heuristic",
         description="What produced the placement: 'milp' (HiGHS), 'heuristic', or 'local'.",

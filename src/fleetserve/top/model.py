@@ -26,9 +26,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fleetserve.observe import metrics as m
-from fleetserve.serve.deployment_options import deployment_name
+from fleetserve.plan.deployment import deployment_name
 
-#: Serve deployments of models are named ``model-<name>`` (fleetserve.serve.app).
+#: Serve deployments of models are named ``model-<name>`` (fleetserve.serve.control.app).
 MODEL_DEPLOYMENT_PREFIX = deployment_name("")
 
 

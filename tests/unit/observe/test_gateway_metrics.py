@@ -14,8 +14,9 @@ import pytest
 
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
 from fleetserve.observe import metrics as m
-from fleetserve.serve.gateway import Gateway
-from fleetserve.serve.metrics import (
+from fleetserve.serve.guard.usage import Usage, UsageScanner, usage_from_body
+from fleetserve.serve.ingress.gateway import Gateway
+from fleetserve.serve.ingress.metrics import (
     NO_TENANT,
     UNKNOWN,
     GatewayMetrics,
@@ -23,8 +24,7 @@ from fleetserve.serve.metrics import (
     MemorySink,
     RequestTags,
 )
-from fleetserve.serve.model_client import ModelOverloadedError
-from fleetserve.serve.usage import Usage, UsageScanner, usage_from_body
+from fleetserve.serve.ingress.model_client import ModelOverloadedError
 
 SPEC = {
     "models": [

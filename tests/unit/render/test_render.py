@@ -15,9 +15,9 @@ from ray.serve.schema import ServeDeploySchema
 from fleetserve.errors import RenderError
 from fleetserve.k8s.render import RenderOptions, render
 from fleetserve.k8s.render.groups import plan_worker_groups, tenant_warnings
+from fleetserve.plan.deployment import deployment_name
 from fleetserve.plan.result import PlanResult, Unplaced
-from fleetserve.serve.app import BuildArgs
-from fleetserve.serve.deployment_options import deployment_name
+from fleetserve.serve.control.app import BuildArgs
 from fleetserve.spec import parse_spec
 
 
@@ -120,7 +120,7 @@ def test_serve_config_deployments_pin_replicas_to_their_group(kit: Any) -> None:
     objects = render(*kit.sliced_fleet())
     cfg = serve_cfg(objects)
     (app,) = cfg["applications"]
-    assert app["import_path"] == "fleetserve.serve.app:build_app"
+    assert app["import_path"] == "fleetserve.serve.control.app:build_app"
     deps = {d["name"]: d for d in app["deployments"]}
     llama = deps["model-llama-3-8b"]
     assert llama["autoscaling_config"]["min_replicas"] == 1
@@ -136,7 +136,7 @@ def test_serve_config_deployments_pin_replicas_to_their_group(kit: Any) -> None:
     qwen = deps["model-Qwen-Qwen2.5-7B"]
     assert qwen["num_replicas"] == 2
     assert "autoscaling_config" not in qwen
-    assert app["args"]["engine_settings"]["llama-3-8b"]["gpu_memory_utilization"] == 0.48
+    assert app["args"]["deployments"]["llama-3-8b"]["engine"]["gpu_memory_utilization"] == 0.48
 
 
 def test_tensor_parallel_uses_one_gpu_bundle_per_rank(kit: Any) -> None:
@@ -205,8 +205,8 @@ def test_app_args_are_what_build_app_accepts(kit: Any) -> None:
     args = serve_cfg(render(*kit.sliced_fleet()))["applications"][0]["args"]
     parsed = BuildArgs.model_validate(args)
     spec = parsed.load_spec()
-    assert parsed.engine_settings is not None
-    assert set(parsed.engine_settings) == {m.name for m in spec.models}
+    assert parsed.deployments is not None
+    assert set(parsed.deployments) == {m.name for m in spec.models}
     app = serve_cfg(render(*kit.sliced_fleet()))["applications"][0]
     deployments = {d["name"] for d in app["deployments"]}
     assert {deployment_name(m.name) for m in spec.models} <= deployments
@@ -368,9 +368,9 @@ def test_inside_a_hami_slice_the_engine_gets_the_slice_fraction(kit: Any) -> Non
     args = serve_cfg(render(spec, with_slice(plan_min), with_slice(plan_max)))["applications"][0][
         "args"
     ]
-    assert args["engine_settings"]["llama-3-8b"]["gpu_memory_utilization"] == 0.95
+    assert args["deployments"]["llama-3-8b"]["engine"]["gpu_memory_utilization"] == 0.95
     whole = serve_cfg(render(*kit.whole_fleet()))["applications"][0]["args"]
-    assert whole["engine_settings"]["llama-3-70b"]["gpu_memory_utilization"] == 0.9
+    assert whole["deployments"]["llama-3-70b"]["engine"]["gpu_memory_utilization"] == 0.9
 
 
 def test_a_dedicated_tenant_sharing_a_hami_pool_is_warned_about(kit: Any) -> None:

@@ -22,7 +22,7 @@ from fleetserve.engine.config import EngineConfig
 from fleetserve.errors import RenderError
 from fleetserve.k8s.render import RenderOptions, render
 from fleetserve.plan import plan_fleet
-from fleetserve.serve.app import BuildArgs
+from fleetserve.serve.control.app import BuildArgs
 from fleetserve.spec import FleetSpec, load_spec
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "k8s" / "pipeline-across-nodes.yaml"
@@ -103,9 +103,9 @@ def test_engine_runs_pipeline_stages_with_rays_executor(objects: list[dict[str, 
     (model,) = spec.models
     assert (model.tensor_parallel, model.pipeline_parallel) == (8, 2)
     assert model.engine_args["distributed_executor_backend"] == "ray"
-    assert args.engine_settings is not None
+    assert args.deployments is not None
     cli = EngineConfig.from_spec(
-        model, model_path="/models/405b", settings=args.engine_settings[model.name]
+        model, model_path="/models/405b", settings=args.deployments[model.name].engine
     ).vllm_cli_args()
     for flag, value in (
         ("--tensor-parallel-size", "8"),

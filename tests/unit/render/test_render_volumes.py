@@ -12,7 +12,7 @@ import yaml
 
 from fleetserve.errors import RenderError, SpecError
 from fleetserve.k8s.render import render
-from fleetserve.serve.app import BuildArgs
+from fleetserve.serve.control.app import BuildArgs
 from fleetserve.spec import parse_spec
 
 

@@ -17,10 +17,10 @@ from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.fake_engine import FakeEngine
 from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import SpecError
-from fleetserve.serve.adapters import AdapterTable, splice_model
-from fleetserve.serve.api_keys import ApiKeyTable
-from fleetserve.serve.gateway import Gateway, ModelRoute, create_api
-from fleetserve.serve.model_client import LocalModelClient
+from fleetserve.serve.guard.api_keys import ApiKeyTable
+from fleetserve.serve.ingress.adapters import AdapterTable, splice_model
+from fleetserve.serve.ingress.gateway import Gateway, ModelRoute, create_api
+from fleetserve.serve.ingress.model_client import LocalModelClient
 from fleetserve.spec import parse_spec
 
 SETTINGS = EngineSettings(

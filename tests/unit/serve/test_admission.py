@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from fleetserve.serve.admission import GateLimits, GateState, ModelBusyError, ModelGate
-from fleetserve.serve.fairness import FairQueue
+from fleetserve.serve.guard.admission import GateLimits, GateState, ModelBusyError, ModelGate
+from fleetserve.serve.guard.fairness import FairQueue
 
 
 def served(q: FairQueue[int], tenant: str, tokens: int) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleetserve.errors import SpecError
-from fleetserve.serve.api_keys import KEY_FILE_CHECK_S, ApiKeyTable, AuthError, parse_key_file
+from fleetserve.serve.guard.api_keys import KEY_FILE_CHECK_S, ApiKeyTable, AuthError, parse_key_file
 from fleetserve.spec import parse_spec
 
 
@@ -93,7 +93,7 @@ def test_a_key_file_rotates_keys_without_a_restart(
     # The ingress gets the table through Serve's arguments: paths travel, keys do not.
     table = ApiKeyTable.from_args(table.to_args())
     clock = [1000.0]
-    monkeypatch.setattr("fleetserve.serve.api_keys.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("fleetserve.serve.guard.api_keys.time.monotonic", lambda: clock[0])
     assert "sk-old" not in repr(table.to_args())
     assert table.tenant("Bearer sk-old") == "b"
     assert "b" in table.tenants

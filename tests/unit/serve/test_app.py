@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from fleetserve.errors import SpecError
-from fleetserve.serve.app import build_app
-from fleetserve.serve.deployment_options import deployment_name
+from fleetserve.plan.deployment import deployment_name
+from fleetserve.serve.control.app import build_app
 
 SPEC = {
     "models": [

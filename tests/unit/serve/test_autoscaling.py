@@ -12,7 +12,7 @@ from ray.serve._private.common import DeploymentID, ReplicaID
 from ray.serve.autoscaling_policy import _apply_autoscaling_config
 from ray.serve.config import AutoscalingConfig, AutoscalingContext
 
-from fleetserve.serve.autoscaling import (
+from fleetserve.serve.control.autoscaling import (
     LLMAutoscalingPolicy,
     LoadSignals,
     ScalingTargets,

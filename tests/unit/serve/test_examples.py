@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetserve.serve.resources import ClusterCapacity, fit_resources
-from fleetserve.serve.settings import engine_settings
+from fleetserve.host import probe
+from fleetserve.plan.local import local_deployment
+from fleetserve.serve.control.resources import ClusterCapacity, fit_resources
 from fleetserve.spec import default_fleet, load_spec
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -17,8 +18,7 @@ SERVE_EXAMPLES = ["default.yaml", "multi-model.yaml", "tenants.yaml"]
 @pytest.mark.parametrize("name", SERVE_EXAMPLES)
 def test_example_fits_a_two_cpu_host(name: str) -> None:
     spec = load_spec(EXAMPLES / name)
-    settings = engine_settings(spec)
-    fit_resources(spec, settings, ClusterCapacity(cpus=2, node_cpus=2))
+    fit_resources(spec, local_deployment(spec, probe()), ClusterCapacity(cpus=2, node_cpus=2))
 
 
 def test_default_example_is_the_builtin_fleet() -> None:

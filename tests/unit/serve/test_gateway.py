@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
-from fleetserve.serve.gateway import Gateway
-from fleetserve.serve.model_client import ModelOverloadedError, ModelUnavailableError
-from fleetserve.serve.probes import ModelHealth
+from fleetserve.serve.ingress.gateway import Gateway
+from fleetserve.serve.ingress.model_client import ModelOverloadedError, ModelUnavailableError
+from fleetserve.serve.ingress.probes import ModelHealth
 
 SPEC: dict[str, list[dict[str, Any]]] = {
     "models": [

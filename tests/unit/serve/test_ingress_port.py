@@ -17,7 +17,7 @@ from ray.serve._private import http_util
 from ray.serve.config import HTTPOptions
 from starlette.types import Receive, Scope, Send
 
-from fleetserve.serve.ingress import install_address_reuse
+from fleetserve.serve.ingress.ingress import install_address_reuse
 
 
 async def app(scope: Scope, receive: Receive, send: Send) -> None:

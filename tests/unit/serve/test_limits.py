@@ -16,15 +16,15 @@ from starlette.types import Message
 
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
 from fleetserve.engine.settings import EngineSettings
-from fleetserve.serve.gateway import Gateway, create_api
-from fleetserve.serve.limits import (
+from fleetserve.serve.ingress.gateway import Gateway, create_api
+from fleetserve.serve.ingress.limits import (
     RequestLimits,
     check_headers,
     is_serve_control_header,
     serve_control_headers,
 )
-from fleetserve.serve.model_client import _translate
-from fleetserve.serve.probes import ModelHealth
+from fleetserve.serve.ingress.model_client import _translate
+from fleetserve.serve.ingress.probes import ModelHealth
 
 SETTINGS = EngineSettings(
     gpu_memory_utilization=0.1, max_num_seqs=8, max_model_len=4096, max_num_batched_tokens=64

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.fake_engine import FakeEngine
 from fleetserve.engine.settings import EngineSettings
-from fleetserve.serve.api_keys import ApiKeyTable
-from fleetserve.serve.gateway import Gateway, ModelRoute, create_api
-from fleetserve.serve.limits import RequestLimits
-from fleetserve.serve.model_client import LocalModelClient
+from fleetserve.serve.guard.api_keys import ApiKeyTable
+from fleetserve.serve.ingress.gateway import Gateway, ModelRoute, create_api
+from fleetserve.serve.ingress.limits import RequestLimits
+from fleetserve.serve.ingress.model_client import LocalModelClient
 from fleetserve.spec import parse_spec
 
 SETTINGS = EngineSettings(

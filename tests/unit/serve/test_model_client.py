@@ -10,13 +10,13 @@ import pytest
 from ray.serve.exceptions import BackPressureError
 
 from fleetserve.engine.protocol import EngineRequest, ResponseHead
-from fleetserve.serve import model_client
-from fleetserve.serve.model_client import (
+from fleetserve.serve.ingress import model_client
+from fleetserve.serve.ingress.model_client import (
     HandleModelClient,
     ModelOverloadedError,
     ModelUnavailableError,
 )
-from fleetserve.serve.relay import RelayReceiver, RelaySender, RelayTicket, relay_stream
+from fleetserve.serve.replica.relay import RelayReceiver, RelaySender, RelayTicket, relay_stream
 
 #: The relay's sockets live on one loop: the fixture's and the test's (the session's).
 on_session_loop = pytest.mark.asyncio(loop_scope="session")

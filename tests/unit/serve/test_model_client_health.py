@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from fleetserve.serve import model_client
-from fleetserve.serve.model_client import HandleModelClient, fleet_health
-from fleetserve.serve.probes import ModelHealth
+from fleetserve.serve.ingress import model_client
+from fleetserve.serve.ingress.model_client import HandleModelClient, fleet_health
+from fleetserve.serve.ingress.probes import ModelHealth
 from fleetserve.serve.routing import registry
 
 

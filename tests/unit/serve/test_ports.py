@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleetserve.errors import ServeError
-from fleetserve.serve import ports
+from fleetserve.serve.control import ports
 
 
 def _range_file(tmp_path: Path, text: str) -> Path:

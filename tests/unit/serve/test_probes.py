@@ -6,7 +6,7 @@ import asyncio
 
 from ray.serve._private.common import DeploymentStatus, ReplicaState
 
-from fleetserve.serve.probes import ModelHealth, ProbeState, model_health
+from fleetserve.serve.ingress.probes import ModelHealth, ProbeState, model_health
 
 
 def test_replicas_a_restarted_controller_is_recovering_still_serve() -> None:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from fleetserve.serve.quota import (
+from fleetserve.serve.guard.quota import (
     DAY_S,
     WINDOW_S,
     Limits,

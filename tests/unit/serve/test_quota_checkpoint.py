@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fleetserve.serve.quota import Limits, QuotaLedger
-from fleetserve.serve.quota_store import QuotaKeeper, limits_to_args
+from fleetserve.serve.guard.quota import Limits, QuotaLedger
+from fleetserve.serve.guard.quota_store import QuotaKeeper, limits_to_args
 
 LIMITS = {"tenant:a": Limits(requests_per_minute=3, tokens_per_day=1000)}
 SCOPES = ("tenant:a",)

@@ -16,10 +16,10 @@ import httpx
 import pytest
 
 from fleetserve.engine.settings import EngineSettings
-from fleetserve.serve.gateway import Gateway, create_api
-from fleetserve.serve.metrics import MemorySink
-from fleetserve.serve.quota_guard import GuardConfig, TenantGuard
-from fleetserve.serve.quota_store import LocalQuotaStore
+from fleetserve.serve.guard.quota_guard import GuardConfig
+from fleetserve.serve.guard.quota_store import LocalQuotaStore
+from fleetserve.serve.ingress.gateway import Gateway, create_api
+from fleetserve.serve.ingress.metrics import MemorySink
 from fleetserve.spec import parse_spec
 
 SETTINGS = EngineSettings(
@@ -57,7 +57,8 @@ def make(gateways: Any) -> Any:
             settings=SETTINGS,
             token_delay_s=token_delay_s,
             metrics_sink=MemorySink(),
-            quota_guard=TenantGuard(config, store),
+            guard=config,
+            quota_store=store,
         )
         return gateway, store
 

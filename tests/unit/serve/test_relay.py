@@ -1,4 +1,4 @@
-"""The stream relay (serve/relay.py) over real sockets, without Ray."""
+"""The stream relay (serve/replica/relay.py) over real sockets, without Ray."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fleetserve.engine.protocol import ResponseHead
-from fleetserve.serve import relay
-from fleetserve.serve.relay import (
+from fleetserve.serve.replica import relay
+from fleetserve.serve.replica.relay import (
     DATA,
     END,
     END_OF_STREAM,

@@ -6,12 +6,9 @@ import pytest
 
 from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import CapacityError
-from fleetserve.serve.resources import (
-    INGRESS_CPUS,
-    ClusterCapacity,
-    fit_resources,
-    plan_resources,
-)
+from fleetserve.plan.deployment import INGRESS_CPUS, FleetDeployment, node_deployment
+from fleetserve.plan.local import plan_unsized
+from fleetserve.serve.control.resources import ClusterCapacity, fit_resources
 from fleetserve.spec import FleetSpec, default_fleet, parse_spec
 
 S = EngineSettings(
@@ -24,16 +21,18 @@ def fleet(*models: dict[str, object]) -> FleetSpec:
     return parse_spec({"models": [{"source": "x", **m} for m in models]})
 
 
-def settings(spec: FleetSpec) -> dict[str, EngineSettings]:
-    return {m.name: S for m in spec.models}
+def settings(spec: FleetSpec, *, gpu: bool = False) -> FleetDeployment:
+    given = {m.name: S for m in spec.models}
+    return node_deployment(spec, plan_unsized(spec, gpu=gpu, settings=given))
 
 
 def test_default_fleet_fits_two_cpus_and_leaves_room_for_the_ingress() -> None:
     spec = default_fleet()
-    plan = fit_resources(spec, settings(spec), TWO_CPUS)
+    plan = settings(spec)
+    fit_resources(spec, plan, TWO_CPUS)
     assert plan.ingress.num_cpus == INGRESS_CPUS < 1
-    assert plan.models[spec.models[0].name].ray_actor_options() == {"num_cpus": 1}
-    total = plan.ingress.num_cpus + sum(r.num_cpus for r in plan.models.values())
+    assert plan.models[spec.models[0].name].ray.ray_actor_options() == {"num_cpus": 1}
+    total = plan.ingress.num_cpus + sum(m.ray.num_cpus for m in plan.models.values())
     assert total <= 2
 
 
@@ -52,10 +51,11 @@ def test_fractional_replicas_fit_and_max_beyond_the_cluster_is_a_warning() -> No
         {"name": "a", "resources": {"cpu": 0.5}, "replicas": {"min": 1, "max": 4}},
         {"name": "b", "resources": {"cpu": 0.5}},
     )
-    plan = fit_resources(spec, settings(spec), TWO_CPUS)
-    assert plan.models["a"].num_cpus == 0.5
-    assert len(plan.warnings) == 1
-    assert "at max replicas the fleet needs 2.6 logical CPUs" in plan.warnings[0]
+    plan = settings(spec)
+    warnings = fit_resources(spec, plan, TWO_CPUS)
+    assert plan.models["a"].ray.num_cpus == 0.5
+    assert len(warnings) == 1
+    assert "at max replicas the fleet needs 2.6 logical CPUs" in warnings[0]
 
 
 def test_a_replica_larger_than_any_node_is_refused() -> None:
@@ -67,18 +67,19 @@ def test_a_replica_larger_than_any_node_is_refused() -> None:
 
 def test_gpu_replicas_reserve_their_memory_fraction_or_whole_gpus() -> None:
     spec = fleet({"name": "small"}, {"name": "tp", "tensor_parallel": 2})
-    plan = plan_resources(spec, settings(spec), gpu_cluster=True)
-    assert plan.models["small"].num_gpus == pytest.approx(0.3)
-    assert plan.models["tp"].num_gpus == 2
-    cpu_plan = plan_resources(spec, settings(spec), gpu_cluster=False)
-    assert cpu_plan.models["tp"].num_gpus == 0
+    # Unsized (no slice planned): a one-card replica reserves its engine's fraction.
+    plan = settings(spec, gpu=True)
+    assert plan.models["small"].ray.num_gpus == pytest.approx(0.3)
+    assert plan.models["tp"].ray.num_gpus == 2
+    cpu_plan = settings(spec, gpu=False)
+    assert cpu_plan.models["tp"].ray.num_gpus == 0
 
 
 def test_gpus_at_min_replicas_must_fit() -> None:
     spec = fleet({"name": "tp", "tensor_parallel": 4, "replicas": {"min": 2, "max": 2}})
     cluster = ClusterCapacity(cpus=64, gpus=4, node_cpus=64, node_gpus=4)
     with pytest.raises(CapacityError, match=r"needs 8 GPUs .* tp 4 x 2 = 8 > 4"):
-        fit_resources(spec, settings(spec), cluster)
+        fit_resources(spec, settings(spec, gpu=True), cluster)
 
 
 def test_memory_reservations_must_fit() -> None:

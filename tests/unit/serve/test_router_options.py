@@ -9,14 +9,14 @@ import pytest
 from ray._common.utils import import_module_and_attr
 
 from fleetserve.errors import SpecError
-from fleetserve.serve.app import build_app
-from fleetserve.serve.autoscaling import LLMAutoscalingPolicy
-from fleetserve.serve.deployment_options import (
+from fleetserve.plan.deployment import (
     POLICY_CLASS,
     ROUTER_CLASS,
     replica_count_options,
     request_router_options,
 )
+from fleetserve.serve.control.app import build_app
+from fleetserve.serve.control.autoscaling import LLMAutoscalingPolicy
 from fleetserve.serve.routing.router import FleetRouter
 from fleetserve.spec import parse_spec
 

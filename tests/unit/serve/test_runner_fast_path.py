@@ -19,9 +19,9 @@ from ray import serve
 
 from fleetserve.engine.cpu_binding import BIND_ENV, HOST_CPUS_ENV, format_cores
 from fleetserve.host import HostFacts
-from fleetserve.serve import runner
-from fleetserve.serve.resources import ReplicaResources, ResourcePlan
-from fleetserve.serve.runner import FleetServer, ServeOptions, fast_path_env
+from fleetserve.plan.local import joined_deployment
+from fleetserve.serve.control import runner
+from fleetserve.serve.control.runner import FleetServer, ServeOptions, fast_path_env
 from fleetserve.spec import parse_spec
 
 KEYS = (
@@ -141,9 +141,7 @@ def _engine_server(
     server = FleetServer(ServeOptions(spec=spec, host="127.0.0.1", port=8123, engine=engine))  # type: ignore[arg-type]
     # What check() measured and planned: one CPU per replica, as Ray assigns it.
     server._host = HostFacts(cpus=len(CORES), memory_mb=8192, gpu_memory_mb=gpus or [])
-    server._plan = ResourcePlan(
-        ingress=ReplicaResources(num_cpus=0.1), models={"m": ReplicaResources(num_cpus=1.0)}
-    )
+    server._plan = joined_deployment(spec, gpu=bool(gpus))
     return server
 
 

@@ -21,7 +21,7 @@ from ray import serve
 from ray._private import worker
 
 from fleetserve.errors import ServeError
-from fleetserve.serve.runner import FleetServer, ServeOptions
+from fleetserve.serve.control.runner import FleetServer, ServeOptions
 from fleetserve.spec import default_fleet
 
 

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
-from fleetserve.serve.model_client import ModelUnavailableError
-from fleetserve.serve.scale_to_zero import ColdStart, ColdStartClient
+from fleetserve.serve.ingress.model_client import ModelUnavailableError
+from fleetserve.serve.ingress.scale_to_zero import ColdStart, ColdStartClient
 
 REQUEST = EngineRequest("POST", "/v1/chat/completions", b"{}")
 

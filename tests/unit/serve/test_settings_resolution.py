@@ -5,8 +5,8 @@ the fleet planner."""
 from __future__ import annotations
 
 from fleetserve.host import HostFacts
+from fleetserve.plan.local import joined_deployment, local_deployment
 from fleetserve.plan.planner import plan_fleet
-from fleetserve.serve.settings import engine_settings
 from fleetserve.spec import parse_spec
 
 LIMITS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens")
@@ -21,8 +21,8 @@ SPEC = parse_spec(
 
 
 def test_local_planning_and_a_joined_cluster_resolve_the_same_limits() -> None:
-    local = engine_settings(SPEC, local=True, host=HostFacts(cpus=16, memory_mb=128 * 1024))["q"]
-    joined = engine_settings(SPEC, local=False, gpu_host=False)["q"]
+    local = local_deployment(SPEC, HostFacts(cpus=16, memory_mb=128 * 1024)).models["q"].engine
+    joined = joined_deployment(SPEC, gpu=False).models["q"].engine
     assert {k: getattr(joined, k) for k in LIMITS} == {k: getattr(local, k) for k in LIMITS}
     # the model config's context (what vLLM itself uses), not a made-up default
     assert local.max_model_len == 32768
@@ -32,14 +32,14 @@ def test_local_planning_and_a_joined_cluster_resolve_the_same_limits() -> None:
 
 def test_the_fleet_planner_resolves_them_the_same_way() -> None:
     planned = plan_fleet(SPEC, scenario="min").replicas[0].engine
-    joined = engine_settings(SPEC, local=False, gpu_host=True)["q"]
+    joined = joined_deployment(SPEC, gpu=True).models["q"].engine
     # an L4 is a < 70 GB card: vLLM's batched-tokens default there is the CPU one
     assert {k: getattr(joined, k) for k in LIMITS} == {k: getattr(planned, k) for k in LIMITS}
 
 
 def test_without_a_readable_config_the_fallback_is_stated() -> None:
     spec = parse_spec({"models": [{"name": "f", "source": "not-a-model", "concurrency": 2}]})
-    joined = engine_settings(spec, local=False)["f"]
+    joined = joined_deployment(spec, gpu=False).models["f"].engine
     assert joined.max_model_len == 4096  # engine.settings.FALLBACK_MAX_MODEL_LEN
     assert joined.max_num_batched_tokens == 2048
 
@@ -54,7 +54,7 @@ def test_a_joined_gpu_cluster_uses_vllms_batched_tokens_default_for_its_cards() 
             {"models": [model], "pools": [{"name": "p", "gpu": {"type": card, "count": 2}}]}
         )
         planned = plan_fleet(spec, scenario="min").replicas[0].engine
-        joined = engine_settings(spec, local=False, gpu_host=True)["q"]
+        joined = joined_deployment(spec, gpu=True).models["q"].engine
         assert joined.max_num_batched_tokens == planned.max_num_batched_tokens == expected, card
 
 
@@ -68,7 +68,7 @@ def test_a_joined_gpu_cluster_takes_the_smallest_default_of_the_models_pools() -
             ],
         }
     )
-    assert engine_settings(spec, local=False, gpu_host=True)["q"].max_num_batched_tokens == 8192
+    assert joined_deployment(spec, gpu=True).models["q"].engine.max_num_batched_tokens == 8192
     unpinned = spec.models[0].model_copy(update={"pools": None})
     spec = spec.model_copy(update={"models": [unpinned]})
-    assert engine_settings(spec, local=False, gpu_host=True)["q"].max_num_batched_tokens == 2048
+    assert joined_deployment(spec, gpu=True).models["q"].engine.max_num_batched_tokens == 2048

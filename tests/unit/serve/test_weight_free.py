@@ -14,7 +14,7 @@ import yaml
 
 from fleetserve.errors import ModelPreparationError
 from fleetserve.plan.catalogue import MODEL_CATALOGUE
-from fleetserve.serve.app import resolve_model_paths
+from fleetserve.serve.control.app import resolve_model_paths
 from fleetserve.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -10,7 +10,7 @@ import pytest
 
 from fleetserve.cli import main
 from fleetserve.errors import SpecError
-from fleetserve.serve.app import build_app
+from fleetserve.serve.control.app import build_app
 from fleetserve.spec import parse_spec
 
 PLAN_ONLY = (

@@ -83,7 +83,7 @@ class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self.decisions = {"affinity": 0, "balance": 0}
         # No registry.publish here: until Serve's first replica snapshot reaches
         # update_replicas the count is unknown (None), not 0 - a 0 would make the probes
-        # refuse the model and end its waiting requests (serve/probes.py).
+        # refuse the model and end its waiting requests (serve/ingress/probes.py).
 
     # ------------------------------------------------------------------ choosing
 

@@ -35,6 +35,7 @@ from fleetserve.k8s.doctor.finding import Located
 from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import GroupView, serve_apps, serve_config
 from fleetserve.plan.catalogue import catalogue_entry
+from fleetserve.plan.deployment import is_fleetserve_app
 from fleetserve.spec import parse_spec
 
 #: Normalised engine argument -> accepted spellings in env vars (upper case) besides its own.
@@ -419,18 +420,28 @@ def _pins(options: dict[str, Any]) -> tuple[str, ...]:
 def _fleetserve_replicas(
     m: Manifest, app: dict[str, Any], app_path: str, app_name: str
 ) -> list[EngineReplica] | None:
-    """fleetserve's own app (``fleetserve.serve.app:build_app``): one replica kind per model.
+    """fleetserve's own app (``plan.deployment.APP_IMPORT_PATH``): one replica kind per model.
 
     The engine arguments are computed by fleetserve's engine code itself
     (:meth:`EngineConfig.vllm_cli_args`), so doctor checks exactly what the replicas will run.
     None when the app is not fleetserve's or its args are not a valid fleet spec.
     """
-    if not str(app.get("import_path", "")).startswith("fleetserve.serve.app"):
+    if not is_fleetserve_app(str(app.get("import_path", ""))):
         return None
     args = app.get("args")
     if not isinstance(args, dict) or not isinstance(args.get("spec"), dict):
         return None
-    settings_raw = args.get("engine_settings")
+    # The plan's resolved deployments (fleetserve render), or engine settings alone (a
+    # hand-written config, or one rendered before the deployments were carried).
+    deployments_raw = args.get("deployments")
+    if isinstance(deployments_raw, dict):
+        settings_raw: Any = {
+            name: d.get("engine") for name, d in deployments_raw.items() if isinstance(d, dict)
+        }
+        settings_field = "deployments.{}.engine"
+    else:
+        settings_raw = args.get("engine_settings")
+        settings_field = "engine_settings.{}"
     try:
         spec = parse_spec(args["spec"], "serveConfigV2 args.spec")
     except FleetServeError:
@@ -461,7 +472,7 @@ def _fleetserve_replicas(
                     engine, _ = parse_vllm_cli(config.vllm_cli_args(), "")
                 except (ValidationError, FleetServeError, TypeError, ValueError):
                     engine = {}  # the engine refuses these settings itself: nothing to check
-                spath = f"{app_path}.args.engine_settings.{model.name}"
+                spath = f"{app_path}.args.{settings_field.format(model.name)}"
                 for key in raw:
                     paths[key] = f"{spath}.{key}"
         if model.config and catalogue_entry(model.config) is not None:

@@ -32,7 +32,7 @@ from fleetserve.k8s.doctor.registry import rule
 from fleetserve.k8s.doctor.rules._devices import pods
 from fleetserve.k8s.doctor.rules._engines import can_host, container_engine, engine_replicas
 from fleetserve.k8s.render.volumes import adapter_paths
-from fleetserve.serve.deployment_options import deployment_name
+from fleetserve.plan.deployment import deployment_name, is_fleetserve_app
 from fleetserve.spec import FleetSpec, parse_spec
 
 
@@ -96,7 +96,7 @@ def lora_flags(inv: Inventory) -> Iterator[Finding]:
 def _fleetserve_specs(m: Manifest) -> Iterator[tuple[str, str, FleetSpec]]:
     """(app name, app path, fleet spec) of each fleetserve app of a RayService."""
     for app in serve_apps(m):
-        if not app.import_path.startswith("fleetserve.serve.app"):
+        if not is_fleetserve_app(app.import_path):
             continue
         args = app.body.get("args")
         if not isinstance(args, dict) or not isinstance(args.get("spec"), dict):

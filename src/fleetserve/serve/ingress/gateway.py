@@ -9,7 +9,7 @@ already-framed SSE/JSON bytes and are relayed untouched - no per-token JSON work
 Errors the ingress itself answers, all in vLLM's error shape: 400 (body is not a JSON
 object, or ``model`` missing while several models are served), 401 (auth), 404 (unknown
 model, or a model of another tenant), 503 + ``Retry-After`` (overloaded, replica gone,
-draining, no running replica), and, from :mod:`fleetserve.serve.limits`, 413 / 431 / 408
+draining, no running replica), and, from :mod:`fleetserve.serve.ingress.limits`, 413 / 431 / 408
 (request limits) and 400 for Ray Serve's control headers. Time: every wait on a model ends
 at ``server.request_timeout_s`` (504 before the response starts); a stream that outlives
 it, is cut by the drain timeout, or loses its replica ends with an SSE ``error`` event and
@@ -33,9 +33,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fleetserve.engine.protocol import EngineRequest, ResponseHead
-from fleetserve.serve.adapters import AdapterRoute, AdapterTable, splice_model
-from fleetserve.serve.api_keys import ApiKeyTable, AuthError
-from fleetserve.serve.limits import (
+from fleetserve.serve.guard.api_keys import ApiKeyTable, AuthError
+from fleetserve.serve.guard.quota_guard import GuardConfig, TenantGuard
+from fleetserve.serve.guard.quota_store import QuotaStore
+from fleetserve.serve.guard.usage import UsageScanner, scan_stream, usage_from_body
+from fleetserve.serve.ingress.adapters import AdapterRoute, AdapterTable, splice_model
+from fleetserve.serve.ingress.limits import (
     Deadlines,
     HeaderGuard,
     RefusedError,
@@ -43,19 +46,20 @@ from fleetserve.serve.limits import (
     Wait,
     read_body,
 )
-from fleetserve.serve.metrics import (
+from fleetserve.serve.ingress.metrics import (
     UNKNOWN,
     GatewayMetrics,
     LabelBounds,
     MetricsMiddleware,
     MetricsSink,
 )
-from fleetserve.serve.model_client import (
+from fleetserve.serve.ingress.model_client import (
     ModelClient,
     ModelOverloadedError,
     ModelRequestTooLargeError,
     ModelUnavailableError,
 )
+from fleetserve.serve.ingress.probes import HealthSource, ProbeState
 from fleetserve.serve.openai_errors import (
     REPLICA_RETRY_AFTER_S,
     RETRY_AFTER_S,
@@ -67,9 +71,6 @@ from fleetserve.serve.openai_errors import (
     unauthorized,
     unavailable,
 )
-from fleetserve.serve.probes import HealthSource, ProbeState
-from fleetserve.serve.quota_guard import TenantGuard
-from fleetserve.serve.usage import UsageScanner, scan_stream, usage_from_body
 
 #: POST endpoints routed by the body's ``model`` (vLLM answers what it does not support).
 MODEL_ENDPOINTS = (
@@ -94,7 +95,7 @@ class ModelRoute:
     name: str
     max_model_len: int
     min_replicas: int = 1
-    adapters: tuple[str, ...] = ()  # LoRA adapter ids of the spec (serve/adapters.py)
+    adapters: tuple[str, ...] = ()  # LoRA adapter ids of the spec (serve/ingress/adapters.py)
     adapter_dir: str | None = None
 
 
@@ -110,8 +111,11 @@ class Gateway:
         *,
         limits: RequestLimits | None = None,
         health: HealthSource | None = None,
-        quota_guard: TenantGuard | None = None,
+        guard: GuardConfig | None = None,
+        quota_store: QuotaStore | None = None,
     ) -> None:
+        """``guard``: tenant quotas and exact per-model admission (None: neither), with
+        ``quota_store`` holding the quota counters when a tenant has a quota."""
         self.routes = {r.name: r for r in routes}
         self.adapters = AdapterTable.of(routes)
         self.keys = keys
@@ -131,22 +135,25 @@ class Gateway:
         self.metrics = GatewayMetrics(
             LabelBounds.of(self.routes, keys.key_tenants.values()), metrics_sink
         )
-        # Tenant quotas + exact per-model admission (serve/quota_guard.py); None: neither.
-        self.quota_guard = quota_guard
-        if quota_guard is not None and quota_guard.on_rejection is None:
-            quota_guard.on_rejection = self.metrics.record_rejection
-        if quota_guard is not None and quota_guard.running_replicas is None:
-            quota_guard.running_replicas = self._running_replicas
+        # Tenant quotas + exact per-model admission (serve/guard/quota_guard.py), built here
+        # with what it reads and writes - the probes' fleet view, the metrics - given at
+        # construction: the request goes gateway -> guard -> back to the gateway's _serve
+        # only as the serve function of each call.
+        self.quota_guard = (
+            TenantGuard(
+                guard,
+                quota_store,
+                on_rejection=self.metrics.record_rejection,
+                running_replicas=self.probes.running,
+            )
+            if guard is not None
+            else None
+        )
         self.in_flight = 0
         self.draining = False
         self.created = int(time.time())
 
     # ------------------------------------------------------------------ models
-
-    def _running_replicas(self, model: str) -> int | None:
-        """Running replicas of ``model`` in the probes' fleet view (None: not known yet)."""
-        health = self.probes.models.get(model)
-        return None if health is None else health.running
 
     def _caller(self, request: Request) -> str | None:
         return self.keys.tenant(request.headers.get("authorization"))

@@ -1,4 +1,4 @@
-"""Ray logical resources of every deployment, and the check that they fit the cluster.
+"""The check that every deployment's Ray resources fit the cluster.
 
 Design note. Ray schedules by logical resources, so a fleet whose replicas take every
 logical CPU leaves the Serve ingress pending forever (seen with Ray Serve LLM on
@@ -9,24 +9,20 @@ and every model replica at ``replicas.min``, node by node for the largest replic
 (3) refuse the spec before anything starts, printing the sum. ``replicas.max`` beyond the
 cluster is only a warning: on an autoscaling cluster new nodes can appear.
 
-GPU replicas reserve ``tensor_parallel * pipeline_parallel`` whole GPUs, or - for a
-replica on one GPU - its ``gpu_memory_utilization`` as a fractional GPU, so that Ray
-co-locates replicas exactly when their memory fractions sum to at most one card.
+What each replica reserves is the plan's (:mod:`fleetserve.plan.deployment`); this module
+only adds it up against what the cluster offers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import CapacityError
-from fleetserve.spec import FleetSpec, ModelSpec
-from fleetserve.units import bytes_to_gib, gib_to_bytes
+from fleetserve.plan.deployment import FleetDeployment
+from fleetserve.spec import FleetSpec
+from fleetserve.units import bytes_to_gib
 
-#: Logical CPUs reserved by the (single) ingress replica: enough to be counted, small
-#: enough never to be the reason a fleet does not fit.
-INGRESS_CPUS = 0.1
 #: Ray Serve's HTTP proxy actor reserves no logical CPU (``ray.serve._private``); kept in
 #: the arithmetic so the message shows every actor that must schedule.
 PROXY_CPUS = 0.0
@@ -62,81 +58,29 @@ class ClusterCapacity:
         )
 
 
-@dataclass(frozen=True)
-class ReplicaResources:
-    """Ray logical resources of one replica of a deployment."""
-
-    num_cpus: float
-    num_gpus: float = 0.0
-    memory_bytes: int | None = None
-
-    def ray_actor_options(self) -> dict[str, Any]:
-        """As Ray Serve's ``ray_actor_options``."""
-        options: dict[str, Any] = {"num_cpus": self.num_cpus}
-        if self.num_gpus:
-            options["num_gpus"] = self.num_gpus
-        if self.memory_bytes:
-            options["memory"] = self.memory_bytes
-        return options
-
-
-@dataclass(frozen=True)
-class ResourcePlan:
-    """Resources of the ingress and of each model's replicas, and any warnings."""
-
-    ingress: ReplicaResources
-    models: dict[str, ReplicaResources]
-    warnings: list[str] = field(default_factory=list)
-
-
-def replica_resources(
-    model: ModelSpec, settings: EngineSettings, *, gpu_cluster: bool
-) -> ReplicaResources:
-    """The Ray resources one replica of ``model`` reserves."""
-    gpus = 0.0
-    if gpu_cluster:
-        if model.gpus_per_replica > 1:
-            gpus = float(model.gpus_per_replica)
-        else:
-            gpus = round(settings.gpu_memory_utilization, 4)
-    memory = None
-    if model.resources.memory_gb is not None:
-        memory = gib_to_bytes(model.resources.memory_gb)
-    return ReplicaResources(num_cpus=model.resources.cpu, num_gpus=gpus, memory_bytes=memory)
-
-
-def plan_resources(
-    spec: FleetSpec, settings: dict[str, EngineSettings], *, gpu_cluster: bool
-) -> ResourcePlan:
-    """Resources of every deployment, without checking them against a cluster."""
-    models = {
-        m.name: replica_resources(m, settings[m.name], gpu_cluster=gpu_cluster) for m in spec.models
-    }
-    return ResourcePlan(ingress=ReplicaResources(num_cpus=INGRESS_CPUS), models=models)
-
-
 def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
 def fit_resources(
-    spec: FleetSpec, settings: dict[str, EngineSettings], capacity: ClusterCapacity
-) -> ResourcePlan:
-    """Resources of every deployment, checked to schedule at ``replicas.min``.
+    spec: FleetSpec, deployment: FleetDeployment, capacity: ClusterCapacity
+) -> list[str]:
+    """Check that ``deployment`` schedules at ``replicas.min``; returns warnings.
 
     Raises :class:`CapacityError` naming the arithmetic when ingress + proxy + all
     minimum replicas exceed the cluster, or one replica exceeds the largest node.
     """
-    plan = plan_resources(spec, settings, gpu_cluster=capacity.gpus > 0)
+    ingress = deployment.ingress
+    models = {name: m.ray for name, m in deployment.models.items()}
     problems: list[str] = []
     warnings: list[str] = []
 
     # CPUs: the sum at min replicas, written out term by term.
-    terms = [f"ingress {_fmt(plan.ingress.num_cpus)}", f"proxy {_fmt(PROXY_CPUS)}"]
-    need = plan.ingress.num_cpus + PROXY_CPUS
+    terms = [f"ingress {_fmt(ingress.num_cpus)}", f"proxy {_fmt(PROXY_CPUS)}"]
+    need = ingress.num_cpus + PROXY_CPUS
     need_max = need
     for m in spec.models:
-        r = plan.models[m.name]
+        r = models[m.name]
         terms.append(f"{m.name} {_fmt(r.num_cpus)} x {m.replicas.min}")
         need += r.num_cpus * m.replicas.min
         need_max += r.num_cpus * m.replicas.max
@@ -158,7 +102,7 @@ def fit_resources(
     if capacity.gpus > 0:
         gterms, gneed = [], 0.0
         for m in spec.models:
-            r = plan.models[m.name]
+            r = models[m.name]
             gterms.append(f"{m.name} {_fmt(r.num_gpus)} x {m.replicas.min}")
             gneed += r.num_gpus * m.replicas.min
         if gneed > capacity.gpus + _EPS:
@@ -179,7 +123,7 @@ def fit_resources(
 
     # One replica must fit one node.
     for m in spec.models:
-        r = plan.models[m.name]
+        r = models[m.name]
         if capacity.node_cpus is not None and r.num_cpus > capacity.node_cpus + _EPS:
             problems.append(
                 f"a replica of '{m.name}' needs {_fmt(r.num_cpus)} CPUs but the largest "
@@ -196,4 +140,4 @@ def fit_resources(
             )
     if problems:
         raise CapacityError("; ".join(problems))
-    return ResourcePlan(ingress=plan.ingress, models=plan.models, warnings=warnings)
+    return warnings

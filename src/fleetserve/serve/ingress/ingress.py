@@ -1,6 +1,6 @@
 """The Ray Serve ingress deployment: the HTTP front of the fleet.
 
-Holds a :class:`~fleetserve.serve.gateway.Gateway` over the models' deployment handles and
+Holds a :class:`~fleetserve.serve.ingress.gateway.Gateway` over the models' deployment handles and
 serves its FastAPI app (built at replica start by ``__serve_build_asgi_app__``, so routes
 close over this replica's gateway). ``begin_drain`` / ``in_flight`` are the lifecycle
 hooks ``fleetserve serve`` calls on SIGTERM.
@@ -14,14 +14,14 @@ from typing import Any
 from fastapi import FastAPI
 from ray import serve
 
-from fleetserve.serve.api_keys import ApiKeyTable
-from fleetserve.serve.gateway import Gateway, ModelRoute, create_api
-from fleetserve.serve.limits import RequestLimits, install_http_guard
-from fleetserve.serve.metrics import RayMetricsSink
-from fleetserve.serve.model_client import HandleModelClient, StreamRelay
-from fleetserve.serve.quota_guard import GuardConfig, TenantGuard
-from fleetserve.serve.quota_store import HandleQuotaStore
-from fleetserve.serve.scale_to_zero import ColdStart, ColdStartClient
+from fleetserve.serve.guard.api_keys import ApiKeyTable
+from fleetserve.serve.guard.quota_guard import GuardConfig
+from fleetserve.serve.guard.quota_store import HandleQuotaStore
+from fleetserve.serve.ingress.gateway import Gateway, ModelRoute, create_api
+from fleetserve.serve.ingress.limits import RequestLimits, install_http_guard
+from fleetserve.serve.ingress.metrics import RayMetricsSink
+from fleetserve.serve.ingress.model_client import HandleModelClient, StreamRelay
+from fleetserve.serve.ingress.scale_to_zero import ColdStart, ColdStartClient
 
 
 def install_address_reuse() -> bool:
@@ -79,7 +79,7 @@ class Ingress:
     ) -> None:
         self.limits = RequestLimits.from_args(limits)
         # Before Serve starts this replica's HTTP server (direct ingress): header limits
-        # and the header timeout at the protocol level (serve/limits.py), and a listening
+        # and the header timeout at the protocol level (serve/ingress/limits.py), and a listening
         # socket that can take over the port of a killed predecessor.
         install_http_guard(self.limits)
         install_address_reuse()
@@ -98,14 +98,8 @@ class Ingress:
             limits=self.limits,
             health=models,
             # Quotas (the shared keeper's handle, when a tenant has one) + exact admission.
-            quota_guard=(
-                TenantGuard(
-                    GuardConfig.from_args(guard),
-                    HandleQuotaStore(quota) if quota is not None else None,
-                )
-                if guard is not None
-                else None
-            ),
+            guard=GuardConfig.from_args(guard) if guard is not None else None,
+            quota_store=HandleQuotaStore(quota) if quota is not None else None,
         )
 
     def __serve_build_asgi_app__(self) -> FastAPI:

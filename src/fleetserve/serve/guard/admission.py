@@ -7,7 +7,7 @@ request was once refused below capacity (issue #9, point 7). So the gateway keep
 count itself, per model: at most ``capacity`` (replicas x ``max_ongoing_requests``)
 requests are in service, at most ``queue_limit`` (``max_queued_requests``) wait in the
 gateway, and the next one gets 503 + ``Retry-After`` at once. Waiting requests are ordered
-by :class:`~fleetserve.serve.fairness.FairQueue` (VTC), which is where tenants sharing a
+by :class:`~fleetserve.serve.guard.fairness.FairQueue` (VTC), which is where tenants sharing a
 saturated model get service in proportion to their weights.
 
 The decision core (:class:`GateState`) is pure; :class:`ModelGate` wraps it with asyncio
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from fleetserve.errors import ServeError
-from fleetserve.serve.fairness import FairQueue
+from fleetserve.serve.guard.fairness import FairQueue
 
 Verdict = Literal["run", "wait", "reject"]
 

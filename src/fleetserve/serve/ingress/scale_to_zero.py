@@ -30,8 +30,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
-from fleetserve.serve.model_client import ModelClient, ModelUnavailableError
-from fleetserve.serve.probes import HealthSource, ModelHealth
+from fleetserve.serve.ingress.model_client import ModelClient, ModelUnavailableError
+from fleetserve.serve.ingress.probes import HealthSource, ModelHealth
 from fleetserve.serve.routing import registry
 
 #: How often the wait checks whether a replica has appeared.

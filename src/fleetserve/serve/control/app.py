@@ -5,24 +5,27 @@ Two entry points build the same application:
 * :func:`build_application` - the Python API ``fleetserve serve`` uses (it has already
   resolved models, settings and keys, and checked the fit);
 * :func:`build_app` - the Serve *application builder* for Ray's own tooling, named in a
-  Serve config as ``import_path: fleetserve.serve.app:build_app`` with ``args`` of the
+  Serve config as ``import_path: fleetserve.serve.control.app:build_app`` with ``args`` of the
   shape :class:`BuildArgs` (what a RayService's ``serveConfigV2`` carries)::
 
       applications:
         - name: fleetserve
           route_prefix: /
-          import_path: fleetserve.serve.app:build_app
+          import_path: fleetserve.serve.control.app:build_app
           args:
             spec: {models: [{name: gemma-3-270m, source: "builtin:gemma-3-270m"}]}
             # or: spec_path: /etc/fleetserve/fleet.yaml  (neither: the default fleet)
-            engine_settings:            # optional, from `fleetserve plan`, by model name
-              gemma-3-270m: {gpu_memory_utilization: 0.1, max_num_seqs: 64,
-                             max_model_len: 4096, max_num_batched_tokens: 4096}
+            deployments:                # optional, by model name: the plan's resolved
+              gemma-3-270m: {engine: {...}, ray: {...}, serve: {...}}  # ModelDeployment
+            # or engine_settings: {gemma-3-270m: {gpu_memory_utilization: 0.1, ...}}
+            # (vLLM's numbers only; Ray's and Serve's then follow from the spec)
             model_paths: {gemma-3-270m: /models/gemma}   # optional, else resolved here
             engine: vllm                                # or fake (no model, for smoke tests)
 
 Deployments: ``ingress`` (the HTTP front) and one ``model-<name>`` per model (characters
-outside ``[A-Za-z0-9_.-]`` in the name become ``-``).
+outside ``[A-Za-z0-9_.-]`` in the name become ``-``). Every option of every deployment -
+vLLM's settings, Ray's reservation, Serve's replica and queue options - is read from the
+plan's :class:`~fleetserve.plan.deployment.FleetDeployment`; nothing here decides one.
 """
 
 from __future__ import annotations
@@ -35,24 +38,21 @@ from ray.serve.deployment import Application
 from fleetserve.engine.config import EngineConfig, EngineKind
 from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import SpecError
-from fleetserve.serve.api_keys import ApiKeyTable
-from fleetserve.serve.deployment_options import (
-    INGRESS_DEPLOYMENT,
+from fleetserve.host import probe
+from fleetserve.plan.deployment import (
+    FleetDeployment,
+    ModelDeployment,
     deployment_name,
-    replica_count_options,
-    request_router_options,
+    node_deployment,
 )
-from fleetserve.serve.ingress import Ingress
-from fleetserve.serve.limits import RequestLimits
-from fleetserve.serve.model_server import ModelServer
-from fleetserve.serve.quota_guard import GuardConfig
-from fleetserve.serve.quota_store import KEEPER_DEPLOYMENT, QuotaKeeper, limits_to_args
-from fleetserve.serve.resources import ResourcePlan, plan_resources
-from fleetserve.serve.settings import engine_settings
+from fleetserve.plan.local import joined_deployment, local_deployment, plan_unsized
+from fleetserve.serve.guard.api_keys import ApiKeyTable
+from fleetserve.serve.guard.quota_guard import GuardConfig
+from fleetserve.serve.guard.quota_store import KEEPER_DEPLOYMENT, QuotaKeeper, limits_to_args
+from fleetserve.serve.ingress.ingress import Ingress
+from fleetserve.serve.ingress.limits import RequestLimits
+from fleetserve.serve.replica.model_server import ModelServer
 from fleetserve.spec import FleetSpec, default_fleet, format_validation_error, load_spec, parse_spec
-
-#: Ingress requests at once; it only relays, so the models' limits are what bind.
-_INGRESS_MIN_ONGOING = 1000
 
 
 class BuildArgs(BaseModel):
@@ -63,8 +63,13 @@ class BuildArgs(BaseModel):
     spec: dict[str, Any] | None = Field(default=None, description="The fleet spec mapping.")
     spec_path: str | None = Field(default=None, min_length=1, description="A fleet spec file.")
     engine: EngineKind = Field(default="vllm", description="vllm, or fake (no model).")
+    deployments: dict[str, ModelDeployment] | None = Field(
+        default=None, description="Per-model deployments resolved by the plan (render's)."
+    )
     engine_settings: dict[str, EngineSettings] | None = Field(
-        default=None, description="Per-model engine settings (from the plan)."
+        default=None,
+        description="Per-model vLLM settings alone (a hand-written config); Ray's and "
+        "Serve's options then follow from the spec.",
     )
     model_paths: dict[str, str] | None = Field(
         default=None, description="Per-model weights location (default: resolve source)."
@@ -77,6 +82,8 @@ class BuildArgs(BaseModel):
     def _one_spec(self) -> BuildArgs:
         if self.spec is not None and self.spec_path is not None:
             raise ValueError("give 'spec' or 'spec_path', not both")
+        if self.deployments is not None and self.engine_settings is not None:
+            raise ValueError("give 'deployments' or 'engine_settings', not both")
         return self
 
     def load_spec(self) -> FleetSpec:
@@ -101,48 +108,36 @@ def resolve_model_paths(spec: FleetSpec, engine: EngineKind) -> dict[str, str]:
 def build_application(
     spec: FleetSpec,
     *,
-    settings: dict[str, EngineSettings],
+    deployment: FleetDeployment,
     model_paths: dict[str, str],
-    resources: ResourcePlan,
     keys: ApiKeyTable,
     engine: EngineKind = "vllm",
     fake_token_delay_s: float = 0.0,
 ) -> Application:
-    """The Serve application: ingress + one deployment per model."""
+    """The Serve application: ingress + one deployment per model, as ``deployment`` says."""
     handles: dict[str, Any] = {}
     routes: list[dict[str, Any]] = []
     cold_starts: dict[str, dict[str, Any]] = {}
-    ingress_ongoing = _INGRESS_MIN_ONGOING
     for model in spec.models:
         r = model.replicas
+        planned = deployment.models[model.name]
         config = EngineConfig.from_spec(
             model,
             model_path=model_paths[model.name],
-            settings=settings[model.name],
+            settings=planned.engine,
+            engine_args=planned.engine_args,
             kind=engine,
             fake_token_delay_s=fake_token_delay_s,
         )
-        options: dict[str, Any] = {
-            "name": deployment_name(model.name),
-            "ray_actor_options": resources.models[model.name].ray_actor_options(),
-            "max_ongoing_requests": r.max_ongoing_requests,
-            # The gateway's exact admission (serve/admission.py) is the binding limit; Serve's
-            # own queue bound is a backstop above it, so its router's stale view of replica
-            # load can never refuse a request the gateway admitted.
-            "max_queued_requests": r.max * r.max_ongoing_requests + r.max_queued_requests,
-            "graceful_shutdown_timeout_s": spec.server.drain_timeout_s,
-            **replica_count_options(model),
-            **request_router_options(model),
-        }
         handles[model.name] = (
             _deployment(ModelServer)
-            .options(**options)
+            .options(**planned.options())
             .bind(config.model_dump(mode="json"), model.routing.block_chars)
         )
         routes.append(
             {
                 "name": model.name,
-                "max_model_len": settings[model.name].max_model_len,
+                "max_model_len": planned.engine.max_model_len,
                 "min_replicas": r.min,
                 "adapters": tuple(a.name for a in model.adapters),
                 "adapter_dir": model.adapter_dir,
@@ -153,11 +148,10 @@ def build_application(
                 "deployment": deployment_name(model.name),
                 "timeout_s": r.cold_start_timeout_s,
             }
-        ingress_ongoing += r.max * r.max_ongoing_requests + r.max_queued_requests
     guard = GuardConfig.from_spec(
-        spec, {m.name: settings[m.name].max_model_len for m in spec.models}
+        spec, {name: s.max_model_len for name, s in deployment.engine_settings().items()}
     )
-    # The quota counters: one keeper shared by every ingress replica (serve/quota_store.py).
+    # The quota counters: one keeper shared by every ingress replica (serve/guard/quota_store.py).
     quota = (
         _deployment(QuotaKeeper)
         .options(name=KEEPER_DEPLOYMENT)
@@ -167,12 +161,7 @@ def build_application(
     )
     app: Application = (
         _deployment(Ingress)
-        .options(
-            name=INGRESS_DEPLOYMENT,
-            ray_actor_options=resources.ingress.ray_actor_options(),
-            max_ongoing_requests=ingress_ongoing,
-            graceful_shutdown_timeout_s=spec.server.drain_timeout_s,
-        )
+        .options(**deployment.ingress_options(spec))
         .bind(
             routes,
             keys.to_args(),
@@ -202,7 +191,7 @@ def _gpu_cluster() -> bool:
 
 
 def build_app(args: dict[str, Any]) -> Application:
-    """Serve application builder (``import_path: fleetserve.serve.app:build_app``).
+    """Serve application builder (``import_path: fleetserve.serve.control.app:build_app``).
 
     ``args`` has the shape of :class:`BuildArgs` (see the module docstring). API keys are
     read from the environment of the process that builds the app.
@@ -213,20 +202,29 @@ def build_app(args: dict[str, Any]) -> Application:
         raise SpecError(format_validation_error(e, "build_app args")) from e
     spec = parsed.load_spec()
     spec.require_weights("serve")  # a plan-only spec (no source) cannot start replicas
-    gpu = _gpu_cluster()
-    # Without settings from the plan, plan for the machine this builder runs on.
-    settings = parsed.engine_settings or engine_settings(
-        spec, local=parsed.engine == "vllm", gpu_host=gpu
-    )
-    missing = [m.name for m in spec.models if m.name not in settings]
-    if missing:
-        raise SpecError(f"build_app args: engine_settings has no entry for {', '.join(missing)}")
+    given = parsed.deployments or parsed.engine_settings
+    if given is not None:
+        missing = [m.name for m in spec.models if m.name not in given]
+        if missing:
+            field = "deployments" if parsed.deployments else "engine_settings"
+            raise SpecError(f"build_app args: {field} has no entry for {', '.join(missing)}")
+    if parsed.deployments is not None:
+        deployment = FleetDeployment(models=parsed.deployments)
+    elif parsed.engine_settings is not None:
+        deployment = node_deployment(
+            spec, plan_unsized(spec, gpu=_gpu_cluster(), settings=parsed.engine_settings)
+        )
+    elif parsed.engine == "vllm":
+        # Plan for the machine this builder runs on.
+        deployment = local_deployment(spec, probe())
+    else:
+        # The fake engine: nothing to size.
+        deployment = joined_deployment(spec, gpu=_gpu_cluster())
     paths = parsed.model_paths or resolve_model_paths(spec, parsed.engine)
     return build_application(
         spec,
-        settings=settings,
+        deployment=deployment,
         model_paths=paths,
-        resources=plan_resources(spec, settings, gpu_cluster=gpu),
         keys=ApiKeyTable.from_spec(spec),
         engine=parsed.engine,
         fake_token_delay_s=parsed.fake_token_delay_s,

@@ -1,7 +1,7 @@
 """How the ingress reaches a model's replicas: a Protocol with a Ray and a local version.
 
 ``HandleModelClient`` calls the replicas through Ray Serve ``DeploymentHandle``s (the real
-path) and receives their responses over the stream relay (``serve/relay.py``) or, with
+path) and receives their responses over the stream relay (``serve/replica/relay.py``) or, with
 ``server.stream_relay: serve``, over Serve's own streaming calls;
 ``LocalModelClient`` calls engines in this process (unit tests of routing, auth and
 errors without Ray). Both map transport failures to the errors the ingress turns into
@@ -21,8 +21,8 @@ from typing import Any, Literal, Protocol
 
 from fleetserve.engine.protocol import Engine, EngineRequest, EngineStats, ResponseHead
 from fleetserve.errors import EngineError, ServeError
-from fleetserve.serve.probes import ModelHealth, model_health, status_name
-from fleetserve.serve.relay import END_OF_STREAM, RelayError, RelayReceiver
+from fleetserve.serve.ingress.probes import ModelHealth, model_health, status_name
+from fleetserve.serve.replica.relay import END_OF_STREAM, RelayError, RelayReceiver
 from fleetserve.serve.routing import registry
 
 logger = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 #: the replica counts behind fail-fast and readiness are pushed, never cached.
 STATUS_REFRESH_S = 5.0
 
-#: How replicas send responses back: one relay connection per replica (``serve/relay.py``)
+#: How replicas send responses back: one relay connection per replica (``serve/replica/relay.py``)
 #: or one Serve streaming call per request.
 StreamRelay = Literal["multiplexed", "serve"]
 

@@ -92,6 +92,11 @@ class ProbeState:
         self.error: str | None = None
         self._task: asyncio.Task[None] | None = None
 
+    def running(self, model: str) -> int | None:
+        """Running replicas of ``model`` in this view (None: not known yet)."""
+        health = self.models.get(model)
+        return None if health is None else health.running
+
     def ensure_started(self) -> None:
         """Start the refresher on the running loop (idempotent; restarts a dead one)."""
         if self._task is None or self._task.done():

@@ -4,7 +4,7 @@ Design note. Counters must hold across several ingress replicas and across the r
 of one, so they cannot be per-process dicts. They live in a :class:`QuotaKeeper`
 deployment - one replica (a Ray actor that Serve keeps alive and that the application
 owns: it starts and is deleted with the app, unlike a detached actor that a joined
-cluster would leak) hosting the :class:`~fleetserve.serve.quota.QuotaLedger`. Its clock
+cluster would leak) hosting the :class:`~fleetserve.serve.guard.quota.QuotaLedger`. Its clock
 is the only clock of the arithmetic. Each request costs one awaited round-trip
 (``admit``) and one that is not waited for (``settle``); nothing blocks the ingress's
 event loop.
@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 from ray import serve
 
-from fleetserve.serve.quota import Decision, Limits, QuotaLedger, RateLimitHeaders
+from fleetserve.serve.guard.quota import Decision, Limits, QuotaLedger, RateLimitHeaders
 
 #: Longest wait for the keeper's admission answer before failing open.
 ADMIT_TIMEOUT_S = 2.0

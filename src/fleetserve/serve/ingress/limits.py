@@ -23,8 +23,8 @@ Design note. Every limit is enforced where it can really bound the cost:
 * **Time**: :class:`Deadlines` gives every request one ``asyncio.Timeout`` per wait, ending
   at ``request_timeout_s``; drain and replica loss reschedule those timeouts to *now*, so
   the waiting request ends at once with the reason attached (504 / SSE error event).
-  Serve's own request timeout is set :data:`SERVE_TIMEOUT_MARGIN_S` later, as a backstop
-  that never fires first (it would cut a stream silently).
+  Serve's own request timeout is set later (``plan.deployment.SERVE_TIMEOUT_MARGIN_S``), as
+  a backstop that never fires first (it would cut a stream silently).
 """
 
 from __future__ import annotations
@@ -44,8 +44,6 @@ from fleetserve.spec import ServerSpec
 MIB = 2**20
 #: Room for the pickled request envelope and headers on top of the body, on the gRPC hop.
 TRANSPORT_HEADROOM_BYTES = MIB
-#: Serve's own request timeout is ours plus this, so ours (with its error event) fires first.
-SERVE_TIMEOUT_MARGIN_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -88,11 +86,6 @@ class RequestLimits:
 def transport_env(limits: RequestLimits) -> dict[str, str]:
     """Ray Serve environment for replicas so that a body within limits crosses gRPC."""
     return {"RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(limits.transport_bytes)}
-
-
-def serve_request_timeout_s(request_timeout_s: float) -> float:
-    """Serve's ``http_options.request_timeout_s``: a backstop behind our own deadline."""
-    return request_timeout_s + SERVE_TIMEOUT_MARGIN_S
 
 
 # --------------------------------------------------------------------------- refusals

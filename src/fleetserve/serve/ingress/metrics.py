@@ -33,7 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from fleetserve.observe import metrics as m
 from fleetserve.observe.keeper import KEEPER
 from fleetserve.observe.metrics import PromMetric
-from fleetserve.serve.usage import Usage
+from fleetserve.serve.guard.usage import Usage
 
 log = logging.getLogger(__name__)
 

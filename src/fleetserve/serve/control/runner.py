@@ -53,16 +53,20 @@ from fleetserve.engine.cpu_binding import (
     serving_cores,
     spawned_on,
 )
-from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import ServeError
 from fleetserve.host import HostFacts, probe
-from fleetserve.serve.api_keys import ApiKeyTable
-from fleetserve.serve.app import build_application, resolve_model_paths
-from fleetserve.serve.deployment_options import APP_NAME, INGRESS_DEPLOYMENT
-from fleetserve.serve.limits import RequestLimits, serve_request_timeout_s, transport_env
-from fleetserve.serve.ports import free_port
-from fleetserve.serve.resources import ClusterCapacity, ResourcePlan, fit_resources
-from fleetserve.serve.settings import engine_settings
+from fleetserve.plan.deployment import (
+    APP_NAME,
+    INGRESS_DEPLOYMENT,
+    FleetDeployment,
+    serve_request_timeout_s,
+)
+from fleetserve.plan.local import joined_deployment, local_deployment
+from fleetserve.serve.control.app import build_application, resolve_model_paths
+from fleetserve.serve.control.ports import free_port
+from fleetserve.serve.control.resources import ClusterCapacity, fit_resources
+from fleetserve.serve.guard.api_keys import ApiKeyTable
+from fleetserve.serve.ingress.limits import RequestLimits, transport_env
 from fleetserve.spec import FleetSpec
 
 #: Seconds between deployment status polls while starting.
@@ -170,12 +174,12 @@ class FleetServer:
         self._interrupts = 0
         self._handle_signals = False
         self._host: HostFacts | None = None
-        self._plan: ResourcePlan | None = None
+        self._plan: FleetDeployment | None = None
 
     # ------------------------------------------------------------------ start
 
-    def check(self) -> tuple[ApiKeyTable, dict[str, EngineSettings], ResourcePlan]:
-        """Everything refusable before start (keys, settings, fit on this host)."""
+    def check(self) -> tuple[ApiKeyTable, FleetDeployment]:
+        """Everything refusable before start (keys, the plan, its fit on this host)."""
         spec = self.options.spec
         keys = ApiKeyTable.from_spec(spec)
         # Measured once: the local plan, the capacity check and Ray all use these figures.
@@ -184,19 +188,21 @@ class FleetServer:
         if self.options.address is not None:
             capacity = self._connect_ray()
         # The local planner sizes real engines on this machine; a joined cluster or the
-        # fake engine (no model config to size) gets settings derived from the spec.
-        local = self.options.address is None and self.options.engine == "vllm"
-        settings = engine_settings(spec, local=local, gpu_host=capacity.gpus > 0, host=host)
-        self._plan = plan = fit_resources(spec, settings, capacity)
-        for warning in plan.warnings:
+        # fake engine (no model config to size) is planned from the spec alone.
+        if self.options.address is not None:
+            deployment = joined_deployment(spec, gpu=capacity.gpus > 0)
+        else:
+            deployment = local_deployment(spec, host, sized=self.options.engine == "vllm")
+        for warning in fit_resources(spec, deployment, capacity):
             self.console.print(f"[yellow]warning:[/] {warning}")
-        return keys, settings, plan
+        self._plan = deployment
+        return keys, deployment
 
     def start(self) -> str:
         """Check, prepare models, start Ray/Serve, deploy; returns the base URL."""
         o = self.options
         spec = o.spec
-        keys, settings, plan = self.check()
+        keys, deployment = self.check()
         n = len(spec.models)
         self.console.print(
             f"fleetserve: serving {n} model{'s' if n != 1 else ''}: "
@@ -207,9 +213,8 @@ class FleetServer:
             self._start_ray()
         app = build_application(
             spec,
-            settings=settings,
+            deployment=deployment,
             model_paths=paths,
-            resources=plan,
             keys=keys,
             engine=o.engine,
             fake_token_delay_s=o.fake_token_delay_s,
@@ -310,7 +315,7 @@ class FleetServer:
             return None
         cores = sorted(os.sched_getaffinity(0))
         claimed = sum(
-            m.replicas.max * cores_wanted(plan.models[m.name].num_cpus) for m in o.spec.models
+            m.replicas.max * cores_wanted(plan.models[m.name].ray.num_cpus) for m in o.spec.models
         )
         serving = serving_cores(cores, claimed)
         return serving if serving != cores else None
@@ -334,7 +339,7 @@ class FleetServer:
                         "host": o.host,
                         "port": proxy_port,
                         # A backstop: the ingress's own deadline ends requests first,
-                        # in the OpenAI error shape (serve/limits.py).
+                        # in the OpenAI error shape (serve/ingress/limits.py).
                         "request_timeout_s": serve_request_timeout_s(
                             o.spec.server.request_timeout_s
                         ),

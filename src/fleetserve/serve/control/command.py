@@ -9,7 +9,7 @@ from typing import Any
 
 from fleetserve.engine.vllm_version import require_supported_vllm
 from fleetserve.errors import UsageError
-from fleetserve.serve.runner import FleetServer, ServeOptions
+from fleetserve.serve.control.runner import FleetServer, ServeOptions
 from fleetserve.spec import default_fleet, load_spec
 
 

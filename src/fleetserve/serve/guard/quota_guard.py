@@ -4,9 +4,9 @@ Design note. ``Gateway.forward`` authenticates, parses ``model`` and hands the r
 the request to :meth:`TenantGuard.run`, which
 
 1. reserves the request's tokens in the tenant's (and key's) quota scopes through the
-   shared :class:`~fleetserve.serve.quota_store.QuotaStore` - one awaited round-trip; a
+   shared :class:`~fleetserve.serve.guard.quota_store.QuotaStore` - one awaited round-trip; a
    refusal is 429 ``rate_limit_exceeded`` with ``Retry-After``;
-2. takes a slot of the model's :class:`~fleetserve.serve.admission.ModelGate` (exact
+2. takes a slot of the model's :class:`~fleetserve.serve.guard.admission.ModelGate` (exact
    capacity, fair queue; a full queue is 503 + ``Retry-After``, and its reservation is
    refunded: the server's overload is not the tenant's usage);
 3. serves the request, adds OpenAI's ``x-ratelimit-*`` headers to whatever the response
@@ -39,12 +39,12 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from fleetserve.serve.admission import GateLimits, ModelBusyError, ModelGate
-from fleetserve.serve.api_keys import KEY_ID_HEX, digest
+from fleetserve.serve.guard.admission import GateLimits, ModelBusyError, ModelGate
+from fleetserve.serve.guard.api_keys import KEY_ID_HEX, digest
+from fleetserve.serve.guard.quota import Decision, Limits, RateLimitHeaders, reserve_tokens
+from fleetserve.serve.guard.quota_store import QuotaStore, limits_from_args, limits_to_args
+from fleetserve.serve.guard.usage import UsageScanner, usage_from_body
 from fleetserve.serve.openai_errors import RETRY_AFTER_S, error_response
-from fleetserve.serve.quota import Decision, Limits, RateLimitHeaders, reserve_tokens
-from fleetserve.serve.quota_store import QuotaStore, limits_from_args, limits_to_args
-from fleetserve.serve.usage import UsageScanner, usage_from_body
 from fleetserve.spec import FleetSpec
 
 #: Endpoints whose requests generate tokens (the rest reserve their prompt, or nothing).
@@ -61,6 +61,8 @@ LEASE_MARGIN_S = 60.0
 #: ``(model, tenant, reason)``: called for each request the guard refuses; reason is
 #: ``quota`` (429) or ``overload`` (503). The gateway points it at its metrics.
 RejectionHook = Callable[[str, str | None, str], None]
+#: Running replicas of a model as the fleet view knows them (None: not known yet).
+RunningReplicas = Callable[[str], int | None]
 #: The gateway's own serving of an admitted request: (request, model, tenant, body).
 ServeFn = Callable[[Request, str, str | None, bytes], Awaitable[Response]]
 
@@ -202,16 +204,20 @@ class TenantGuard:
         self,
         config: GuardConfig,
         store: QuotaStore | None = None,
+        *,
         on_rejection: RejectionHook | None = None,
+        running_replicas: RunningReplicas | None = None,
     ) -> None:
+        """``on_rejection``: where refusals are counted (the gateway's metrics);
+        ``running_replicas``: the fleet view that sizes autoscaled models' gates (the
+        gateway's probes). Both are given here, by whoever owns them: the guard never
+        reaches back into the gateway."""
         if config.quotas and store is None:
             raise ValueError("tenants have quotas but no quota store was given")
         self.config = config
         self.store = store
         self.on_rejection = on_rejection
-        #: Running replicas of a model as the fleet view knows them (None: unknown); the
-        #: gateway points it at its probes' view. Sizes autoscaled models' gates.
-        self.running_replicas: Callable[[str], int | None] | None = None
+        self.running_replicas = running_replicas
         weights = {n: t.weight for n, t in config.tenants.items()}
         self.gates = {
             name: ModelGate(name, GateLimits(p.capacity, p.queue_limit), weights)

@@ -2,7 +2,7 @@
 
 Replicas are started by Serve with the engine's config as a plain dict (it travels in a
 Serve config). ``handle_relayed`` runs one request and sends the engine's response items to
-the ingress over the stream relay (``serve/relay.py``, the default); ``handle`` streams them
+the ingress over the stream relay (``serve/replica/relay.py``, the default); ``handle`` streams them
 back over a streaming ``DeploymentHandle`` call (``server.stream_relay: serve``). Serve's
 health check calls ``check_health``; a dead vLLM engine makes the replica unhealthy and
 Serve replaces it.
@@ -21,7 +21,7 @@ from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.factory import create_engine
 from fleetserve.engine.protocol import EngineRequest, ResponseHead
 from fleetserve.engine.signals import KV_CAPACITY_TOKENS, engine_signals
-from fleetserve.serve.relay import RelaySender, RelayTicket, relay_stream
+from fleetserve.serve.replica.relay import RelaySender, RelayTicket, relay_stream
 from fleetserve.serve.routing.ledger import CacheLedger
 
 
@@ -86,7 +86,7 @@ class ModelServer:
         return self._ledger.report(stats, signals, await self._engine.adapters())
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
-        """Custom autoscaling metrics (fleetserve.serve.autoscaling reads them)."""
+        """Custom autoscaling metrics (fleetserve.serve.control.autoscaling reads them)."""
         stats, signals = self._signals()
         return {**signals, "running": float(stats.running)}
 

@@ -19,7 +19,7 @@ when a slot of a saturated model frees, the waiting request of the tenant with t
 Over any interval in which two tenants are both backlogged, their received service
 (divided by weight) differs by at most a bounded amount (the paper's Theorem: about
 twice the largest request's cost) - a flooding tenant only lengthens its own queue.
-Pure: no clocks, no asyncio; :mod:`fleetserve.serve.admission` drives it.
+Pure: no clocks, no asyncio; :mod:`fleetserve.serve.guard.admission` drives it.
 """
 
 from __future__ import annotations
