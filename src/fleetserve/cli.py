@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "render": ("fleetserve.k8s.render.command", "write KubeRay/HAMi/monitoring manifests"),
     "doctor": ("fleetserve.k8s.doctor.command", "find known traps in manifests before deploy"),
     "bench": ("fleetserve.bench.command", "measure an OpenAI-compatible endpoint"),
+    "simulate": ("fleetserve.sim.command", "simulate a fleet under a workload (bench reports)"),
     "observe": ("fleetserve.observe.command", "print alert rules or the Grafana dashboard"),
     "top": ("fleetserve.top.command", "live terminal view of a running fleet"),
 }
