@@ -28,11 +28,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "render": ("fleetserve.k8s.render.command", "write KubeRay/HAMi/monitoring manifests"),
     "doctor": ("fleetserve.k8s.doctor.command", "find known traps in manifests before deploy"),
     "bench": ("fleetserve.bench.command", "measure an OpenAI-compatible endpoint"),
+    "simulate": ("fleetserve.sim.command", "simulate a fleet under a workload (bench reports)"),
     "observe": ("fleetserve.observe.command", "print alert rules or the Grafana dashboard"),
     "top": ("fleetserve.top.command", "live terminal view of a running fleet"),
 }
 
 Handler = Callable[[argparse.Namespace], int]
+
+#: Sub-sub-commands with their own parser: (command, word) -> module with ``run(argv)``.
+#: ``plan`` takes the spec as its positional, so ``plan calibrate`` cannot be an argparse
+#: sub-parser of it.
+NESTED: dict[tuple[str, str], str] = {
+    ("plan", "calibrate"): "fleetserve.sim.calibrate_command",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,6 +77,13 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    nested = NESTED.get((argv[0], argv[1])) if len(argv) > 1 else None
+    if nested is not None:
+        try:
+            return int(importlib.import_module(nested).run(argv[2:]))
+        except FleetServeError as e:
+            print(f"fleetserve: error: {e}", file=sys.stderr)
+            return e.exit_code
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     handler: Handler | None = getattr(args, "handler", None)

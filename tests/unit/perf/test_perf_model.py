@@ -1,0 +1,86 @@
+"""The performance model: roofline terms, slices and sharing, the steady-state estimate."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fleetserve.errors import InputFileError, SpecError
+from fleetserve.perf import Calibration, EngineLimits, Traffic, engine_perf, estimate
+from fleetserve.plan.architecture import load_model_config
+from fleetserve.plan.gpus import CPU_HOST, custom_gpu, gpu_type
+
+LLAMA = load_model_config("llama-3.1-8b")
+
+
+@pytest.mark.parametrize("card", ["H200", "H100", "A100", "L4", "L40S", "A10G", "T4"])
+def test_catalogue_cards_have_speed_facts(card: str) -> None:
+    gpu = gpu_type(card)
+    assert gpu.peak_flops("bfloat16") > 1e13
+    assert gpu.bandwidth > 1e11
+    assert CPU_HOST.peak_flops("bfloat16") > 0
+    assert CPU_HOST.vendor == "cpu"
+
+
+def test_decode_is_memory_bound_and_prefill_compute_bound() -> None:
+    perf = engine_perf(LLAMA, gpu_type("H100"))
+    decode = perf.terms(perf.load(decodes=[1000] * 8))
+    prefill = perf.terms(perf.load(prefills=[(4096, 0)]))
+    assert decode.bound == "memory"
+    assert prefill.bound == "compute"
+    # A decode step reads every weight once: ~16 GB at 3.35 TB/s x efficiency.
+    weights = perf.cost.dense_weight_bytes
+    assert decode.memory == pytest.approx(
+        (weights + perf.cost.kv_bytes_per_token * 8 * 1001) / (3.35e12 * 0.75), rel=0.05
+    )
+
+
+def test_a_gpucores_slice_slows_compute_and_sharing_slows_memory() -> None:
+    whole = engine_perf(LLAMA, gpu_type("H100"))
+    slice_ = engine_perf(LLAMA, gpu_type("H100"), cores_percent=50)
+    prefill = whole.load(prefills=[(4096, 0)])
+    decode = whole.load(decodes=[500] * 4)
+    assert slice_.terms(prefill).compute == pytest.approx(2 * whole.terms(prefill).compute)
+    assert whole.step_time(decode, bandwidth_share=0.5) > 1.8 * whole.terms(decode).memory
+
+
+def test_moe_reads_only_touched_experts() -> None:
+    moe = engine_perf(load_model_config("qwen3-30b-a3b"), gpu_type("H200"))
+    assert moe.cost.weight_read_bytes(1) < moe.cost.weight_read_bytes(512)
+    full = (
+        moe.cost.dense_weight_bytes + moe.cost.moe_layers * moe.cost.experts * moe.cost.expert_bytes
+    )
+    assert moe.cost.weight_read_bytes(100_000) == pytest.approx(full, rel=1e-3)
+
+
+def test_card_without_speed_facts_is_refused() -> None:
+    with pytest.raises(SpecError, match="no speed facts"):
+        engine_perf(LLAMA, custom_gpu(40))
+
+
+def test_estimate_below_and_above_capacity() -> None:
+    perf = engine_perf(LLAMA, gpu_type("H100"))
+    limits = EngineLimits(max_num_seqs=128, max_num_batched_tokens=8192)
+    low = estimate(perf, Traffic(rate=1, prompt_tokens=512, output_tokens=256), limits)
+    assert not low.saturated
+    assert math.isfinite(low.ttft_s)
+    assert low.tpot_s == pytest.approx(perf.decode_step_time(1, 640), rel=0.5)
+    high = estimate(
+        perf, Traffic(rate=low.capacity * 2, prompt_tokens=512, output_tokens=256), limits
+    )
+    assert high.saturated
+    assert math.isinf(high.ttft_s)
+    assert high.rate == pytest.approx(low.capacity)
+    more = estimate(perf, Traffic(1, 512, 256), EngineLimits(256, 8192))
+    assert more.capacity > low.capacity  # a bigger batch amortises the weight reads
+
+
+def test_calibration_file_round_trip(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cal = Calibration.default(cpu=True)
+    path = tmp_path / "cal.json"
+    cal.save(path)
+    assert Calibration.load(path) == cal
+    path.write_text('{"format": "fleetserve-perf-calibration/1", "backend": "cpu"}')
+    with pytest.raises(InputFileError, match="compute_efficiency"):
+        Calibration.load(path)

