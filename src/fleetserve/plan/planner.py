@@ -31,9 +31,11 @@ from fleetserve.plan.gpus import GPU_CATALOGUE, GpuType, custom_gpu, gpu_type, w
 from fleetserve.plan.memory import ModelConfig
 from fleetserve.plan.milp import MAX_VARIABLES, NODE_LIMIT, node_bounds, solve_milp, variable_count
 from fleetserve.plan.packer import pack_heuristic, respread
+from fleetserve.plan.capacity import PerfModel
 from fleetserve.plan.problem import (
     DEVICE_SPLIT_COUNT,
     OBJECTIVES,
+    Choice,
     Demand,
     Item,
     Packing,
@@ -42,6 +44,7 @@ from fleetserve.plan.problem import (
     gpus_used,
     packing_cost,
     score,
+    shortfall,
 )
 from fleetserve.plan.result import PlanResult, PoolUsage, ReplicaNode, ReplicaPlacement, Unplaced
 from fleetserve.plan.sizing import (
@@ -52,6 +55,7 @@ from fleetserve.plan.sizing import (
     size_replica,
     suggest_fixes,
 )
+from fleetserve.plan.traffic import TrafficOptions, traffic_options
 from fleetserve.spec import FleetSpec, ModelSpec, PoolSpec
 from fleetserve.units import gib_to_mib_ceil, gib_to_mib_floor
 
@@ -107,6 +111,8 @@ class _ModelPlan:
     rejections: dict[str, Rejection]
     spans: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Pool -> (nodes, cards per node) of one replica there (:func:`node_span`)."""
+    traffic: TrafficOptions | None = None
+    """For a model planned from its traffic: its options (sizing per option, not pool)."""
 
 
 def node_span(
@@ -138,61 +144,81 @@ def _replica_count(model: ModelSpec, scenario: str) -> int:
     return model.replicas.min
 
 
+def fit_pool(
+    model: ModelSpec, config: ModelConfig, pc: PoolCard, spec: FleetSpec
+) -> tuple[Sizing, tuple[int, int]] | Rejection:
+    """One replica of ``model`` on pool ``pc``: its sizing and node span, or why not."""
+    name = pc.spec.name
+    if pc.shape is None or pc.gpu is None:
+        return Rejection("pool", 0, f"pool '{name}' has no GPUs")
+    shape = pc.shape
+    sized = size_replica(model, config, pc.gpu, shape.card_mb, split_count=shape.split_count)
+    if isinstance(sized, Rejection):
+        return sized
+    span = node_span(model.tensor_parallel, model.pipeline_parallel, shape.cards_per_node)
+    if span is None or (shape.max_nodes is not None and span[0] > shape.max_nodes):
+        return _span_rejection(model, config, pc, spec, span)
+    nodes, per_node = span
+    ram = host_ram_mb(model, per_node)
+    if model.resources.cpu > shape.cpu or ram > shape.ram_mb:
+        short_cpu = model.resources.cpu > shape.cpu
+        each = " on each of its nodes" if nodes > 1 else ""
+        return Rejection(
+            "cpu" if short_cpu else "memory",
+            model.resources.cpu - shape.cpu if short_cpu else ram - shape.ram_mb,
+            f"a replica needs {model.resources.cpu:g} CPUs / {ram:,} MiB RAM{each}; a "
+            f"'{name}' node has {shape.cpu:g} / {shape.ram_mb:,}",
+        )
+    return sized, span
+
+
+def _demand(model: ModelSpec, sizing: Sizing, span: tuple[int, int]) -> Demand:
+    return Demand(
+        mem_mb=sizing.slice_mb,
+        cores=sizing.cores,
+        cards=span[1],
+        whole=sizing.whole,
+        cpu=model.resources.cpu,
+        ram_mb=host_ram_mb(model, span[1]),
+        nodes=span[0],
+    )
+
+
 def build_problem(
-    spec: FleetSpec, pools: list[PoolCard], scenario: str
+    spec: FleetSpec, pools: list[PoolCard], scenario: str, perf: PerfModel | None = None
 ) -> tuple[Problem, dict[str, _ModelPlan]]:
-    """Size every model on every pool it may use, and list the replicas to place."""
+    """Size every model on every pool it may use, and list the replicas to place: the
+    spec's count, or for a model with ``traffic`` its options (:mod:`.traffic`)."""
     dedicated = {t.name for t in spec.tenants if t.isolation == "dedicated"}
     plans: dict[str, _ModelPlan] = {}
     items: list[Item] = []
+    choices: list[Choice] = []
     for m_index, model in enumerate(spec.models):
         config = model_config_for(model, index=m_index)
         plan = _ModelPlan(model, config, {}, {})
-        allowed = set(model.pools) if model.pools is not None else None
-        for pc in pools:
-            name = pc.spec.name
-            if allowed is not None and name not in allowed:
-                continue
-            if pc.shape is None or pc.gpu is None:
-                plan.rejections[name] = Rejection("pool", 0, f"pool '{name}' has no GPUs")
-                continue
-            shape = pc.shape
-            sized = size_replica(
-                model, config, pc.gpu, shape.card_mb, split_count=shape.split_count
-            )
-            if isinstance(sized, Rejection):
-                plan.rejections[name] = sized
-                continue
-            span = node_span(model.tensor_parallel, model.pipeline_parallel, shape.cards_per_node)
-            if span is None or (shape.max_nodes is not None and span[0] > shape.max_nodes):
-                plan.rejections[name] = _span_rejection(model, config, pc, spec, span)
-                continue
-            nodes, per_node = span
-            ram = host_ram_mb(model, per_node)
-            if model.resources.cpu > shape.cpu or ram > shape.ram_mb:
-                short_cpu = model.resources.cpu > shape.cpu
-                each = " on each of its nodes" if nodes > 1 else ""
-                plan.rejections[name] = Rejection(
-                    "cpu" if short_cpu else "memory",
-                    model.resources.cpu - shape.cpu if short_cpu else ram - shape.ram_mb,
-                    f"a replica needs {model.resources.cpu:g} CPUs / {ram:,} MiB RAM{each}; a "
-                    f"'{name}' node has {shape.cpu:g} / {shape.ram_mb:,}",
-                )
-                continue
-            plan.sizing[name] = sized
-            plan.spans[name] = span
         plans[model.name] = plan
-        demands = {
-            name: Demand(
-                mem_mb=s.slice_mb,
-                cores=s.cores,
-                cards=plan.spans[name][1],
-                whole=s.whole,
-                cpu=model.resources.cpu,
-                ram_mb=host_ram_mb(model, plan.spans[name][1]),
-                nodes=plan.spans[name][0],
+        allowed = set(model.pools) if model.pools is not None else None
+        mine = [pc for pc in pools if allowed is None or pc.spec.name in allowed]
+        if model.traffic is not None:
+            if perf is None:
+                raise SpecError(
+                    f"models[{m_index}].traffic: planning from traffic needs a performance "
+                    "model, and none was given"
+                )
+            items.extend(
+                _traffic_items(
+                    spec, plan, mine, perf, dedicated=model.tenant in dedicated, choices=choices
+                )
             )
-            for name, s in plan.sizing.items()
+            continue
+        for pc in mine:
+            got = fit_pool(model, config, pc, spec)
+            if isinstance(got, Rejection):
+                plan.rejections[pc.spec.name] = got
+                continue
+            plan.sizing[pc.spec.name], plan.spans[pc.spec.name] = got
+        demands = {
+            name: _demand(model, s, plan.spans[name]) for name, s in plan.sizing.items()
         }
         for index in range(_replica_count(model, scenario)):
             items.append(
@@ -210,8 +236,57 @@ def build_problem(
         pools=shapes,
         policy_node=spec.policy.node,
         policy_gpu=spec.policy.gpu,
+        choices=tuple(choices),
     )
     return problem, plans
+
+
+def _traffic_items(
+    spec: FleetSpec,
+    plan: _ModelPlan,
+    pools: list[PoolCard],
+    perf: PerfModel,
+    *,
+    dedicated: bool,
+    choices: list[Choice],
+) -> list[Item]:
+    """The optional copies of every option of a traffic-planned model (and its Choice)."""
+    model, config = plan.model, plan.config
+    assert model.traffic is not None
+    by_name = {pc.spec.name: pc for pc in pools}
+    gpu_pools = []
+    for pc in pools:
+        if pc.gpu is None or pc.shape is None:
+            plan.rejections[pc.spec.name] = Rejection("pool", 0, f"pool '{pc.spec.name}' has no GPUs")
+        else:
+            gpu_pools.append((pc.spec.name, pc.gpu, pc.shape))
+    found = traffic_options(
+        model,
+        config,
+        gpu_pools,
+        perf,
+        lambda trial, name: fit_pool(trial, config, by_name[name], spec),
+    )
+    plan.traffic = found
+    plan.rejections.update(found.rejections)
+    items: list[Item] = []
+    for option in found.options:
+        demands = {p: _demand(option.model, option.sizing, option.span) for p in option.pools}
+        for _ in range(option.copies):
+            items.append(
+                Item(
+                    model=model.name,
+                    index=len(items),
+                    tenant=model.tenant,
+                    dedicated=dedicated,
+                    demands=demands,
+                    option=option.name,
+                    capacity=option.capacity.rate,
+                )
+            )
+    if items:
+        choices.append(Choice(model.name, model.traffic.rate, model.replicas.min))
+    return items
 
 
 def volume_bound(items: Iterable[Item], pools: tuple[PoolShape, ...]) -> int:
@@ -278,11 +353,17 @@ def solve(problem: Problem, *, time_limit_s: float, node_limit: int = NODE_LIMIT
     heuristic optimal; the better packing, with its proven levels, gap and limit."""
     heuristic = pack_heuristic(problem)
     placeable = {it.key for it in problem.items if it.demands}
-    left_out = [k for k in heuristic.unplaced if k in placeable]
+    if problem.choices:
+        short = shortfall(problem, heuristic) > 0
+    else:
+        short = any(k in placeable for k in heuristic.unplaced)
     proven: list[str] = []
     gpu_bound: float | None = None
-    if not left_out:
+    # with traffic-planned models the heuristic's replicas are one choice of options:
+    # the volume bounds of what it placed prove nothing about the others
+    if not short:
         proven.append("replicas")
+    if not short and not problem.choices:
         placed = [it for it in problem.items if it.key in heuristic.assigned]
         gpu_bound = float(volume_bound(placed, problem.pools))
         _, _, gpus, nodes = score(problem, heuristic)
@@ -328,7 +409,8 @@ def solve(problem: Problem, *, time_limit_s: float, node_limit: int = NODE_LIMIT
         best.lower_bound = gpu_bound
         best.gap = 0.0 if used == 0 else max(0.0, (used - gpu_bound) / used)
         above = ("replicas", "cost") if problem.priced else ("replicas",)
-        if best.gap == 0.0 and best.proven == above:  # the bound proves the GPU level
+        if best.gap == 0.0 and best.proven == above and not problem.choices:
+            # the bound proves the GPU level
             best.proven = (*above, "gpus")
             placed = [it for it in problem.items if it.key in best.assigned]
             if score(problem, best)[3] == node_bound(placed, problem.pools, gpu_bound):
