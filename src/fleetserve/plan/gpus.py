@@ -10,6 +10,16 @@ matched loosely (case, dashes, spaces and vendor prefixes do not matter), so ``A
 the CUDA SM version on NVIDIA, and on AMD (ROCm) the gfx architecture's major/minor
 (gfx942 = MI300X -> (9, 4)), which is what vLLM compares against a quantization method's
 minimum capability there too. vLLM's start-up rules read it (plan/vllm_rules.py).
+
+Speed facts (the performance model, :mod:`fleetserve.perf`, reads them): ``tflops`` is the
+spec sheet's *dense* tensor-core peak per dtype (TFLOP/s, without 2:4 sparsity: NVIDIA's
+data sheets print the sparse figure first, the dense one is half of it), ``bandwidth_gbps``
+the memory bandwidth (GB/s, 10^9 bytes/s) and ``link_gbps`` the per-card bandwidth between
+tensor-parallel peers (NVLink, or PCIe for the cards without it). They are peaks; what an
+engine reaches is a fitted efficiency (``fleetserve plan calibrate``), never a figure here.
+A card without a dtype in ``tflops`` runs it at its best listed dtype of the same width
+(a T4 has no bf16: vLLM runs such a model in fp16 there). ``CPU_HOST`` is the same facts for
+one x86 server core (the vLLM CPU backend), scaled by the cores an engine is given.
 """
 
 from __future__ import annotations
@@ -22,7 +32,8 @@ from typing import Literal
 from fleetserve.errors import SpecError
 from fleetserve.units import gib_to_mib_floor
 
-Vendor = Literal["nvidia", "amd"]
+Vendor = Literal["nvidia", "amd", "cpu"]
+"""``cpu``: only :data:`CPU_HOST` (the vLLM CPU backend), never a pool's card."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,12 @@ class GpuType:
     aliases: tuple[str, ...] = ()
     known: bool = True
     """False for a card given only by its memory (capability unknown: assumed modern)."""
+    tflops: tuple[tuple[str, float], ...] = ()
+    """Dense peak TFLOP/s per dtype (``bfloat16``, ``float16``, ``fp8``, ``float32``)."""
+    bandwidth_gbps: float = 0.0
+    """Memory bandwidth, GB/s (0: unknown)."""
+    link_gbps: float = 0.0
+    """Bandwidth to a tensor-parallel peer, GB/s per direction (0: unknown)."""
 
     @property
     def capability(self) -> int:
@@ -57,37 +74,153 @@ class GpuType:
         """Native FP8 tensor cores (vLLM ``supports_fp8``: CUDA >= 8.9; MI300 gfx94x)."""
         return self.capability >= 89 if self.vendor == "nvidia" else self.capability >= 94
 
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype`` (see the module note; 0.0: no speed facts)."""
+        table = dict(self.tflops)
+        if dtype in table:
+            return table[dtype] * 1e12
+        same_width = {"bfloat16": "float16", "float16": "bfloat16", "fp8": "int8"}
+        other = same_width.get(dtype)
+        if other is not None and other in table:
+            return table[other] * 1e12
+        return max(table.values(), default=0.0) * 1e12
 
-def _nv(name: str, mib: int, sms: int, cc: tuple[int, int], *aliases: str) -> GpuType:
-    return GpuType(name, mib, sms, cc, "nvidia", tuple(aliases))
+    @property
+    def bandwidth(self) -> float:
+        """Memory bandwidth in bytes/s."""
+        return self.bandwidth_gbps * 1e9
+
+
+def _nv(
+    name: str,
+    mib: int,
+    sms: int,
+    cc: tuple[int, int],
+    *aliases: str,
+    speed: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
+) -> GpuType:
+    """``speed``: (bf16/fp16 dense TFLOP/s, fp8 dense TFLOP/s (0: none), memory GB/s,
+    link GB/s); bf16 is listed only from capability 8.0 (older cards: fp16 only)."""
+    half, fp8, bw, link = speed
+    tflops: list[tuple[str, float]] = [("float16", half)] if half else []
+    if half and cc >= (8, 0):
+        tflops.append(("bfloat16", half))
+    if fp8:
+        tflops.append(("fp8", fp8))
+    return GpuType(name, mib, sms, cc, "nvidia", tuple(aliases), True, tuple(tflops), bw, link)
 
 
 #: The catalogue. Memory figures are nvidia-smi's ``memory.total`` on current drivers
 #: (H20: its 96 GiB less the same reserve the H100's 80 GiB shows, 81559/81920 MiB).
 GPU_CATALOGUE: tuple[GpuType, ...] = (
-    _nv("V100-16GB", 16384, 80, (7, 0), "v100", "v100-sxm2-16gb", "v100-pcie-16gb", "v100-16"),
-    _nv("V100-32GB", 32768, 80, (7, 0), "v100-sxm2-32gb", "v100-pcie-32gb", "v100-32"),
-    _nv("T4", 15360, 40, (7, 5), "tesla-t4"),
-    _nv("L4", 23034, 58, (8, 9)),
-    _nv("A10", 23028, 72, (8, 6)),
-    _nv("A10G", 23028, 80, (8, 6)),
-    _nv("RTX-3090", 24576, 82, (8, 6), "geforce-rtx-3090", "3090"),
-    _nv("RTX-4090", 24564, 128, (8, 9), "geforce-rtx-4090", "4090"),
-    _nv("RTX-A6000", 49140, 84, (8, 6), "a6000"),
-    _nv("A40", 46068, 84, (8, 6)),
-    _nv("L20", 46068, 92, (8, 9)),
-    _nv("L40", 46068, 142, (8, 9)),
-    _nv("L40S", 46068, 142, (8, 9)),
-    _nv("A100-40GB", 40960, 108, (8, 0), "a100-sxm4-40gb", "a100-40"),
-    _nv("A100-80GB", 81920, 108, (8, 0), "a100-sxm4-80gb", "a100-pcie-80gb", "a100-80", "a100"),
-    _nv("A800-80GB", 81920, 108, (8, 0), "a800-sxm4-80gb", "a800-80", "a800"),
-    _nv("H100-80GB", 81559, 132, (9, 0), "h100-80gb-hbm3", "h100-sxm", "h100-80", "h100"),
-    _nv("H100-PCIE", 81559, 114, (9, 0), "h100-pcie-80gb"),
-    _nv("H800-80GB", 81559, 132, (9, 0), "h800-80gb-hbm3", "h800-sxm", "h800"),
-    _nv("H20", 97871, 78, (9, 0), "h20-96gb"),
-    _nv("H200", 143771, 132, (9, 0), "h200-141gb", "h200-sxm"),
-    _nv("B200", 183359, 148, (10, 0), "b200-180gb", "b200-sxm"),
-    GpuType("MI300X", 196592, 304, (9, 4), "amd", ("amd-instinct-mi300x", "instinct-mi300x")),
+    _nv(
+        "V100-16GB",
+        16384,
+        80,
+        (7, 0),
+        "v100",
+        "v100-sxm2-16gb",
+        "v100-pcie-16gb",
+        "v100-16",
+        speed=(125, 0, 900, 150),
+    ),
+    _nv(
+        "V100-32GB",
+        32768,
+        80,
+        (7, 0),
+        "v100-sxm2-32gb",
+        "v100-pcie-32gb",
+        "v100-32",
+        speed=(125, 0, 900, 150),
+    ),
+    _nv("T4", 15360, 40, (7, 5), "tesla-t4", speed=(65, 0, 320, 16)),
+    _nv("L4", 23034, 58, (8, 9), speed=(121, 242, 300, 32)),
+    _nv("A10", 23028, 72, (8, 6), speed=(125, 0, 600, 32)),
+    _nv("A10G", 23028, 80, (8, 6), speed=(70, 0, 600, 32)),
+    _nv("RTX-3090", 24576, 82, (8, 6), "geforce-rtx-3090", "3090", speed=(71, 0, 936, 56)),
+    _nv("RTX-4090", 24564, 128, (8, 9), "geforce-rtx-4090", "4090", speed=(165, 330, 1008, 32)),
+    _nv("RTX-A6000", 49140, 84, (8, 6), "a6000", speed=(155, 0, 768, 56)),
+    _nv("A40", 46068, 84, (8, 6), speed=(150, 0, 696, 56)),
+    _nv("L20", 46068, 92, (8, 9), speed=(120, 239, 864, 32)),
+    _nv("L40", 46068, 142, (8, 9), speed=(181, 362, 864, 32)),
+    _nv("L40S", 46068, 142, (8, 9), speed=(362, 733, 864, 32)),
+    _nv("A100-40GB", 40960, 108, (8, 0), "a100-sxm4-40gb", "a100-40", speed=(312, 0, 1555, 300)),
+    _nv(
+        "A100-80GB",
+        81920,
+        108,
+        (8, 0),
+        "a100-sxm4-80gb",
+        "a100-pcie-80gb",
+        "a100-80",
+        "a100",
+        speed=(312, 0, 2039, 300),
+    ),
+    _nv(
+        "A800-80GB",
+        81920,
+        108,
+        (8, 0),
+        "a800-sxm4-80gb",
+        "a800-80",
+        "a800",
+        speed=(312, 0, 2039, 200),
+    ),
+    _nv(
+        "H100-80GB",
+        81559,
+        132,
+        (9, 0),
+        "h100-80gb-hbm3",
+        "h100-sxm",
+        "h100-80",
+        "h100",
+        speed=(989, 1979, 3350, 450),
+    ),
+    _nv("H100-PCIE", 81559, 114, (9, 0), "h100-pcie-80gb", speed=(756, 1513, 2000, 64)),
+    _nv(
+        "H800-80GB",
+        81559,
+        132,
+        (9, 0),
+        "h800-80gb-hbm3",
+        "h800-sxm",
+        "h800",
+        speed=(989, 1979, 3350, 200),
+    ),
+    _nv("H20", 97871, 78, (9, 0), "h20-96gb", speed=(148, 296, 4000, 450)),
+    _nv("H200", 143771, 132, (9, 0), "h200-141gb", "h200-sxm", speed=(989, 1979, 4800, 450)),
+    _nv("B200", 183359, 148, (10, 0), "b200-180gb", "b200-sxm", speed=(2250, 4500, 8000, 900)),
+    GpuType(
+        "MI300X",
+        196592,
+        304,
+        (9, 4),
+        "amd",
+        ("amd-instinct-mi300x", "instinct-mi300x"),
+        tflops=(("bfloat16", 1307.0), ("float16", 1307.0), ("fp8", 2615.0)),
+        bandwidth_gbps=5300.0,
+        link_gbps=64.0,
+    ),
+)
+
+#: One core of an x86 server CPU running vLLM's CPU backend (bf16 through AVX512-BF16 /
+#: AMX; this host: AMD EPYC Zen 4, two 256-bit FMA pipes at ~2.6 GHz = 83 GFLOP/s fp32,
+#: twice that in bf16) and the DRAM bandwidth one core can draw. Not a pool ``gpu.type``:
+#: the perf model scales it by an engine's cores. Nominal figures - the fitted
+#: efficiencies of a calibration carry the host's real speed.
+CPU_HOST = GpuType(
+    "cpu-host",
+    0,
+    1,
+    (0, 0),
+    "cpu",
+    (),
+    True,
+    (("bfloat16", 0.166), ("float16", 0.166), ("float32", 0.083)),
+    20.0,
+    10.0,
 )
 
 

