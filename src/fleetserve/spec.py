@@ -8,6 +8,7 @@ validation: unknown keys are rejected and errors name the field path
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -385,19 +386,15 @@ class PercentileTargets(StrictModel):
     """Latency targets per percentile, in milliseconds (at least one)."""
 
     p50: float | None = Field(default=None, gt=0, le=3_600_000, description="Median (ms).")
-    p90: float | None = Field(
-        default=None, gt=0, le=3_600_000, description="90th percentile (ms)."
-    )
-    p99: float | None = Field(
-        default=None, gt=0, le=3_600_000, description="99th percentile (ms)."
-    )
+    p90: float | None = Field(default=None, gt=0, le=3_600_000, description="90th percentile (ms).")
+    p99: float | None = Field(default=None, gt=0, le=3_600_000, description="99th percentile (ms).")
 
     @model_validator(mode="after")
     def _some_target(self) -> PercentileTargets:
         targets = self.targets()
         if not targets:
             raise ValueError("give at least one of p50, p90, p99")
-        for (q1, low), (q2, high) in zip(targets, targets[1:], strict=False):
+        for (q1, low), (q2, high) in itertools.pairwise(targets):
             if high < low:
                 raise ValueError(
                     f"p{round(q2 * 100)} ({high:g} ms) < p{round(q1 * 100)} ({low:g} ms): a "
@@ -418,8 +415,7 @@ class SloSpec(StrictModel):
 
     ttft_ms: PercentileTargets | None = Field(
         default=None,
-        description="Time to first token (arrival to first generated token), per "
-        "percentile (ms).",
+        description="Time to first token (arrival to first generated token), per percentile (ms).",
     )
     tpot_ms: PercentileTargets | None = Field(
         default=None,

@@ -319,7 +319,7 @@ def replica_capacity(model: StepModel, engine: BatchLimits, work: Workload) -> C
     binding, sentence = above[0]
     if binding in ("throughput", "kv_capacity"):
         sentence = _overload_sentence(binding, engine, work, at)
-    return Capacity(lo, binding, f"at {lo:,.2f} req/s: {sentence} just above", at)
+    return Capacity(lo, binding, f"{sentence} above {lo:,.2f} req/s per replica", at)
 
 
 def _overload_sentence(binding: Binding, engine: BatchLimits, work: Workload, at: Load) -> str:

@@ -445,7 +445,9 @@ def _replica_price(problem: Problem, item: Item) -> float:
     prices: list[float] = []
     for name, d in item.demands.items():
         pool = problem.pool(name)
-        share = 1.0 if d.whole else max(d.mem_mb / pool.card_mb, d.cores / 100, 1 / pool.split_count)
+        share = (
+            1.0 if d.whole else max(d.mem_mb / pool.card_mb, d.cores / 100, 1 / pool.split_count)
+        )
         per_card = pool.cost_per_hour / pool.cards_per_node if problem.priced else 1.0
         prices.append(share * d.total_cards * per_card)
     return min(prices)

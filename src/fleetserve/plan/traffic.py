@@ -163,9 +163,7 @@ def price_per_replica(option: Option, shapes: dict[str, PoolShape], priced: bool
         pool = shapes[name]
         s = option.sizing
         share = (
-            1.0
-            if s.whole
-            else max(s.slice_mb / pool.card_mb, s.cores / 100, 1 / pool.split_count)
+            1.0 if s.whole else max(s.slice_mb / pool.card_mb, s.cores / 100, 1 / pool.split_count)
         )
         per_card = pool.cost_per_hour / pool.cards_per_node if priced else 1.0
         prices.append(share * option.span[0] * option.span[1] * per_card)
@@ -191,22 +189,21 @@ def traffic_options(
     for tp in candidate_tps(model, config):
         for seqs in candidate_seqs(model):
             trial = variant(model, config, tp, seqs)
-            for name, gpu, shape in pools:
+            for name, gpu, pool_shape in pools:
                 got = fit(trial, name)
                 if isinstance(got, Rejection):
                     # the smallest candidate's refusal is the one worth reporting
                     rejections.setdefault(name, got)
                     continue
                 sizing, span = got
-                key = (gpu.name, shape.card_mb, tp, seqs, sizing, span)
-                found.setdefault(key, []).append(name)
-                sized[key] = (trial, gpu, sizing, span)
+                sig = (gpu.name, pool_shape.card_mb, tp, seqs, sizing, span)
+                found.setdefault(sig, []).append(name)
+                sized[sig] = (trial, gpu, sizing, span)
     options: list[Option] = []
     unreachable: list[Option] = []
     for key, names in found.items():
         trial, gpu, sizing, span = sized[key]
-        shape = ReplicaShape(trial, config, gpu, sizing.memory, sizing.cores)
-        step = perf.step_model(shape)
+        step = perf.step_model(ReplicaShape(trial, config, gpu, sizing.memory, sizing.cores))
         batch = BatchLimits(
             max_num_seqs=sizing.engine.max_num_seqs,
             max_num_batched_tokens=sizing.engine.max_num_batched_tokens,
@@ -217,9 +214,7 @@ def traffic_options(
         if capacity.rate > 0:
             copies = max(model.replicas.min, math.ceil(rate / capacity.rate - 1e-9))
         name = f"{gpu.name} tp{trial.tensor_parallel} seqs{trial.max_num_seqs}"
-        option = Option(
-            name, trial, gpu, tuple(names), sizing, span, batch, capacity, step, copies
-        )
+        option = Option(name, trial, gpu, tuple(names), sizing, span, batch, capacity, step, copies)
         if capacity.rate <= 0:
             unreachable.append(option)
         elif copies <= MAX_COPIES:
