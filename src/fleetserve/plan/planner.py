@@ -1067,7 +1067,8 @@ def _traffic_report(
             f"{rate:g} req/s needs {option.copies} replicas of {option.name} "
             f"({option.capacity.rate:,.2f} req/s each within the SLOs); {len(placed)} placed: "
         )
-        for j in range(short):
+        # reported in replicas of the option chosen (the objective counts the largest's)
+        for j in range(max(1, option.copies - len(placed))):
             unplaced.append(
                 why.model_copy(update={"index": len(placed) + j, "reason": head + why.reason})
             )
