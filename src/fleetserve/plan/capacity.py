@@ -272,7 +272,7 @@ def violations(load: Load, work: Workload) -> list[tuple[Binding, str]]:
                 out.append(
                     (
                         "ttft" if name == "ttft" else "tpot",
-                        f"{name.upper()} p{round(q * 100)} {got[q] * 1000:,.0f} ms > "
+                        f"{name.upper()} p{round(q * 100)} {got[q] * 1000:,.1f} ms > "
                         f"{limit * 1000:,.0f} ms",
                     )
                 )

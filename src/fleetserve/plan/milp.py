@@ -16,10 +16,14 @@ used; ``w[t,c]`` card c belongs to dedicated tenant t; ``s[i]`` replica i left u
                spanning k nodes (pipeline stages across nodes): z counts the replica's
                parts per node, r its replicas: sum_n z = k r, z[n] <= r (so the parts
                deal out round-robin into r replicas of k distinct nodes each)
+               traffic-planned models (Choice): sel[o] binary per option, sum sel <= 1,
+               s[g] + |g| sel[o] >= |g| (copies only of the chosen option),
+               sum cap_g (|g| - s[g]) + U q >= rate and sum (|g| - s[g]) + q >= min
+               (q: replicas short, in the largest capacity U; optional s cost nothing)
 
 The objective is lexicographic (:data:`fleetserve.plan.problem.OBJECTIVES`), solved as a
 sequence of MILPs over the same rows, each level fixed (``<=`` its value) before the next:
-(1) fewest replicas left out ``sum s``; (2) with prices, the cost of the nodes above
+(1) fewest replicas left out ``sum s`` (required ones) ``+ sum q``; (2) with prices, the cost of the nodes above
 ``min_nodes``, in integer thousandths; (3) ``(V + 1) * sum u + sum v`` (V = node
 variables), which is GPUs first and nodes second exactly. Weights in one objective would
 need factors of 10^10 once prices are in cents, which HiGHS's tolerances do not survive.
