@@ -25,8 +25,9 @@ The objective is lexicographic (:data:`fleetserve.plan.problem.OBJECTIVES`), sol
 sequence of MILPs over the same rows, each level fixed (``<=`` its value) before the next:
 (1) fewest replicas left out ``sum s`` (required ones) ``+ sum q``; (2) with prices, the
 cost of the nodes above ``min_nodes``, in integer thousandths; (3) ``(V + 1) * sum u +
-sum v`` (V = node variables), which is GPUs first and nodes second exactly. Weights in one objective would
-need factors of 10^10 once prices are in cents, which HiGHS's tolerances do not survive.
+sum v`` (V = node variables), which is GPUs first and nodes second exactly. Weights in
+one objective would need factors of 10^10 once prices are in cents, which HiGHS's
+tolerances do not survive.
 Each level starts with the heuristic's value as a cutoff row when the heuristic is a
 feasible point of it (HiGHS takes no warm start through SciPy).
 
