@@ -8,6 +8,7 @@ validation: unknown keys are rejected and errors name the field path
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -333,6 +334,96 @@ def _beside_the_spec(value: str, info: ValidationInfo) -> str:
     return str(beside.resolve()) if beside.exists() else value
 
 
+class LengthSpec(StrictModel):
+    """A token-length distribution of a model's requests: its mean and 99th percentile.
+
+    Written as a number (every request that long) or ``{mean, p99}``; the planner takes
+    the lengths as lognormal with that mean and 99th percentile (a p99 above 15 x the mean
+    is taken as 15 x: a lognormal cannot have a longer tail for its mean and p99).
+    """
+
+    mean: int = Field(ge=1, le=10_000_000, description="Mean tokens per request.")
+    p99: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000_000,
+        description="99th percentile of the tokens per request (default: the mean, every "
+        "request the same length).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_number(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return {"mean": value}
+        return value
+
+    @model_validator(mode="after")
+    def _tail_above_mean(self) -> LengthSpec:
+        if self.p99 is not None and self.p99 < self.mean:
+            raise ValueError(f"p99 ({self.p99}) < mean ({self.mean})")
+        return self
+
+    @property
+    def tail(self) -> int:
+        """The 99th percentile (the mean when no tail is given)."""
+        return self.p99 if self.p99 is not None else self.mean
+
+
+class TrafficSpec(StrictModel):
+    """The load a model must serve: ``fleetserve plan`` sizes its replicas from it."""
+
+    rate: float = Field(
+        gt=0,
+        le=1_000_000,
+        description="Requests per second (mean of Poisson arrivals) the model must serve.",
+    )
+    prompt_tokens: LengthSpec = Field(description="Prompt length per request (tokens).")
+    output_tokens: LengthSpec = Field(description="Generated tokens per request.")
+
+
+class PercentileTargets(StrictModel):
+    """Latency targets per percentile, in milliseconds (at least one)."""
+
+    p50: float | None = Field(default=None, gt=0, le=3_600_000, description="Median (ms).")
+    p90: float | None = Field(default=None, gt=0, le=3_600_000, description="90th percentile (ms).")
+    p99: float | None = Field(default=None, gt=0, le=3_600_000, description="99th percentile (ms).")
+
+    @model_validator(mode="after")
+    def _some_target(self) -> PercentileTargets:
+        targets = self.targets()
+        if not targets:
+            raise ValueError("give at least one of p50, p90, p99")
+        for (q1, low), (q2, high) in itertools.pairwise(targets):
+            if high < low:
+                raise ValueError(
+                    f"p{round(q2 * 100)} ({high:g} ms) < p{round(q1 * 100)} ({low:g} ms): a "
+                    "higher percentile cannot have a lower target"
+                )
+        return self
+
+    def targets(self) -> list[tuple[float, float]]:
+        """``(quantile, milliseconds)`` for each target given, lowest quantile first."""
+        given = ((0.5, self.p50), (0.9, self.p90), (0.99, self.p99))
+        return [(q, ms) for q, ms in given if ms is not None]
+
+
+class SloSpec(StrictModel):
+    """Service-level objectives of a model; ``fleetserve plan`` meets every one at the
+    lowest cost. A percentile target is a goodput target: ``ttft_ms.p99: 1000`` asks that
+    99 % of requests get their first token within 1 s at the traffic's rate."""
+
+    ttft_ms: PercentileTargets | None = Field(
+        default=None,
+        description="Time to first token (arrival to first generated token), per percentile (ms).",
+    )
+    tpot_ms: PercentileTargets | None = Field(
+        default=None,
+        description="Time per output token after the first (a request's mean inter-token "
+        "time, as `fleetserve bench` reports it), per percentile (ms).",
+    )
+
+
 class ModelSpec(StrictModel):
     """One served model: its OpenAI id, where its weights are, and how it runs."""
 
@@ -393,6 +484,17 @@ class ModelSpec(StrictModel):
         "within a node, stages across (vLLM's Ray executor).",
     )
     replicas: ReplicaSpec = Field(default_factory=ReplicaSpec, description="Replica counts.")
+    traffic: TrafficSpec | None = Field(
+        default=None,
+        description="The load to plan for. With it `fleetserve plan` chooses the replica "
+        "count (at least replicas.min), the pool, and - unless set here - tensor_parallel "
+        "and max_num_seqs, to meet `slo` at the lowest cost.",
+    )
+    slo: SloSpec | None = Field(
+        default=None,
+        description="Latency objectives the plan meets at `traffic`'s rate (needs traffic; "
+        "without it the plan only sustains the rate).",
+    )
     routing: RoutingSpec = Field(
         default_factory=RoutingSpec, description="How requests pick a replica."
     )
@@ -497,6 +599,15 @@ class ModelSpec(StrictModel):
                 f"max_cpu_loras ({self.max_cpu_loras}) < max_loras ({self.max_loras}): every "
                 "adapter on the device is also held in CPU memory (vLLM refuses this)"
             )
+        if self.slo is not None and self.traffic is None:
+            raise ValueError("slo needs traffic: the rate and lengths the objectives hold at")
+        if self.traffic is not None and self.max_model_len is not None:
+            longest = self.traffic.prompt_tokens.tail + self.traffic.output_tokens.tail
+            if longest > self.max_model_len:
+                raise ValueError(
+                    f"traffic's p99 prompt + output ({longest} tokens) > max_model_len "
+                    f"({self.max_model_len}): vLLM would refuse those requests"
+                )
         self._check_adapters()
         self._admit_a_full_batch()
         return self

@@ -40,6 +40,14 @@ def plan_violations(spec: FleetSpec, result: PlanResult) -> list[str]:
             errors.append(f"{r.model}#{r.index}: pool '{r.pool}' has no GPUs")
             continue
         model = spec.model(r.model)
+        if model.traffic is not None:  # the plan chose its parallelism and batch
+            model = model.model_copy(
+                update={
+                    "tensor_parallel": r.tensor_parallel,
+                    "pipeline_parallel": r.pipeline_parallel,
+                    "max_num_seqs": r.engine.max_num_seqs,
+                }
+            )
         if model.pools is not None and r.pool not in model.pools:
             errors.append(f"{r.model}#{r.index} on a pool it may not use")
         refused = (
@@ -90,7 +98,11 @@ def plan_violations(spec: FleetSpec, result: PlanResult) -> list[str]:
         errors.append("a replica is both placed and unplaced")
     if len(placed) != len(result.replicas):
         errors.append("a replica is placed twice")
-    wanted = expected_replicas(spec, result.scenario) if result.scenario in ("min", "max") else None
+    wanted = (
+        expected_replicas(spec, result.scenario, result)
+        if result.scenario in ("min", "max")
+        else None
+    )
     if wanted is not None and placed | missing != wanted:
         errors.append(f"replicas neither placed nor reported: {sorted(wanted - placed - missing)}")
     return errors
@@ -103,10 +115,18 @@ def _card(pool: PoolSpec) -> GpuType:
     return gpu_type(pool.gpu.type)
 
 
-def expected_replicas(spec: FleetSpec, scenario: str = "min") -> set[tuple[str, int]]:
-    """(model, index) of every replica the scenario asks for."""
+def expected_replicas(
+    spec: FleetSpec, scenario: str = "min", result: PlanResult | None = None
+) -> set[tuple[str, int]]:
+    """(model, index) of every replica the scenario asks for; for a model with traffic,
+    the replicas ``result`` says its rate needs (one reported when none can serve it)."""
+    needed = {t.model: max(1, t.needed) for t in result.traffic} if result else {}
     return {
         (m.name, i)
         for m in spec.models
-        for i in range(m.replicas.min if scenario == "min" else m.replicas.max)
+        for i in range(
+            needed.get(m.name, 0)
+            if m.traffic is not None
+            else (m.replicas.min if scenario == "min" else m.replicas.max)
+        )
     }

@@ -156,6 +156,35 @@ def render_table(result: PlanResult, console: Console) -> None:
                 row.append(f"{p.cost_per_hour or 0:,.2f}")
             pools.add_row(*row)
         console.print(pools)
+    if result.traffic:
+        slo = Table(title="traffic (SLO-driven)")
+        columns = ["model", "req/s", "replicas", "on", "tp", "seqs", "gpumem MiB", "cores %"]
+        columns += ["goodput/replica", "TTFT ms", "TPOT ms", "binds"]
+        if result.cost_per_hour is not None:
+            columns.append("cost/h")
+        for col in columns:
+            slo.add_column(col, justify="left" if col in ("model", "on", "binds") else "right")
+        for t in result.traffic:
+            row = [
+                t.model if t.met else f"[red]{t.model}[/]",
+                f"{t.rate:g}",
+                f"{t.replicas} of {t.needed}" if t.replicas != t.needed else str(t.replicas),
+                f"{t.gpu_type or '-'} ({', '.join(t.pools) or '-'})",
+                str(t.tensor_parallel),
+                str(t.max_num_seqs),
+                f"{t.memory_mb:,}",
+                str(t.cores_percent),
+                f"{t.goodput_per_replica:,.2f}",
+                " / ".join(f"{k} {v:,.0f}" for k, v in t.ttft_ms.items()) or "-",
+                " / ".join(f"{k} {v:,.1f}" for k, v in t.tpot_ms.items()) or "-",
+                t.binding,
+            ]
+            if result.cost_per_hour is not None:
+                row.append(f"{t.cost_per_hour or 0:,.2f}")
+            slo.add_row(*row)
+        console.print(slo)
+        for t in result.traffic:
+            console.print(f"{t.model}: {t.binding}: {t.reason}")
     for u in result.unplaced:
         console.print(f"[red]unplaced[/] {u.model}#{u.index}: {u.reason}")
         for fix in u.fixes:

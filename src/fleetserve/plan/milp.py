@@ -16,13 +16,18 @@ used; ``w[t,c]`` card c belongs to dedicated tenant t; ``s[i]`` replica i left u
                spanning k nodes (pipeline stages across nodes): z counts the replica's
                parts per node, r its replicas: sum_n z = k r, z[n] <= r (so the parts
                deal out round-robin into r replicas of k distinct nodes each)
+               traffic-planned models (Choice): sel[o] binary per option, sum sel <= 1,
+               s[g] + |g| sel[o] >= |g| (copies only of the chosen option),
+               sum cap_g (|g| - s[g]) + U q >= rate and sum (|g| - s[g]) + q >= min
+               (q: replicas short, in the largest capacity U; optional s cost nothing)
 
 The objective is lexicographic (:data:`fleetserve.plan.problem.OBJECTIVES`), solved as a
 sequence of MILPs over the same rows, each level fixed (``<=`` its value) before the next:
-(1) fewest replicas left out ``sum s``; (2) with prices, the cost of the nodes above
-``min_nodes``, in integer thousandths; (3) ``(V + 1) * sum u + sum v`` (V = node
-variables), which is GPUs first and nodes second exactly. Weights in one objective would
-need factors of 10^10 once prices are in cents, which HiGHS's tolerances do not survive.
+(1) fewest replicas left out ``sum s`` (required ones) ``+ sum q``; (2) with prices, the
+cost of the nodes above ``min_nodes``, in integer thousandths; (3) ``(V + 1) * sum u +
+sum v`` (V = node variables), which is GPUs first and nodes second exactly. Weights in
+one objective would need factors of 10^10 once prices are in cents, which HiGHS's
+tolerances do not survive.
 Each level starts with the heuristic's value as a cutoff row when the heuristic is a
 feasible point of it (HiGHS takes no warm start through SciPy).
 
@@ -48,7 +53,16 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, OptimizeResult, milp
 from scipy.sparse import coo_matrix, csr_matrix
 
-from fleetserve.plan.problem import Assignment, Item, Packing, Problem, nodes_billed, score
+from fleetserve.plan.problem import (
+    COVER_TOLERANCE,
+    Assignment,
+    Item,
+    Packing,
+    Problem,
+    nodes_billed,
+    score,
+    shortfall,
+)
 
 #: Above this many assignment variables the MILP is not attempted (it would not even
 #: finish its LP relaxation within a typical time limit on one core).
@@ -85,14 +99,39 @@ def node_bounds(problem: Problem, heuristic: Packing) -> dict[str, int]:
     go there, or (when the heuristic placed all and cards are the first cost) the
     heuristic's card count."""
     placeable = [it for it in problem.items if it.demands]
-    all_placed = not any(it.key in heuristic.unplaced for it in placeable)
+    if problem.choices:
+        all_placed = shortfall(problem, heuristic) == 0
+    else:
+        all_placed = not any(it.key in heuristic.unplaced for it in placeable)
     cap = max(1, len(heuristic.cards_used())) if all_placed and not problem.priced else None
+    # with prices and nothing short, the optimum costs no more than the heuristic: a
+    # priced pool has at most that cost's worth of nodes above min_nodes (only applied
+    # to traffic-planned problems, whose optional copies would otherwise allow a node
+    # for each copy of every option)
+    spare = None
+    if problem.choices and all_placed and problem.priced:
+        billed = nodes_billed(problem, heuristic)
+        spare = sum(p.cost_per_hour * (billed[p.name] - p.min_nodes) for p in problem.pools)
     out: dict[str, int] = {}
     for pool in problem.pools:
         eligible = sum(
-            it.demands[pool.name].nodes for it in problem.items if pool.name in it.demands
+            it.demands[pool.name].nodes
+            for it in problem.items
+            if pool.name in it.demands and it.option is None
         )
+        # one option per traffic-planned model: the largest option's copies bound it
+        per_option: dict[tuple[str, str], int] = {}
+        for it in problem.items:
+            if it.option is not None and pool.name in it.demands:
+                key = (it.model, it.option)
+                per_option[key] = per_option.get(key, 0) + it.demands[pool.name].nodes
+        most: dict[str, int] = {}
+        for (model, _option), count in per_option.items():
+            most[model] = max(most.get(model, 0), count)
+        eligible += sum(most.values())
         n = eligible if cap is None else min(cap, eligible)
+        if spare is not None and pool.cost_per_hour > 0:
+            n = min(n, pool.min_nodes + math.floor(spare / pool.cost_per_hour + 1e-9))
         if pool.max_nodes is not None:
             n = min(n, pool.max_nodes)
         out[pool.name] = n
@@ -107,7 +146,13 @@ def groups(problem: Problem) -> list[list[int]]:
     explore every permutation of them."""
     out: dict[tuple[object, ...], list[int]] = {}
     for i, it in enumerate(problem.items):
-        key = (it.model, it.tenant, it.dedicated, tuple(sorted(it.demands.items())))
+        key = (
+            it.model,
+            it.option,
+            it.tenant,
+            it.dedicated,
+            tuple(sorted(it.demands.items())),
+        )
         out.setdefault(key, []).append(i)
     return list(out.values())
 
@@ -206,6 +251,36 @@ def solve_milp(
         per_group[g].append((col, 1.0))
     for g, terms in per_group.items():
         rows.add(terms, float(len(members[g])), float(len(members[g])))
+    # traffic-planned models: one option (sel), its copies placed only when chosen, and
+    # q = replicas short: capacity placed + q x the largest capacity >= rate, and
+    # replicas placed + q >= min_replicas
+    q: dict[str, int] = {}
+    for choice in problem.choices:
+        mine = [g for g in s if first(g).model == choice.model and first(g).option is not None]
+        if not mine:
+            continue
+        unit = max(first(g).capacity for g in mine)
+        q[choice.model] = var(float(math.ceil(choice.rate / unit) + choice.min_replicas))
+        sel: dict[str, int] = {}
+        for g in mine:
+            option = str(first(g).option)
+            if option not in sel:
+                sel[option] = var()
+            size = float(len(members[g]))
+            rows.add([(s[g], 1.0), (sel[option], size)], size, np.inf)
+        rows.add([(col, 1.0) for col in sel.values()], -np.inf, 1.0)
+        placed_cap = sum(first(g).capacity * len(members[g]) for g in mine)
+        rows.add(
+            [*[(s[g], -first(g).capacity) for g in mine], (q[choice.model], unit)],
+            choice.rate - placed_cap - COVER_TOLERANCE,
+            np.inf,
+        )
+        placed = sum(len(members[g]) for g in mine)
+        rows.add(
+            [*[(s[g], -1.0) for g in mine], (q[choice.model], 1.0)],
+            float(choice.min_replicas - placed),
+            np.inf,
+        )
     # a replica over k nodes: k parts per replica, at most one part of each replica per
     # node (z <= r: then the parts split into replicas on k distinct nodes each)
     for (g, p), col in r.items():
@@ -277,7 +352,8 @@ def solve_milp(
 
     n_vars = len(integrality)
     matrix = coo_matrix((rows.v, (rows.r, rows.c)), shape=(len(rows.lb), n_vars)).tocsr()
-    levels = _levels(problem, heuristic, n_vars, u=u, v=v, s=s)
+    optional = {g for g in s if first(g).option is not None}
+    levels = _levels(problem, heuristic, n_vars, u=u, v=v, s=s, q=q, optional=optional)
     deadline = time.monotonic() + time_limit_s
     extra: list[tuple[np.ndarray, float]] = []
     best: np.ndarray | None = None
@@ -382,12 +458,19 @@ def _levels(
     u: dict[tuple[str, int, int], int],
     v: dict[tuple[str, int], int],
     s: dict[int, int],
+    q: dict[str, int],
+    optional: set[int],
 ) -> list[_Level]:
     """The objective levels in order, each with the heuristic's value when it is
-    feasible for the model (its nodes fit the node bounds)."""
+    feasible for the model (its nodes fit the node bounds). The first level counts the
+    replicas asked for and left out, and each traffic-planned model's replicas short
+    (``q``); an optional copy left out costs nothing."""
     unplaced, _cost, gpus, node_count = score(problem, heuristic)
     c_rep = np.zeros(n_vars)
-    for col in s.values():
+    for g, col in s.items():
+        if g not in optional:
+            c_rep[col] = 1.0
+    for col in q.values():
         c_rep[col] = 1.0
     levels = [_Level("replicas", c_rep, float(unplaced))]
     if problem.priced:

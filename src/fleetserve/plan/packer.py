@@ -27,9 +27,20 @@ the MILP (:mod:`fleetserve.plan.milp`) uses it as its bound and fallback.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass, field
 
-from fleetserve.plan.problem import Assignment, Demand, Item, Packing, PoolShape, Problem
+from fleetserve.plan.problem import (
+    Assignment,
+    Demand,
+    Item,
+    Packing,
+    PoolShape,
+    Problem,
+    choice_shortfall,
+    score,
+)
 
 
 @dataclass
@@ -379,7 +390,11 @@ def pack_heuristic(problem: Problem, *, improve: bool = True) -> Packing:
     Two passes that differ only in where whole-card replicas go (smallest adequate card,
     or largest card first); the better packing wins: more replicas placed, then fewer
     cards, then less card memory provisioned. Each pass is O(items x open cards).
+    A problem with traffic-planned models (``choices``) first picks one option per model
+    (:func:`_pack_choosing`).
     """
+    if problem.choices:
+        return _pack_choosing(problem, improve=improve)
     best: Packing | None = None
     for small_first in (True, False):
         state = _State(problem, whole_small_first=small_first)
@@ -421,3 +436,62 @@ def respread(problem: Problem, packing: Packing) -> Packing:
     out.solver, out.gap, out.lower_bound = packing.solver, packing.gap, packing.lower_bound
     out.proven, out.limit = packing.proven, packing.limit
     return out
+
+
+def _replica_price(problem: Problem, item: Item) -> float:
+    """What one replica of ``item`` costs on its cheapest pool: its share of the cards it
+    touches (the largest of memory, cores and slice count) at the pool's price per card
+    (one per card when no pool has a price)."""
+    prices: list[float] = []
+    for name, d in item.demands.items():
+        pool = problem.pool(name)
+        share = (
+            1.0 if d.whole else max(d.mem_mb / pool.card_mb, d.cores / 100, 1 / pool.split_count)
+        )
+        per_card = pool.cost_per_hour / pool.cards_per_node if problem.priced else 1.0
+        prices.append(share * d.total_cards * per_card)
+    return min(prices)
+
+
+def _pack_choosing(problem: Problem, *, improve: bool) -> Packing:
+    """One option per traffic-planned model, then the ordinary packing of the replicas.
+
+    Each model starts with its cheapest option (replicas needed x the price of one); a
+    model left short (its pools full) tries its other options in price order, one model
+    at a time, keeping a change only when the packing scores better. The MILP then
+    searches every combination exactly when the instance allows it."""
+    options: dict[str, dict[str, list[Item]]] = {}
+    for it in problem.items:
+        if it.option is not None:
+            options.setdefault(it.model, {}).setdefault(it.option, []).append(it)
+
+    def price(found: dict[str, list[Item]], name: str) -> tuple[float, int, str]:
+        copies = found[name]
+        return (len(copies) * _replica_price(problem, copies[0]), len(copies), name)
+
+    ranked = {
+        model: sorted(found, key=functools.partial(price, found))
+        for model, found in options.items()
+    }
+
+    def run(pick: dict[str, str]) -> Packing:
+        chosen = tuple(
+            it for it in problem.items if it.option is None or pick.get(it.model) == it.option
+        )
+        keys = {it.key for it in chosen}
+        sub = dataclasses.replace(problem, items=chosen, choices=())
+        packing = pack_heuristic(sub, improve=improve)
+        packing.unplaced.extend(it.key for it in problem.items if it.key not in keys)
+        return packing
+
+    pick = {model: names[0] for model, names in ranked.items()}
+    best = run(pick)
+    for choice in problem.choices:
+        if choice.model not in ranked or choice_shortfall(problem, best, choice) == 0:
+            continue
+        for alternative in ranked[choice.model][1:]:
+            trial_pick = {**pick, choice.model: alternative}
+            trial = run(trial_pick)
+            if score(problem, trial) < score(problem, best):
+                best, pick = trial, trial_pick
+    return best

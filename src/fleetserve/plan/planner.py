@@ -21,12 +21,14 @@ memory model.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from fleetserve.errors import SpecError
+from fleetserve.plan.capacity import Load, PerfModel
 from fleetserve.plan.gpus import GPU_CATALOGUE, GpuType, custom_gpu, gpu_type, with_memory
 from fleetserve.plan.memory import ModelConfig
 from fleetserve.plan.milp import MAX_VARIABLES, NODE_LIMIT, node_bounds, solve_milp, variable_count
@@ -34,16 +36,26 @@ from fleetserve.plan.packer import pack_heuristic, respread
 from fleetserve.plan.problem import (
     DEVICE_SPLIT_COUNT,
     OBJECTIVES,
+    Choice,
     Demand,
     Item,
     Packing,
     PoolShape,
     Problem,
+    choice_shortfall,
     gpus_used,
     packing_cost,
     score,
+    shortfall,
 )
-from fleetserve.plan.result import PlanResult, PoolUsage, ReplicaNode, ReplicaPlacement, Unplaced
+from fleetserve.plan.result import (
+    PlanResult,
+    PoolUsage,
+    ReplicaNode,
+    ReplicaPlacement,
+    TrafficPlan,
+    Unplaced,
+)
 from fleetserve.plan.sizing import (
     DEFAULT_HOST_RAM_MB,
     Rejection,
@@ -52,6 +64,7 @@ from fleetserve.plan.sizing import (
     size_replica,
     suggest_fixes,
 )
+from fleetserve.plan.traffic import Option, TrafficOptions, closest, traffic_options
 from fleetserve.spec import FleetSpec, ModelSpec, PoolSpec
 from fleetserve.units import gib_to_mib_ceil, gib_to_mib_floor
 
@@ -107,6 +120,8 @@ class _ModelPlan:
     rejections: dict[str, Rejection]
     spans: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Pool -> (nodes, cards per node) of one replica there (:func:`node_span`)."""
+    traffic: TrafficOptions | None = None
+    """For a model planned from its traffic: its options (sizing per option, not pool)."""
 
 
 def node_span(
@@ -138,62 +153,80 @@ def _replica_count(model: ModelSpec, scenario: str) -> int:
     return model.replicas.min
 
 
+def fit_pool(
+    model: ModelSpec, config: ModelConfig, pc: PoolCard, spec: FleetSpec
+) -> tuple[Sizing, tuple[int, int]] | Rejection:
+    """One replica of ``model`` on pool ``pc``: its sizing and node span, or why not."""
+    name = pc.spec.name
+    if pc.shape is None or pc.gpu is None:
+        return Rejection("pool", 0, f"pool '{name}' has no GPUs")
+    shape = pc.shape
+    sized = size_replica(model, config, pc.gpu, shape.card_mb, split_count=shape.split_count)
+    if isinstance(sized, Rejection):
+        return sized
+    span = node_span(model.tensor_parallel, model.pipeline_parallel, shape.cards_per_node)
+    if span is None or (shape.max_nodes is not None and span[0] > shape.max_nodes):
+        return _span_rejection(model, config, pc, spec, span)
+    nodes, per_node = span
+    ram = host_ram_mb(model, per_node)
+    if model.resources.cpu > shape.cpu or ram > shape.ram_mb:
+        short_cpu = model.resources.cpu > shape.cpu
+        each = " on each of its nodes" if nodes > 1 else ""
+        return Rejection(
+            "cpu" if short_cpu else "memory",
+            model.resources.cpu - shape.cpu if short_cpu else ram - shape.ram_mb,
+            f"a replica needs {model.resources.cpu:g} CPUs / {ram:,} MiB RAM{each}; a "
+            f"'{name}' node has {shape.cpu:g} / {shape.ram_mb:,}",
+        )
+    return sized, span
+
+
+def _demand(model: ModelSpec, sizing: Sizing, span: tuple[int, int]) -> Demand:
+    return Demand(
+        mem_mb=sizing.slice_mb,
+        cores=sizing.cores,
+        cards=span[1],
+        whole=sizing.whole,
+        cpu=model.resources.cpu,
+        ram_mb=host_ram_mb(model, span[1]),
+        nodes=span[0],
+    )
+
+
 def build_problem(
-    spec: FleetSpec, pools: list[PoolCard], scenario: str
+    spec: FleetSpec, pools: list[PoolCard], scenario: str, perf: PerfModel | None = None
 ) -> tuple[Problem, dict[str, _ModelPlan]]:
-    """Size every model on every pool it may use, and list the replicas to place."""
+    """Size every model on every pool it may use, and list the replicas to place: the
+    spec's count, or for a model with ``traffic`` its options (:mod:`.traffic`)."""
     dedicated = {t.name for t in spec.tenants if t.isolation == "dedicated"}
     plans: dict[str, _ModelPlan] = {}
     items: list[Item] = []
+    choices: list[Choice] = []
     for m_index, model in enumerate(spec.models):
         config = model_config_for(model, index=m_index)
         plan = _ModelPlan(model, config, {}, {})
-        allowed = set(model.pools) if model.pools is not None else None
-        for pc in pools:
-            name = pc.spec.name
-            if allowed is not None and name not in allowed:
-                continue
-            if pc.shape is None or pc.gpu is None:
-                plan.rejections[name] = Rejection("pool", 0, f"pool '{name}' has no GPUs")
-                continue
-            shape = pc.shape
-            sized = size_replica(
-                model, config, pc.gpu, shape.card_mb, split_count=shape.split_count
-            )
-            if isinstance(sized, Rejection):
-                plan.rejections[name] = sized
-                continue
-            span = node_span(model.tensor_parallel, model.pipeline_parallel, shape.cards_per_node)
-            if span is None or (shape.max_nodes is not None and span[0] > shape.max_nodes):
-                plan.rejections[name] = _span_rejection(model, config, pc, spec, span)
-                continue
-            nodes, per_node = span
-            ram = host_ram_mb(model, per_node)
-            if model.resources.cpu > shape.cpu or ram > shape.ram_mb:
-                short_cpu = model.resources.cpu > shape.cpu
-                each = " on each of its nodes" if nodes > 1 else ""
-                plan.rejections[name] = Rejection(
-                    "cpu" if short_cpu else "memory",
-                    model.resources.cpu - shape.cpu if short_cpu else ram - shape.ram_mb,
-                    f"a replica needs {model.resources.cpu:g} CPUs / {ram:,} MiB RAM{each}; a "
-                    f"'{name}' node has {shape.cpu:g} / {shape.ram_mb:,}",
-                )
-                continue
-            plan.sizing[name] = sized
-            plan.spans[name] = span
         plans[model.name] = plan
-        demands = {
-            name: Demand(
-                mem_mb=s.slice_mb,
-                cores=s.cores,
-                cards=plan.spans[name][1],
-                whole=s.whole,
-                cpu=model.resources.cpu,
-                ram_mb=host_ram_mb(model, plan.spans[name][1]),
-                nodes=plan.spans[name][0],
+        allowed = set(model.pools) if model.pools is not None else None
+        mine = [pc for pc in pools if allowed is None or pc.spec.name in allowed]
+        if model.traffic is not None:
+            if perf is None:
+                raise SpecError(
+                    f"models[{m_index}].traffic: planning from traffic needs a performance "
+                    "model, and none was given"
+                )
+            items.extend(
+                _traffic_items(
+                    spec, plan, mine, perf, dedicated=model.tenant in dedicated, choices=choices
+                )
             )
-            for name, s in plan.sizing.items()
-        }
+            continue
+        for pc in mine:
+            got = fit_pool(model, config, pc, spec)
+            if isinstance(got, Rejection):
+                plan.rejections[pc.spec.name] = got
+                continue
+            plan.sizing[pc.spec.name], plan.spans[pc.spec.name] = got
+        demands = {name: _demand(model, s, plan.spans[name]) for name, s in plan.sizing.items()}
         for index in range(_replica_count(model, scenario)):
             items.append(
                 Item(
@@ -210,8 +243,59 @@ def build_problem(
         pools=shapes,
         policy_node=spec.policy.node,
         policy_gpu=spec.policy.gpu,
+        choices=tuple(choices),
     )
     return problem, plans
+
+
+def _traffic_items(
+    spec: FleetSpec,
+    plan: _ModelPlan,
+    pools: list[PoolCard],
+    perf: PerfModel,
+    *,
+    dedicated: bool,
+    choices: list[Choice],
+) -> list[Item]:
+    """The optional copies of every option of a traffic-planned model (and its Choice)."""
+    model, config = plan.model, plan.config
+    assert model.traffic is not None
+    by_name = {pc.spec.name: pc for pc in pools}
+    gpu_pools = []
+    for pc in pools:
+        if pc.gpu is None or pc.shape is None:
+            plan.rejections[pc.spec.name] = Rejection(
+                "pool", 0, f"pool '{pc.spec.name}' has no GPUs"
+            )
+        else:
+            gpu_pools.append((pc.spec.name, pc.gpu, pc.shape))
+    found = traffic_options(
+        model,
+        config,
+        gpu_pools,
+        perf,
+        lambda trial, name: fit_pool(trial, config, by_name[name], spec),
+    )
+    plan.traffic = found
+    plan.rejections.update(found.rejections)
+    items: list[Item] = []
+    for option in found.options:
+        demands = {p: _demand(option.model, option.sizing, option.span) for p in option.pools}
+        for _ in range(option.copies):
+            items.append(
+                Item(
+                    model=model.name,
+                    index=len(items),
+                    tenant=model.tenant,
+                    dedicated=dedicated,
+                    demands=demands,
+                    option=option.name,
+                    capacity=option.capacity.rate,
+                )
+            )
+    if items:
+        choices.append(Choice(model.name, model.traffic.rate, model.replicas.min))
+    return items
 
 
 def volume_bound(items: Iterable[Item], pools: tuple[PoolShape, ...]) -> int:
@@ -278,11 +362,17 @@ def solve(problem: Problem, *, time_limit_s: float, node_limit: int = NODE_LIMIT
     heuristic optimal; the better packing, with its proven levels, gap and limit."""
     heuristic = pack_heuristic(problem)
     placeable = {it.key for it in problem.items if it.demands}
-    left_out = [k for k in heuristic.unplaced if k in placeable]
+    if problem.choices:
+        short = shortfall(problem, heuristic) > 0
+    else:
+        short = any(k in placeable for k in heuristic.unplaced)
     proven: list[str] = []
     gpu_bound: float | None = None
-    if not left_out:
+    # with traffic-planned models the heuristic's replicas are one choice of options:
+    # the volume bounds of what it placed prove nothing about the others
+    if not short:
         proven.append("replicas")
+    if not short and not problem.choices:
         placed = [it for it in problem.items if it.key in heuristic.assigned]
         gpu_bound = float(volume_bound(placed, problem.pools))
         _, _, gpus, nodes = score(problem, heuristic)
@@ -328,7 +418,8 @@ def solve(problem: Problem, *, time_limit_s: float, node_limit: int = NODE_LIMIT
         best.lower_bound = gpu_bound
         best.gap = 0.0 if used == 0 else max(0.0, (used - gpu_bound) / used)
         above = ("replicas", "cost") if problem.priced else ("replicas",)
-        if best.gap == 0.0 and best.proven == above:  # the bound proves the GPU level
+        if best.gap == 0.0 and best.proven == above and not problem.choices:
+            # the bound proves the GPU level
             best.proven = (*above, "gpus")
             placed = [it for it in problem.items if it.key in best.assigned]
             if score(problem, best)[3] == node_bound(placed, problem.pools, gpu_bound):
@@ -808,16 +899,23 @@ def compose_result(
     per_pool_mem: dict[str, int] = {}
     per_pool_replicas: dict[str, int] = {}
     order = {m.name: i for i, m in enumerate(spec.models)}
+    items = {it.key: it for it in problem.items}
+    numbered: dict[str, int] = {}
     for key in sorted(packing.assigned, key=lambda k: (order[k[0]], k[1])):
         a = packing.assigned[key]
         plan = plans[key[0]]
-        sizing = plan.sizing[a.pool]
+        option = _option_of(plan, items[key])
+        # a traffic-planned model's replicas: its option's settings, numbered from 0
+        sizing = option.sizing if option else plan.sizing[a.pool]
+        model = option.model if option else plan.model
+        index = numbered.get(key[0], 0) if option else key[1]
+        numbered[key[0]] = index + 1
         shape = problem.pool(a.pool)
-        stages_per_node = plan.model.pipeline_parallel // len(a.parts)
+        stages_per_node = model.pipeline_parallel // len(a.parts)
         replicas.append(
             ReplicaPlacement(
                 model=key[0],
-                index=key[1],
+                index=index,
                 pool=a.pool,
                 node=a.node,
                 gpus=sorted(a.cards),
@@ -836,8 +934,8 @@ def compose_result(
                 gpu_type=shape.gpu_type,
                 card_memory_mb=shape.card_mb,
                 num_gpus=sizing.num_gpus,
-                tensor_parallel=plan.model.tensor_parallel,
-                pipeline_parallel=plan.model.pipeline_parallel,
+                tensor_parallel=model.tensor_parallel,
+                pipeline_parallel=model.pipeline_parallel,
                 whole_cards=sizing.whole,
                 need_mb=sizing.need_mb,
             )
@@ -851,6 +949,8 @@ def compose_result(
     explained: dict[str, Unplaced] = {}
     unplaced: list[Unplaced] = []
     for key in sorted(packing.unplaced, key=lambda k: (order[k[0]], k[1])):
+        if items[key].option is not None or plans[key[0]].traffic is not None:
+            continue  # an option's copies not chosen: the traffic report explains
         first = explained.get(key[0])
         if first is None:
             first = _unplaced_reason(
@@ -882,6 +982,15 @@ def compose_result(
                 cost_per_hour=round(count * (price or 0.0), 6) if priced else None,
             )
         )
+    traffic: list[TrafficPlan] = []
+    for model_spec in spec.models:
+        plan = plans[model_spec.name]
+        if plan.traffic is not None:
+            report, short = _traffic_report(
+                plan, pools=pools, packing=packing, problem=problem, spec=spec
+            )
+            traffic.append(report)
+            unplaced.extend(short)
     levels = [n for n in OBJECTIVES if n != "cost" or priced]
     return PlanResult(
         feasible=not unplaced,
@@ -897,7 +1006,183 @@ def compose_result(
         cost_per_hour=round(packing_cost(problem, packing), 6) if priced else None,
         optimal=[n for n in levels if n in packing.proven],
         search_limit=packing.limit,
+        traffic=traffic,
     )
+
+
+def _option_of(plan: _ModelPlan, item: Item) -> Option | None:
+    if item.option is None or plan.traffic is None:
+        return None
+    return next(o for o in plan.traffic.options if o.name == item.option)
+
+
+def _ms(load: Load, which: Literal["ttft", "tpot"]) -> dict[str, float]:
+    got = load.ttft_s if which == "ttft" else load.tpot_s
+    return {f"p{round(q * 100)}": round(v * 1000, 1) for q, v in sorted(got.items())}
+
+
+def _traffic_report(
+    plan: _ModelPlan,
+    *,
+    pools: list[PoolCard],
+    packing: Packing,
+    problem: Problem,
+    spec: FleetSpec,
+) -> tuple[TrafficPlan, list[Unplaced]]:
+    """A traffic-planned model's report, and an Unplaced entry per replica it is short."""
+    model, found = plan.model, plan.traffic
+    assert found is not None
+    assert model.traffic is not None
+    rate = model.traffic.rate
+    m_index = next(i for i, m in enumerate(spec.models) if m.name == model.name)
+    if not found.options:
+        return _traffic_infeasible(
+            plan, m_index, pools=pools, packing=packing, problem=problem, spec=spec
+        )
+    mine = [it for it in problem.items if it.model == model.name and it.option is not None]
+    placed = [it for it in mine if it.key in packing.assigned]
+    used = {it.option for it in placed}
+    option = next((o for o in found.options if o.name in used), found.options[0])
+    choice = next(c for c in problem.choices if c.model == model.name)
+    short = choice_shortfall(problem, packing, choice)
+    unplaced: list[Unplaced] = []
+    if short:
+        item = next(it for it in mine if it.option == option.name and it.key in packing.unplaced)
+        as_placed = dataclasses.replace(
+            plan,
+            model=option.model,
+            sizing=dict.fromkeys(option.pools, option.sizing),
+            spans=dict.fromkeys(option.pools, option.span),
+        )
+        why = _diagnose(
+            item.key,
+            item=item,
+            plan=as_placed,
+            pools=pools,
+            packing=packing,
+            problem=problem,
+            spec=spec,
+        )
+        head = (
+            f"{rate:g} req/s needs {option.copies} replicas of {option.name} "
+            f"({option.capacity.rate:,.2f} req/s each within the SLOs); {len(placed)} placed: "
+        )
+        # reported in replicas of the option chosen (the objective counts the largest's)
+        for j in range(max(1, option.copies - len(placed))):
+            unplaced.append(
+                why.model_copy(update={"index": len(placed) + j, "reason": head + why.reason})
+            )
+    by_rate = math.ceil(rate / option.capacity.rate - 1e-9)
+    if model.replicas.min > by_rate:
+        binding = "replicas_min"
+        reason = (
+            f"replicas.min {model.replicas.min} > the {by_rate} replicas the rate needs "
+            f"({option.capacity.rate:,.2f} req/s each)"
+        )
+    else:
+        binding, reason = option.capacity.binding, option.capacity.reason
+    load = option.at(found.work, rate, len(placed) or option.copies)
+    cost: float | None = None
+    if problem.priced:
+        cost = 0.0
+        for it in placed:
+            pool = problem.pool(packing.assigned[it.key].pool)
+            d = it.demands[pool.name]
+            share = (
+                1.0
+                if d.whole
+                else max(d.mem_mb / pool.card_mb, d.cores / 100, 1 / pool.split_count)
+            )
+            cost += share * d.total_cards * pool.cost_per_hour / pool.cards_per_node
+        cost = round(cost, 4)
+    report = TrafficPlan(
+        model=model.name,
+        rate=rate,
+        met=short == 0,
+        replicas=len(placed),
+        needed=option.copies,
+        gpu_type=option.gpu.name,
+        pools=sorted({packing.assigned[it.key].pool for it in placed}),
+        tensor_parallel=option.model.tensor_parallel,
+        max_num_seqs=option.model.max_num_seqs or option.sizing.engine.max_num_seqs,
+        memory_mb=option.sizing.slice_mb,
+        cores_percent=option.sizing.cores,
+        goodput_per_replica=round(option.capacity.rate, 4),
+        binding=binding,
+        reason=reason,
+        ttft_ms=_ms(load, "ttft") if load.stable else {},
+        tpot_ms=_ms(load, "tpot") if load.stable else {},
+        cost_per_hour=cost,
+    )
+    return report, unplaced
+
+
+def _traffic_infeasible(
+    plan: _ModelPlan,
+    m_index: int,
+    *,
+    pools: list[PoolCard],
+    packing: Packing,
+    problem: Problem,
+    spec: FleetSpec,
+) -> tuple[TrafficPlan, list[Unplaced]]:
+    """A traffic-planned model no option serves: fits no card, or meets its SLOs at no
+    rate anywhere (the closest option's numbers, and the targets it could meet)."""
+    model, found = plan.model, plan.traffic
+    assert found is not None
+    assert model.traffic is not None
+    if not found.unreachable:
+        why = _unplaced_reason(
+            (model.name, 0), plan=plan, pools=pools, packing=packing, problem=problem, spec=spec
+        )
+        report = TrafficPlan(
+            model=model.name,
+            rate=model.traffic.rate,
+            met=False,
+            replicas=0,
+            needed=0,
+            binding="memory" if why.resource in ("gpu_memory", None) else str(why.resource),
+            reason=why.reason,
+        )
+        return report, [why]
+    best = closest(found.unreachable)
+    cap = best.capacity
+    where = (
+        f"{model.name} on {best.gpu.name} (tensor_parallel {best.model.tensor_parallel}, "
+        f"{best.sizing.cores}% cores)"
+    )
+    reason = cap.reason.replace(" unreachable", f" unreachable for {where}", 1)
+    idle = cap.load
+    fixes: list[str] = []
+    for name, targets, got in (
+        ("ttft_ms", found.work.ttft, idle.ttft_s),
+        ("tpot_ms", found.work.tpot, idle.tpot_s),
+    ):
+        for q, limit in targets:
+            if got[q] > limit:
+                fixes.append(
+                    f"loosen models[{m_index}].slo.{name}.p{round(q * 100)} to at least "
+                    f"{math.ceil(got[q] * 1000 * 1.1)} ms (the idle replica takes "
+                    f"{got[q] * 1000:,.0f} ms; now {limit * 1000:g})"
+                )
+    if model.quantization is None:
+        fixes.append(f"quantization: fp8 on models[{m_index}] (fewer bytes per step)")
+    fixes.append("a pool of faster cards (more memory bandwidth or compute)")
+    report = TrafficPlan(
+        model=model.name,
+        rate=model.traffic.rate,
+        met=False,
+        replicas=0,
+        needed=0,
+        gpu_type=best.gpu.name,
+        tensor_parallel=best.model.tensor_parallel,
+        max_num_seqs=best.model.max_num_seqs or 0,
+        binding=cap.binding,
+        reason=reason,
+    )
+    return report, [
+        Unplaced(model=model.name, index=0, reason=reason, resource=cap.binding, fixes=fixes)
+    ]
 
 
 #: Seconds the exact solver may run before the safety net stops it (the node limit, not
@@ -911,6 +1196,7 @@ def plan_fleet(
     scenario: Scenario = "min",
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     node_limit: int = NODE_LIMIT,
+    perf: PerfModel | None = None,
 ) -> PlanResult:
     """Place every replica of ``spec`` (``min`` or ``max`` replicas) on its pools.
 
@@ -924,7 +1210,12 @@ def plan_fleet(
         raise ValueError(f"scenario must be 'min' or 'max', not {scenario!r}")
     _check_prices(spec)
     pools = [resolve_pool(p) for p in spec.pools]
-    problem, plans = build_problem(spec, pools, scenario)
+    if perf is None and any(m.traffic is not None for m in spec.models):
+        # fleetserve.perf imports the plan package's facts: imported when first needed
+        from fleetserve.plan.roofline import Roofline  # noqa: PLC0415
+
+        perf = Roofline()
+    problem, plans = build_problem(spec, pools, scenario, perf)
     packing = solve(problem, time_limit_s=time_limit_s, node_limit=node_limit)
     return compose_result(
         spec, pools=pools, plans=plans, problem=problem, packing=packing, scenario=scenario

@@ -11,6 +11,7 @@ packing must keep, and the tests run it on every plan.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 #: HAMi's devicePlugin.deviceSplitCount default: at most this many slices share a card.
@@ -68,6 +69,12 @@ class Item:
     dedicated: bool
     demands: dict[str, Demand]
     """Pool name -> demand, for the pools it is allowed on and fits."""
+    option: str | None = None
+    """For a model planned from its traffic (a :class:`Choice`): the candidate
+    configuration (card, TP, max_num_seqs) this copy is one of. Such copies are optional:
+    one option per model is used, as many of its copies as the rate needs."""
+    capacity: float = 0.0
+    """Requests per second one replica of ``option`` serves within the model's SLOs."""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -79,6 +86,17 @@ class Item:
 
 
 @dataclass(frozen=True)
+class Choice:
+    """A model planned from its traffic: the packing uses one of its options (the
+    :attr:`Item.option` of its optional copies) and places enough of that option's copies
+    to serve ``rate`` requests per second, and at least ``min_replicas``."""
+
+    model: str
+    rate: float
+    min_replicas: int = 0
+
+
+@dataclass(frozen=True)
 class Problem:
     """Items and pools; ``policy_*`` are HAMi's two levels."""
 
@@ -86,6 +104,7 @@ class Problem:
     pools: tuple[PoolShape, ...]
     policy_node: str = "spread"
     policy_gpu: str = "binpack"
+    choices: tuple[Choice, ...] = ()
 
     @property
     def priced(self) -> bool:
@@ -167,11 +186,36 @@ def packing_cost(problem: Problem, packing: Packing) -> float:
     return sum(p.cost_per_hour * billed[p.name] for p in problem.pools)
 
 
+def choice_shortfall(problem: Problem, packing: Packing, choice: Choice) -> int:
+    """Replicas ``choice``'s model is short of: the larger of the replicas below
+    ``min_replicas`` and the unserved rate in replicas of its largest option."""
+    mine = [it for it in problem.items if it.model == choice.model and it.option is not None]
+    if not mine:
+        return 0
+    placed = [it for it in mine if it.key in packing.assigned]
+    unit = max(it.capacity for it in mine)
+    unserved = choice.rate - sum(it.capacity for it in placed)
+    by_rate = math.ceil((unserved - COVER_TOLERANCE) / unit) if unserved > 0 else 0
+    return max(0, by_rate, choice.min_replicas - len(placed))
+
+
+#: Slack on a rate covered by the replicas' capacities (floating-point sums).
+COVER_TOLERANCE = 1e-6
+
+
+def shortfall(problem: Problem, packing: Packing) -> int:
+    """The first objective level: replicas asked for and not placed, plus the replicas
+    each traffic-planned model is short of (:func:`choice_shortfall`)."""
+    unplaced = set(packing.unplaced)
+    required = sum(1 for it in problem.items if it.option is None and it.key in unplaced)
+    return required + sum(choice_shortfall(problem, packing, c) for c in problem.choices)
+
+
 def score(problem: Problem, packing: Packing) -> tuple[int, float, int, int]:
     """The lexicographic objective of a packing (lower is better)."""
     cost = round(packing_cost(problem, packing), 6) if problem.priced else 0.0
     return (
-        len(packing.unplaced),
+        shortfall(problem, packing),
         cost,
         gpus_used(packing),
         len(packing.node_set()),
@@ -223,6 +267,13 @@ def check_packing(problem: Problem, packing: Packing) -> list[str]:
             node = (a.pool, node_index)
             cpu[node] = cpu.get(node, 0) + demand.cpu
             ram[node] = ram.get(node, 0) + demand.ram_mb
+    options: dict[str, set[str]] = {}
+    for key in packing.assigned:
+        if items[key].option is not None:
+            options.setdefault(key[0], set()).add(str(items[key].option))
+    for model, used_options in options.items():
+        if len(used_options) > 1:  # one Serve deployment: one set of engine arguments
+            errors.append(f"model {model}: replicas of several options {sorted(used_options)}")
     for slot, used in mem.items():
         pool = problem.pool(slot[0])
         if used > pool.card_mb:

@@ -127,6 +127,46 @@ class Unplaced(_Frozen):
     fixes: list[str] = Field(default_factory=list, description="What would make it fit.")
 
 
+class TrafficPlan(_Frozen):
+    """How a model with ``traffic`` is planned: the option chosen, why that many replicas,
+    and the latencies predicted at the rate (or why its SLOs cannot be met)."""
+
+    model: str = Field(description="Model name.")
+    rate: float = Field(ge=0, description="Requests per second planned for (traffic.rate).")
+    met: bool = Field(description="Whether the placed replicas serve the rate within the SLOs.")
+    replicas: int = Field(ge=0, description="Replicas placed.")
+    needed: int = Field(ge=0, description="Replicas the rate needs (at least replicas.min).")
+    gpu_type: str | None = Field(default=None, description="Card type of the option chosen.")
+    pools: list[str] = Field(default_factory=list, description="Pools its replicas are on.")
+    tensor_parallel: int = Field(default=1, ge=1, description="vLLM tensor_parallel_size.")
+    max_num_seqs: int = Field(default=0, ge=0, description="vLLM max_num_seqs.")
+    memory_mb: int = Field(default=0, ge=0, description="HAMi gpumem per card (MiB).")
+    cores_percent: int = Field(default=0, ge=0, le=100, description="HAMi gpucores per card.")
+    goodput_per_replica: float = Field(
+        default=0.0,
+        ge=0,
+        description="Requests per second one replica serves within every SLO (its goodput).",
+    )
+    binding: str = Field(
+        description="What sets the replica count: ttft, tpot, throughput (the batch or the "
+        "prefill chunk saturates), kv_capacity (the KV cache holds fewer sequences than "
+        "max_num_seqs), replicas_min, or - nothing meeting the SLOs - memory (fits no card)."
+    )
+    reason: str = Field(description="The binding constraint (or the infeasibility) in numbers.")
+    ttft_ms: dict[str, float] = Field(
+        default_factory=dict, description="Predicted TTFT per percentile at the rate (ms)."
+    )
+    tpot_ms: dict[str, float] = Field(
+        default_factory=dict, description="Predicted TPOT per percentile at the rate (ms)."
+    )
+    cost_per_hour: float | None = Field(
+        default=None,
+        description="Its replicas' share of the pools' prices: each replica's share of a "
+        "card (memory, cores or slice count, the largest) x the price per card (None: no "
+        "prices).",
+    )
+
+
 class PoolUsage(_Frozen):
     """What the plan uses of one pool."""
 
@@ -184,4 +224,9 @@ class PlanResult(_Frozen):
         description="What cut the exact search short (node limit, time-limit safety net, "
         "instance size, solver off), as a sentence; None when it ran to the end or the "
         "bounds proved the heuristic optimal.",
+    )
+    traffic: list[TrafficPlan] = Field(
+        default_factory=list,
+        description="Per model with traffic (spec order): the option chosen, the binding "
+        "constraint and the predicted latencies; empty when no model has traffic.",
     )

@@ -1,0 +1,96 @@
+"""The planner's performance model: :mod:`fleetserve.perf`'s roofline behind the
+:class:`~fleetserve.plan.capacity.PerfModel` seam.
+
+Design note. One candidate replica is :func:`fleetserve.perf.engine_perf` of its model on
+its card with its HAMi ``gpucores`` share (which scales compute there) and the
+calibration given (``fleetserve plan --calibration``; else the backend's defaults). Memory
+bandwidth is shared by the replicas stepping on a card at once; a plan packs cards full and
+sizes for the busy hour, so each replica is given the share of the bandwidth its cores
+share gives it of compute (a whole card: all of it). A step of ``p`` prefill tokens (one
+chunk, no cached prefix) beside ``n`` decodes of mean context ``c`` is the sum of
+:meth:`EnginePerf.load` of the chunk and ``n`` decodes as
+:meth:`EnginePerf.decode_step_time` counts them (``n`` may be fractional: the steady
+state's mean batch).
+"""
+
+from __future__ import annotations
+
+import math
+
+from fleetserve.perf import Calibration, EnginePerf, StepLoad, StepTerms, engine_perf
+from fleetserve.plan.capacity import ReplicaShape, StepCost
+
+
+class EngineSteps:
+    """:class:`~fleetserve.plan.capacity.StepModel` of one engine (see the module note)."""
+
+    def __init__(self, perf: EnginePerf, bandwidth_share: float) -> None:
+        self.perf = perf
+        self.share = bandwidth_share
+
+    def load(self, prefill_tokens: float, decode_seqs: float, context_tokens: float) -> StepLoad:
+        n = max(0.0, decode_seqs)
+        c = context_tokens / n if n > 0 else 0.0
+        w = self.perf.cost.window
+        win = c if w is None else min(c, float(w))
+        chunk = round(prefill_tokens)
+        pre = self.perf.load(prefills=[(chunk, 0)] if chunk > 0 else [])
+        return StepLoad(
+            tokens=pre.tokens + round(n),
+            seqs=pre.seqs + math.ceil(n),
+            sampled=pre.sampled + math.ceil(n),
+            pairs=pre.pairs + n * (c + 1),
+            window_pairs=pre.window_pairs + n * (win + 1),
+            context=pre.context + n * c,
+            window_context=pre.window_context + n * win,
+        )
+
+    def step(self, prefill_tokens: float, decode_seqs: float, context_tokens: float) -> StepCost:
+        load = self.load(prefill_tokens, decode_seqs, context_tokens)
+        terms = self.perf.terms(load, bandwidth_share=self.share)
+        return StepCost(terms.total, self.why(load, terms))
+
+    def why(self, load: StepLoad, terms: StepTerms) -> str:
+        """The step's dominant term in numbers (bytes over bandwidth, or FLOPs over peak)."""
+        perf, cal, hw = self.perf, self.perf.calibration, self.perf.hardware
+        pp = perf.cost.pipeline_parallel
+        if terms.bound == "memory":
+            bandwidth = hw.bandwidth * self.share
+            read = terms.memory * bandwidth * cal.bandwidth_efficiency / pp
+            weights = perf.cost.weight_read_bytes(load.tokens)
+            share = "" if self.share >= 1 else f" ({self.share:.0%} of the card's)"
+            main = (
+                f"reads {read / 1e9:,.1f} GB, weights {weights / 1e9:,.1f} GB, at "
+                f"{bandwidth / 1e9:,.0f} GB/s{share} x {cal.bandwidth_efficiency:.0%} "
+                f"efficiency: {terms.memory * 1000:,.1f} ms"
+            )
+        else:
+            flops = terms.compute * hw.peak_flops * cal.compute_efficiency / pp
+            main = (
+                f"{flops / 1e12:,.2f} TFLOP at {hw.peak_flops / 1e12:,.0f} TFLOP/s x "
+                f"{cal.compute_efficiency:.0%} efficiency: {terms.compute * 1000:,.1f} ms"
+            )
+        extra = f" + link {terms.link * 1000:,.1f} ms" if terms.link else ""
+        return f"{hw.name}: {main}{extra} + overhead {terms.overhead * 1000:,.1f} ms"
+
+
+class Roofline:
+    """:class:`~fleetserve.plan.capacity.PerfModel` over :mod:`fleetserve.perf`."""
+
+    def __init__(self, calibration: Calibration | None = None) -> None:
+        self.calibration = calibration
+
+    def step_model(self, shape: ReplicaShape) -> EngineSteps:
+        m = shape.model
+        perf = engine_perf(
+            shape.config,
+            shape.gpu,
+            self.calibration,
+            dtype=m.dtype,
+            quantization=m.quantization,
+            kv_cache_dtype=m.kv_cache_dtype,
+            tensor_parallel=m.tensor_parallel,
+            pipeline_parallel=m.pipeline_parallel,
+            cores_percent=shape.cores_percent,
+        )
+        return EngineSteps(perf, bandwidth_share=min(100, shape.cores_percent) / 100)

@@ -1,0 +1,258 @@
+"""SLO- and cost-driven planning: models with traffic and SLOs (plan/traffic.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fleetserve.plan import plan_fleet
+from fleetserve.plan.capacity import ReplicaShape, StepCost
+from fleetserve.plan.checks import plan_violations
+from fleetserve.plan.result import PlanResult
+from fleetserve.spec import FleetSpec, parse_spec
+
+
+@dataclass(frozen=True)
+class Steps:
+    """Steps of stated constants over the catalogue's facts: the weights (and KV) read at
+    the card's bandwidth share, the tokens computed at its FLOP/s share."""
+
+    read_s: float
+    per_token_s: float
+    per_context_s: float
+
+    def step(self, prefill_tokens: float, decode_seqs: float, context_tokens: float) -> StepCost:
+        memory = self.read_s + self.per_context_s * context_tokens
+        compute = self.per_token_s * (prefill_tokens + decode_seqs)
+        return StepCost(0.003 + max(memory, compute), f"reads {self.read_s * 1e3:.1f} ms")
+
+
+class FakePerf:
+    """A :class:`PerfModel` of stated efficiencies (the real one is fleetserve.perf's)."""
+
+    def step_model(self, shape: ReplicaShape) -> Steps:
+        share = shape.cores_percent / 100
+        bandwidth = shape.gpu.bandwidth * 0.75 * share
+        flops = shape.gpu.peak_flops("bfloat16") * 0.5 * share
+        weights = shape.memory.weights
+        return Steps(
+            read_s=weights / bandwidth,
+            per_token_s=weights / flops,  # 2 FLOPs per parameter, 2 bytes per parameter
+            per_context_s=shape.memory.kv_per_token / bandwidth,
+        )
+
+
+def pools(a6000_nodes: int | None = 4, h100_nodes: int | None = 2) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": "a6000",
+            "gpu": {"type": "RTX-A6000", "count": 2},
+            "cpu": 32,
+            "memory_gb": 256,
+            "max_nodes": a6000_nodes,
+            "cost_per_hour": 1.5,
+        },
+        {
+            "name": "h100",
+            "gpu": {"type": "H100-80GB", "count": 8},
+            "cpu": 192,
+            "memory_gb": 1536,
+            "max_nodes": h100_nodes,
+            "cost_per_hour": 80.0,
+        },
+    ]
+
+
+def fleet(
+    rate: float = 20,
+    ttft_ms: float = 1000,
+    tpot_ms: float = 50,
+    pool_list: list[dict[str, Any]] | None = None,
+    **model: Any,
+) -> FleetSpec:
+    return parse_spec(
+        {
+            "models": [
+                {
+                    "name": "chat",
+                    "config": "qwen2.5-7b",
+                    "max_model_len": 8192,
+                    "traffic": {
+                        "rate": rate,
+                        "prompt_tokens": {"mean": 800, "p99": 3000},
+                        "output_tokens": {"mean": 200, "p99": 600},
+                    },
+                    "slo": {"ttft_ms": {"p99": ttft_ms}, "tpot_ms": {"p50": tpot_ms}},
+                    **model,
+                }
+            ],
+            "pools": pool_list if pool_list is not None else pools(),
+        }
+    )
+
+
+def plan(spec: FleetSpec) -> PlanResult:
+    return plan_fleet(spec, perf=FakePerf(), time_limit_s=30)
+
+
+def test_the_plan_serves_the_rate_with_one_option_at_a_cost() -> None:
+    spec = fleet()
+    result = plan(spec)
+    assert result.feasible, result.unplaced
+    assert plan_violations(spec, result) == []
+    [t] = result.traffic
+    assert t.met
+    assert t.replicas == len(result.replicas) >= 1
+    assert t.replicas * t.goodput_per_replica >= 20
+    assert t.binding in ("ttft", "tpot", "throughput", "kv_capacity")
+    assert t.ttft_ms["p99"] <= 1000
+    assert t.tpot_ms["p50"] <= 50
+    # one Serve deployment: every replica the same engine settings and shape
+    shapes = {(r.tensor_parallel, r.engine.max_num_seqs, r.memory_mb) for r in result.replicas}
+    assert len(shapes) == 1
+    assert sorted(r.index for r in result.replicas) == list(range(t.replicas))
+    assert result.cost_per_hour is not None
+    assert t.cost_per_hour is not None
+    assert 0 < t.cost_per_hour <= result.cost_per_hour
+    assert "cost" in result.optimal
+
+
+def test_a_higher_rate_needs_more_replicas() -> None:
+    low, high = plan(fleet(rate=5)), plan(fleet(rate=40))
+    assert high.traffic[0].replicas > low.traffic[0].replicas
+    assert high.cost_per_hour is not None
+    assert low.cost_per_hour is not None
+    assert high.cost_per_hour >= low.cost_per_hour
+
+
+def test_replicas_min_is_a_floor() -> None:
+    result = plan(fleet(rate=0.5, replicas={"min": 3, "max": 3}))
+    [t] = result.traffic
+    assert t.replicas == 3
+    assert t.binding == "replicas_min"
+
+
+def test_tensor_parallel_and_max_num_seqs_set_in_the_spec_are_kept() -> None:
+    result = plan(fleet(tensor_parallel=2, max_num_seqs=16, concurrency=1))
+    assert result.feasible
+    assert {(r.tensor_parallel, r.engine.max_num_seqs) for r in result.replicas} == {(2, 16)}
+
+
+def test_an_unreachable_slo_is_explained_in_numbers() -> None:
+    result = plan(fleet(tpot_ms=1))
+    assert not result.feasible
+    [u] = result.unplaced
+    assert u.resource == "tpot"
+    assert u.reason.startswith("TPOT p50 1 ms unreachable for chat on H100-80GB")
+    assert "one decode step at batch 1 takes" in u.reason
+    assert any(f.startswith("loosen models[0].slo.tpot_ms.p50 to at least") for f in u.fixes)
+    [t] = result.traffic
+    assert not t.met
+    assert t.binding == "tpot"
+
+
+def test_full_pools_leave_the_model_short_with_the_reason() -> None:
+    result = plan(fleet(rate=3000, pool_list=pools(a6000_nodes=1, h100_nodes=1)))
+    assert not result.feasible
+    [t] = result.traffic
+    assert not t.met
+    assert t.replicas < t.needed
+    assert len(result.unplaced) == t.needed - t.replicas
+    assert "req/s needs" in result.unplaced[0].reason
+
+
+def test_the_roofline_explains_a_tpot_a_card_cannot_reach() -> None:
+    """fleetserve.perf's roofline: a 27B model's decode step on L4s, as issue #29 asks."""
+    spec = parse_spec(
+        {
+            "models": [
+                {
+                    "name": "big",
+                    "config": "gemma-3-27b",
+                    "max_model_len": 8192,
+                    "traffic": {"rate": 1, "prompt_tokens": 500, "output_tokens": 200},
+                    "slo": {"tpot_ms": {"p50": 30}},
+                }
+            ],
+            "pools": [
+                {
+                    "name": "l4",
+                    "gpu": {"type": "L4", "count": 4},
+                    "cpu": 48,
+                    "memory_gb": 192,
+                    "cost_per_hour": 4,
+                }
+            ],
+        }
+    )
+    result = plan_fleet(spec, time_limit_s=10)
+    [u] = result.unplaced
+    assert u.resource == "tpot"
+    assert u.reason.startswith("TPOT p50 30 ms unreachable for big on L4 (tensor_parallel 4")
+    assert "one decode step at batch 1 takes" in u.reason
+    assert "GB/s" in u.reason
+
+
+def test_a_model_without_traffic_is_planned_as_before() -> None:
+    spec = parse_spec(
+        {
+            "models": [{"name": "q", "config": "qwen2.5-0.5b", "max_model_len": 4096}],
+            "pools": pools(),
+        }
+    )
+    result = plan_fleet(spec)
+    assert result.traffic == []
+    assert len(result.replicas) == 1
+
+
+PROPERTY = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _cost(result: PlanResult) -> float:
+    assert result.cost_per_hour is not None
+    return result.cost_per_hour
+
+
+@PROPERTY
+@given(
+    rate=st.sampled_from([2.0, 8.0, 25.0]),
+    ttft=st.sampled_from([400.0, 800.0, 2000.0]),
+    looser=st.sampled_from([1.5, 3.0]),
+)
+def test_a_looser_slo_never_raises_the_cost(rate: float, ttft: float, looser: float) -> None:
+    tight = plan(fleet(rate=rate, ttft_ms=ttft))
+    loose = plan(fleet(rate=rate, ttft_ms=ttft * looser, tpot_ms=50 * looser))
+    if tight.feasible:  # a tighter SLO never costs less; a looser one stays feasible
+        assert loose.feasible
+        assert _cost(loose) <= _cost(tight) + 1e-6
+
+
+@PROPERTY
+@given(
+    rate=st.sampled_from([2.0, 8.0, 25.0]),
+    a6000=st.integers(min_value=1, max_value=3),
+    h100=st.integers(min_value=0, max_value=1),
+    more=st.integers(min_value=1, max_value=3),
+)
+def test_more_gpus_never_raise_the_cost(rate: float, a6000: int, h100: int, more: int) -> None:
+    few_pools = pools(a6000_nodes=a6000, h100_nodes=h100 or None)
+    many_pools = pools(a6000_nodes=a6000 + more, h100_nodes=(h100 + more) if h100 else None)
+    few = plan(fleet(rate=rate, pool_list=few_pools))
+    many = plan(fleet(rate=rate, pool_list=many_pools))
+    if few.feasible:
+        assert many.feasible
+        assert _cost(many) <= _cost(few) + 1e-6
+
+
+@pytest.mark.parametrize("field", ["ttft_ms", "tpot_ms"])
+def test_a_tighter_slo_never_lowers_the_cost(field: str) -> None:
+    costs = []
+    for target in (2000.0, 800.0, 300.0):
+        kwargs = {"ttft_ms": target} if field == "ttft_ms" else {"tpot_ms": target / 20}
+        result = plan(fleet(rate=10, **kwargs))
+        costs.append(_cost(result) if result.feasible else float("inf"))
+    assert costs == sorted(costs)
