@@ -199,6 +199,10 @@ class ModelConfig:
     """Parameters outside the decoder (vision tower + projector), kept unquantized."""
     checkpoint_quant: CheckpointQuant | None = None
     """How the checkpoint ships quantized (its ``quantization_config``; None: it does not)."""
+    rope_cache_values: int = 0
+    """Entries of vLLM's RoPE cos/sin caches (positions x rotary dim, summed over the
+    distinct RoPEs: Gemma 3 has one for its local layers and one for its global ones).
+    vLLM allocates them at load in the model dtype and counts them as weights."""
 
     @property
     def use_mla(self) -> bool:
@@ -566,6 +570,30 @@ def _max_len(r: _Reader, model_type: str) -> tuple[int, str, int, str | None]:
     return int(limit), key, default, rope_type
 
 
+def _rotary_dim(r: _Reader, head_dim: int) -> int:
+    partial = r.cfg.get("partial_rotary_factor", 1.0)
+    if not isinstance(partial, (int, float)) or isinstance(partial, bool) or not 0 < partial <= 1:
+        partial = 1.0
+    return int(head_dim * partial)
+
+
+def _rope_cache_values(r: _Reader, rotary_dim: int) -> int:
+    """Entries of vLLM's cos/sin caches: one cache per distinct RoPE of ``max_position
+    _embeddings`` positions x ``rotary_dim``, linear scaling multiplying the positions by
+    its factor (vLLM's LinearScalingRotaryEmbedding: Gemma 3 4B+ cache 8 x 131,072
+    positions on their global layers, 0.5 GiB that vLLM 0.26 logged as weights). Other
+    scaling types are counted at the unscaled length (an approximation)."""
+    positions = r.integer("max_position_embeddings", _DEFAULT_LEN, minimum=1)
+    ropes = _rope(r) or [{}]
+    total = 0
+    for rp in ropes:
+        kind = rp.get("rope_type") or rp.get("type") or "default"
+        factor = rp.get("factor") if kind == "linear" else 1
+        scale = float(factor) if isinstance(factor, (int, float)) and factor > 0 else 1.0
+        total += int(positions * scale) * rotary_dim
+    return total
+
+
 def _layer_window(
     r: _Reader, layers: int, *, every_other: bool = False, pattern_default: int | None = None
 ) -> tuple[int | None, int]:
@@ -889,6 +917,7 @@ def parse_config(raw: Any, name: str = "<config>") -> ModelConfig:
         "attention_sinks": False,
         "extra_params": 0,
         "checkpoint_quant": _checkpoint_quant(r, outer, layers),
+        "rope_cache_values": _rope_cache_values(r, _rotary_dim(r, head_dim)),
     }
     # Llama's attention_bias biases o_proj too; Qwen2's only q/k/v
     fields["o_bias"] = fields["qkv_bias"] and model_type in ("llama", "mistral", "gpt_oss")
@@ -1011,6 +1040,8 @@ def parse_config(raw: Any, name: str = "<config>") -> ModelConfig:
     elif _Reader(raw, name).has("vision_config"):
         raise _unknown(name, f"a vision_config on a '{model_type}' model")
     fields["extra_params"] = extra
+    if fields["qk_rope_head_dim"]:  # MLA: only the rope part of the head rotates
+        fields["rope_cache_values"] = _rope_cache_values(r, fields["qk_rope_head_dim"])
     return ModelConfig(**fields)
 
 

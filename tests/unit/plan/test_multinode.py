@@ -15,7 +15,12 @@ import pytest
 
 from fleetserve.plan import plan_fleet
 from fleetserve.plan.checks import plan_violations
-from fleetserve.plan.memory import estimate_replica, weight_bytes, weight_bytes_per_card
+from fleetserve.plan.memory import (
+    estimate_replica,
+    rope_cache_bytes,
+    weight_bytes,
+    weight_bytes_per_card,
+)
 from fleetserve.plan.milp import solve_milp
 from fleetserve.plan.packer import pack_heuristic
 from fleetserve.plan.planner import build_problem, node_span, resolve_pool
@@ -124,7 +129,7 @@ def test_each_stage_memory_is_checked_per_card() -> None:
     assert weight_bytes_per_card(config, tensor_parallel=8, pipeline_parallel=4) > (
         weight_bytes(config) / 32
     )
-    assert expected.weights == stage
+    assert expected.weights == stage + rope_cache_bytes(config)  # RoPE cache: every card
     # one 8-card node does not hold the bf16 weights at all: PP across nodes is what fits
     single = {**BIG, "pipeline_parallel": 1}
     (u,) = plan_fleet(fleet([single], [H100])).unplaced

@@ -65,7 +65,7 @@ def ram_fleet() -> FleetSpec:
     configs = [
         ("qwen2.5-1.5b", 8192, 8, 9),
         ("llama-3.2-3b", 8192, 4, 8),
-        ("qwen2.5-0.5b", 4096, 16, 10),
+        ("qwen2.5-0.5b", 4096, 8, 10),
         ("gemma-3-1b", 8192, 8, 9),
     ]
     models = [
@@ -149,7 +149,7 @@ def test_host_ram_fleet_reaches_both_bounds() -> None:
     result = plan_fleet(spec)
     assert plan_violations(spec, result) == []
     assert result.feasible
-    assert (result.gpus_used, result.nodes["big"]) == (gpu_floor, node_floor) == (10, 4)
+    assert (result.gpus_used, result.nodes["big"]) == (gpu_floor, node_floor) == (11, 4)
     assert result.optimal == ["replicas", "gpus", "nodes"]
     assert result.search_limit is None
 

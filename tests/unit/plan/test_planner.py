@@ -70,8 +70,9 @@ def test_slice_settings_follow_from_the_memory_model() -> None:
     r = plan_fleet(spec).replicas[0]
     assert r.card_memory_mb == 49140
     assert r.gpu_type == "RTX-A6000"
-    # weights 15.3 GiB + KV 4 x 8192 x 128 KiB = 4 GiB + activation + runtime
-    assert 19_500 < r.need_mb < 21_500
+    # weights 15.3 GiB + KV 4 x 8192 x 128 KiB = 4 GiB + activation (a cold compile's 2 GiB)
+    # + runtime
+    assert 21_000 < r.need_mb < 23_000
     assert r.memory_mb == r.need_mb + max(256, -(-r.need_mb * 5 // 100))
     # a fraction of the memory CUDA reports (nvidia-smi's minus the driver's share)
     # less the engine's CUDA context, which vLLM's budget does not hold
@@ -395,7 +396,7 @@ def test_pool_memory_overrides_the_catalogue_but_keeps_the_type() -> None:
 def test_pipeline_parallel_spans_whole_cards() -> None:
     spec = fleet(
         [{"name": "big", "config": "qwen2.5-32b", "max_model_len": 8192, "pipeline_parallel": 2}],
-        [{"name": "l40s", "gpu": {"type": "L40S", "count": 4}, "cpu": 64, "memory_gb": 512}],
+        [{"name": "a100", "gpu": {"type": "A100-80GB", "count": 4}, "cpu": 64, "memory_gb": 512}],
     )
     (r,) = plan_fleet(spec).replicas
     assert len(r.gpus) == 2

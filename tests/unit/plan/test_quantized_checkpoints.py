@@ -253,7 +253,7 @@ def test_plan_sizes_an_awq_checkpoint_from_its_config(
     (replica,) = data["replicas"]
     # 5.3 GiB of weights on a 15 GiB T4 (in float16 the weights alone are 15 GiB)
     assert replica["gpu_type"] == "T4"
-    assert replica["memory_mb"] < 12 * 1024
+    assert replica["memory_mb"] < 14 * 1024
 
 
 def test_plan_refuses_a_card_below_the_schemes_capability(
