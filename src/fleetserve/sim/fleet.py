@@ -19,7 +19,7 @@ choices on queue length; ``round_robin`` takes replicas in turn. A replica at
 (``max_queued_requests``, beyond it they fail with 503 as the ingress answers).
 
 Autoscaling follows the spec's policy through fleetserve's own rule
-(:func:`fleetserve.serve.autoscaling.desired_replicas`: ongoing requests, KV usage and
+(:func:`fleetserve.serve.control.autoscaling.desired_replicas`: ongoing requests, KV usage and
 waiting requests against their targets, averaged over ``look_back_period_s``), with Ray
 Serve's ``upscale_delay_s`` / ``downscale_delay_s`` and ``min``/``max``; a new replica takes
 its place from the plan's ``max`` scenario and serves after ``cold_start_s``; a removed one
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from fleetserve.perf.model import EnginePerf
-from fleetserve.serve.autoscaling import LoadSignals, ScalingTargets, desired_replicas
+from fleetserve.serve.control.autoscaling import LoadSignals, ScalingTargets, desired_replicas
 from fleetserve.serve.routing.index import PrefixIndex
 from fleetserve.serve.routing.policy import PrefixParams, ReplicaView, rank_replicas
 from fleetserve.sim.engine import Card, EngineSim, SimRequest
