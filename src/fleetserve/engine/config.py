@@ -106,18 +106,21 @@ class EngineConfig(BaseModel):
         model_path: str,
         settings: EngineSettings,
         engine_args: dict[str, Any] | None = None,
+        tensor_parallel: int | None = None,
+        pipeline_parallel: int | None = None,
         kind: EngineKind = "vllm",
         fake_token_delay_s: float = 0.0,
     ) -> EngineConfig:
-        """The engine of one model of the fleet spec. ``engine_args``: as the plan resolved
-        them (``ModelDeployment.engine_args``); default the spec's."""
+        """The engine of one model of the fleet spec. ``engine_args``, ``tensor_parallel``
+        and ``pipeline_parallel``: as the plan resolved them (``ModelDeployment``); default
+        the spec's."""
         return cls(
             kind=kind,
             name=model.name,
             model_path=model_path,
             settings=settings,
-            tensor_parallel=model.tensor_parallel,
-            pipeline_parallel=model.pipeline_parallel,
+            tensor_parallel=tensor_parallel or model.tensor_parallel,
+            pipeline_parallel=pipeline_parallel or model.pipeline_parallel,
             dtype=model.dtype,
             quantization=model.quantization,
             kv_cache_dtype=model.kv_cache_dtype,

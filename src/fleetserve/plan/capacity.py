@@ -29,6 +29,15 @@ that meets every target. At Poisson rate ``lam`` (lengths ``P`` prompt, ``O`` ou
 Every metric rises with the rate, so the capacity is a bisection on the rate; the
 constraint that fails just above it is the one that binds. Lengths are lognormal with the
 spec's mean and 99th percentile (:class:`Lengths`).
+
+Not :func:`fleetserve.perf.steady.estimate`: both solve the same steady-step fixed point,
+but that one answers "what does this engine do at this load" in *means* (mean TTFT, TPOT =
+the mean step, raw capacity where a step is full) for a fixed request shape, while this
+module answers "how much may one replica take within its SLOs" in *percentiles* of
+length distributions (TTFT/TPOT quantiles, the goodput below the binding target), for
+planning. Different quantities, so two models; they share the Erlang C term
+(:func:`erlang_c`) and the step-time model (:mod:`fleetserve.plan.roofline` wraps
+:class:`fleetserve.perf.EnginePerf`).
 """
 
 from __future__ import annotations
@@ -179,8 +188,9 @@ class Load:
     tpot_s: dict[float, float] = field(default_factory=dict)
 
 
-def _erlang_c(servers: float, offered: float) -> float:
-    """Probability an arrival waits in M/M/c (c rounded down, at least 1)."""
+def erlang_c(servers: float, offered: float) -> float:
+    """Probability an arrival waits in M/M/c (c rounded down, at least 1) at ``offered``
+    servers' worth of load (Erlang C; also :func:`fleetserve.perf.steady.estimate`'s)."""
     c = max(1, math.floor(servers))
     if offered >= c:
         return 1.0
@@ -231,7 +241,7 @@ def predict(model: StepModel, engine: BatchLimits, work: Workload, rate: float) 
     offered = rate * hold
     if offered >= math.floor(slots):
         return Load(rate, False, overload)
-    p_slot = _erlang_c(slots, offered)
+    p_slot = erlang_c(slots, offered)
     drain = math.floor(slots) / hold - rate
     mean_wait = rate * work.prompt.second_moment * per_token**2 / (2 * (1 - rho))
     ttft: dict[float, float] = {}

@@ -1,5 +1,9 @@
 """``fleetserve plan fleet.yaml [--format table|json] [--scenario min|max] [--node-limit N]
-[--time-limit S]``.
+[--time-limit S] [--calibration CAL.json]``.
+
+``--calibration`` (what ``fleetserve plan calibrate`` writes, read by the one loader
+``simulate`` uses) sets the performance model's constants for models planned from their
+traffic; it must be a CUDA calibration, since traffic planning sizes GPU replicas.
 
 Prints a rich table by default and exactly ``PlanResult.model_dump(mode="json")`` with
 ``--format json``. Exit codes: 0 every replica placed, 1 some replica could not be placed
@@ -11,12 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from fleetserve.errors import UsageError
+from fleetserve.perf.calibration import Calibration, add_calibration_argument
 from fleetserve.plan.milp import NODE_LIMIT
 from fleetserve.plan.planner import DEFAULT_TIME_LIMIT_S, plan_fleet
 from fleetserve.plan.result import PlanResult
@@ -81,13 +87,32 @@ def register(subparsers: Any) -> None:
         help="safety net on the exact solver's seconds; the output says when it was hit "
         f"(0: heuristic only; default {DEFAULT_TIME_LIMIT_S:g})",
     )
+    add_calibration_argument(parser, "the step-time constants traffic planning uses")
     parser.set_defaults(handler=run)
+
+
+def read_calibration(path: Path | None) -> Calibration | None:
+    """The calibration of ``--calibration`` (None: none given); refuses a CPU one."""
+    if path is None:
+        return None
+    cal = Calibration.load(path)
+    if cal.backend != "cuda":
+        raise UsageError(
+            f"--calibration {path}: a {cal.backend} calibration, but traffic planning sizes "
+            "GPU replicas",
+            hint="calibrate from bench runs of a vLLM CUDA engine",
+        )
+    return cal
 
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     result = plan_fleet(
-        spec, scenario=args.scenario, time_limit_s=args.time_limit, node_limit=args.node_limit
+        spec,
+        scenario=args.scenario,
+        time_limit_s=args.time_limit,
+        node_limit=args.node_limit,
+        calibration=read_calibration(args.calibration),
     )
     if args.format == "json":
         json.dump(result.model_dump(mode="json"), sys.stdout, indent=2)

@@ -25,6 +25,14 @@ Two targets, because Ray sees the cards differently:
   rank), pinned to the model's worker group by its custom resource; inside a HAMi slice vLLM
   sees the slice as the card, so it gets the plan's fraction of the slice.
 
+A model planned from its ``traffic`` has no replica count, tensor-parallel size or
+``max_num_seqs`` the user gave: the plan chooses them (``PlanResult.traffic[]``).
+:func:`planned_spec` is the spec with those choices written in - the replica count fixed
+at the count placed (``replicas.min = replicas.max``: that many serve the rate within the
+SLOs; autoscaling past them would need cards the plan did not reserve) - and every writer
+here reads it, so ``render`` and ``serve`` deploy exactly what ``plan`` printed and the
+spec a RayService's app receives says the same.
+
 Pure and Ray-free: rendering must not need Ray.
 """
 
@@ -202,6 +210,15 @@ class ModelDeployment(_Frozen):
     """One model's Serve deployment: what its vLLM, Ray and Serve are given."""
 
     engine: EngineSettings = Field(description="vLLM's memory and batching numbers.")
+    tensor_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        description="vLLM tensor_parallel_size as planned (None: the spec's; manifests "
+        "rendered before the plan chose it).",
+    )
+    pipeline_parallel: int | None = Field(
+        default=None, ge=1, description="vLLM pipeline_parallel_size as planned (None: the spec's)."
+    )
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Extra vLLM arguments (the spec's, resolved)."
     )
@@ -223,11 +240,12 @@ class FleetDeployment(_Frozen):
         return {name: m.engine for name, m in self.models.items()}
 
     def ingress_options(self, spec: FleetSpec) -> dict[str, Any]:
-        """The ingress deployment's options: it holds every model's requests at once."""
+        """The ingress deployment's options: it holds every model's requests at once -
+        each model's own bound (its ``max_queued_requests``, from the planned replica
+        count: :func:`serve_options`) and a margin."""
         ongoing = INGRESS_MIN_ONGOING
-        for model in spec.models:
-            r = model.replicas
-            ongoing += r.max * r.max_ongoing_requests + r.max_queued_requests
+        for model in self.models.values():
+            ongoing += int(model.serve["max_queued_requests"])
         return {
             "name": INGRESS_DEPLOYMENT,
             "max_ongoing_requests": ongoing,
@@ -241,13 +259,40 @@ def _memory_bytes(model: ModelSpec) -> int | None:
     return None if gb is None else gib_to_bytes(gb)
 
 
+def planned_model(model: ModelSpec, plan: PlanResult) -> ModelSpec:
+    """``model`` as ``plan`` resolved it: for a model planned from its traffic, the
+    option chosen (tensor_parallel, max_num_seqs) and the replica count placed, fixed
+    (module note); any other model as it is."""
+    chosen = next((t for t in plan.traffic if t.model == model.name), None)
+    if chosen is None or chosen.replicas == 0:
+        return model  # not traffic-planned, or nothing placed (the plan says why)
+    count = chosen.replicas
+    return model.model_copy(
+        update={
+            "tensor_parallel": chosen.tensor_parallel,
+            "max_num_seqs": chosen.max_num_seqs,
+            "replicas": model.replicas.model_copy(update={"min": count, "max": count}),
+        }
+    )
+
+
+def planned_spec(spec: FleetSpec, plan: PlanResult) -> FleetSpec:
+    """``spec`` with every model as ``plan`` resolved it (:func:`planned_model`): what
+    ``render`` and ``serve`` deploy. The identity for a plan without ``traffic[]``."""
+    if not plan.traffic:
+        return spec
+    return spec.model_copy(update={"models": [planned_model(m, plan) for m in spec.models]})
+
+
 def node_deployment(spec: FleetSpec, plan: PlanResult) -> FleetDeployment:
     """The deployments of a plan whose replicas share a node's cards (this host, a joined
-    cluster): the plan's engine settings and Ray ``num_gpus`` as they are.
+    cluster): the plan's engine settings and Ray ``num_gpus`` as they are, and the plan's
+    choices for a traffic-planned model (:func:`planned_spec`).
 
     One Serve deployment per model: every replica starts with its first replica's numbers.
     Raises :class:`CapacityError` with the planner's reasons when a replica is unplaced.
     """
+    spec = planned_spec(spec, plan)
     if not plan.feasible or plan.unplaced:
         reasons = "; ".join(f"{u.model} (replica {u.index}): {u.reason}" for u in plan.unplaced)
         raise CapacityError(f"the fleet does not fit this machine: {reasons or 'infeasible'}")
@@ -261,6 +306,8 @@ def node_deployment(spec: FleetSpec, plan: PlanResult) -> FleetDeployment:
         models={
             m.name: ModelDeployment(
                 engine=first[m.name].engine,
+                tensor_parallel=first[m.name].tensor_parallel,
+                pipeline_parallel=first[m.name].pipeline_parallel,
                 engine_args=dict(m.engine_args),
                 ray=RayOptions(
                     num_cpus=m.resources.cpu,
@@ -293,7 +340,8 @@ class PodTarget:
 def pod_deployment(
     spec: FleetSpec, index: int, engine: EngineSettings, pod: PodTarget
 ) -> ModelDeployment:
-    """The deployment of ``spec.models[index]`` whose replicas each get pods of ``pod``.
+    """The deployment of ``spec.models[index]`` whose replicas each get pods of ``pod``;
+    ``spec`` as the plan resolved it (:func:`planned_spec`).
 
     vLLM: inside a HAMi slice HAMi-core reports the slice as the card's total memory, so
     ``gpu_memory_utilization`` is the plan's fraction of the slice; elsewhere the plan's
@@ -346,6 +394,8 @@ def pod_deployment(
         ray = RayOptions(num_cpus=cpu, num_gpus=float(pod.gpus), resources=pin)
     return ModelDeployment(
         engine=engine,
+        tensor_parallel=model.tensor_parallel,
+        pipeline_parallel=model.pipeline_parallel,
         engine_args=engine_args,
         ray=ray,
         serve=serve_options(spec, model, pod.max_replicas),
@@ -367,6 +417,8 @@ __all__ = [
     "deployment_name",
     "is_fleetserve_app",
     "node_deployment",
+    "planned_model",
+    "planned_spec",
     "pod_deployment",
     "replica_count_options",
     "request_router_options",

@@ -25,7 +25,7 @@ import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fleetserve.errors import SpecError
 from fleetserve.plan.capacity import Load, PerfModel
@@ -67,6 +67,9 @@ from fleetserve.plan.sizing import (
 from fleetserve.plan.traffic import Option, TrafficOptions, closest, traffic_options
 from fleetserve.spec import FleetSpec, ModelSpec, PoolSpec
 from fleetserve.units import gib_to_mib_ceil, gib_to_mib_floor
+
+if TYPE_CHECKING:  # fleetserve.perf imports the plan package's facts
+    from fleetserve.perf.calibration import Calibration
 
 Scenario = Literal["min", "max"]
 
@@ -1197,8 +1200,12 @@ def plan_fleet(
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     node_limit: int = NODE_LIMIT,
     perf: PerfModel | None = None,
+    calibration: Calibration | None = None,
 ) -> PlanResult:
     """Place every replica of ``spec`` (``min`` or ``max`` replicas) on its pools.
+
+    A model with ``traffic`` is sized by ``perf`` (default: the roofline of
+    :mod:`fleetserve.perf` with ``calibration``'s constants, else the backend's defaults).
 
     The answer is decided by ``node_limit`` (branch-and-bound nodes per objective level),
     so it is the same on any machine; ``time_limit_s`` is a safety net whose hit the
@@ -1214,7 +1221,7 @@ def plan_fleet(
         # fleetserve.perf imports the plan package's facts: imported when first needed
         from fleetserve.plan.roofline import Roofline  # noqa: PLC0415
 
-        perf = Roofline()
+        perf = Roofline(calibration)
     problem, plans = build_problem(spec, pools, scenario, perf)
     packing = solve(problem, time_limit_s=time_limit_s, node_limit=node_limit)
     return compose_result(

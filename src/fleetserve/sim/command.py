@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetserve.errors import UsageError
+from fleetserve.perf.calibration import add_calibration_argument
 
 
 def register(subparsers: Any) -> None:
@@ -40,9 +41,7 @@ def register(subparsers: Any) -> None:
         help="replay a bench report (repeat for runs measured at the same time); =MODEL "
         "names the fleet model when the report's differs",
     )
-    p.add_argument(
-        "--calibration", type=Path, metavar="FILE", help="fleetserve plan calibrate output"
-    )
+    add_calibration_argument(p, "the engines' step-time constants")
     p.add_argument(
         "--cold-start", type=float, default=60.0, metavar="S", help="replica start-up (autoscaling)"
     )

@@ -84,3 +84,14 @@ def test_calibration_file_round_trip(tmp_path) -> None:  # type: ignore[no-untyp
     path.write_text('{"format": "fleetserve-perf-calibration/1", "backend": "cpu"}')
     with pytest.raises(InputFileError, match="compute_efficiency"):
         Calibration.load(path)
+
+
+def test_the_steady_wait_is_erlang_c_shared_with_the_planner() -> None:
+    """M/M/2 at one server's worth of load: P(wait) = 1/3 (textbook), mean wait = P x s /
+    (c - a) - the planner's Erlang C term, not a second copy of it."""
+    from fleetserve.perf.steady import _erlang_c_wait  # noqa: PLC0415
+    from fleetserve.plan.capacity import erlang_c  # noqa: PLC0415
+
+    assert erlang_c(2, 1.0) == pytest.approx(1 / 3)
+    assert _erlang_c_wait(2, arrival=0.5, service_s=2.0) == pytest.approx(1 / 3 * 2.0 / 1.0)
+    assert _erlang_c_wait(2, arrival=1.0, service_s=2.0) == float("inf")

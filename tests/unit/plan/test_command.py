@@ -76,3 +76,66 @@ def test_bad_time_limit_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["plan", str(EXAMPLES / "seed-004.yaml"), "--time-limit", "-1"])
     assert info.value.code == 2
+
+
+_TRAFFIC_FLEET = """
+pools: [{name: a100, gpu: {type: A100-80GB, count: 8}, cpu: 96, memory_gb: 1024}]
+models:
+  - name: chat
+    config: gemma-3-12b
+    max_model_len: 8192
+    tensor_parallel: 1
+    max_num_seqs: 64
+    traffic:
+      rate: 40
+      prompt_tokens: {mean: 1000, p99: 4000}
+      output_tokens: {mean: 250, p99: 1000}
+    slo: {ttft_ms: {p99: 2000}, tpot_ms: {p50: 60}}
+"""
+
+
+def _traffic_plan(
+    args: list[str], path: str, capsys: pytest.CaptureFixture[str]
+) -> dict[str, object]:
+    assert main(["plan", path, "--format", "json", *args]) == 0
+    (chat,) = json.loads(capsys.readouterr().out)["traffic"]
+    assert isinstance(chat, dict)
+    return chat
+
+
+def test_calibration_sets_the_capacity_traffic_is_planned_with(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``plan --calibration`` reads the file ``plan calibrate`` writes (the loader
+    ``simulate`` uses) and the roofline sizes traffic with it: a card reaching half the
+    bandwidth the defaults assume serves less per replica, so the rate needs more."""
+    from fleetserve.perf.calibration import Calibration  # noqa: PLC0415
+
+    path = _spec(tmp_path, _TRAFFIC_FLEET)
+    default = _traffic_plan([], path, capsys)
+    slow = Calibration.default(cpu=False).model_copy(
+        update={"bandwidth_efficiency": 0.35, "compute_efficiency": 0.3}
+    )
+    slow.save(tmp_path / "cal.json")
+    calibrated = _traffic_plan(["--calibration", str(tmp_path / "cal.json")], path, capsys)
+    assert calibrated["goodput_per_replica"] < default["goodput_per_replica"]  # type: ignore[operator]
+    assert calibrated["replicas"] > default["replicas"]  # type: ignore[operator]
+
+
+def test_a_cpu_calibration_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fleetserve.perf.calibration import Calibration  # noqa: PLC0415
+
+    Calibration.default(cpu=True).save(tmp_path / "cal.json")
+    path = _spec(tmp_path, _TRAFFIC_FLEET)
+    assert main(["plan", path, "--calibration", str(tmp_path / "cal.json")]) == 2
+    err = capsys.readouterr().err
+    assert "a cpu calibration" in err
+    assert "Traceback" not in err
+
+
+def test_an_unreadable_calibration_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _spec(tmp_path, _TRAFFIC_FLEET)
+    assert main(["plan", path, "--calibration", str(tmp_path / "none.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err

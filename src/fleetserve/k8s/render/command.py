@@ -16,6 +16,7 @@ from fleetserve.k8s.render.options import RenderOptions
 from fleetserve.k8s.render.renderer import render, use_hami
 from fleetserve.k8s.render.writer import write_manifests
 from fleetserve.plan import plan_fleet
+from fleetserve.plan.deployment import planned_spec
 from fleetserve.plan.result import PlanResult
 from fleetserve.spec import load_spec
 
@@ -75,6 +76,7 @@ def _handle(args: argparse.Namespace) -> int:
     objects = render(spec, plan_min, plan_max, options)
     paths = write_manifests(objects, args.output)
     hami = use_hami(plan_max, options)
+    spec = planned_spec(spec, plan_max)  # as render read it: the plan's traffic choices
     groups = plan_worker_groups(spec, plan_min, plan_max)
     for warning in tenant_warnings(spec, groups, hami=hami):
         print(f"fleetserve: warning: {warning}", file=sys.stderr)

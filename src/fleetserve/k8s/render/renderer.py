@@ -30,6 +30,7 @@ from fleetserve.k8s.render.rayservice import rayservice
 from fleetserve.k8s.render.secrets import fleet_secret_envs
 from fleetserve.k8s.render.serveconfig import serve_config
 from fleetserve.k8s.render.volumes import check_adapter_volumes
+from fleetserve.plan.deployment import planned_spec
 from fleetserve.plan.result import PlanResult
 from fleetserve.spec import FleetSpec, PoolSpec
 
@@ -68,8 +69,10 @@ def render(
     plan_max: PlanResult,
     options: RenderOptions | None = None,
 ) -> list[dict[str, Any]]:
-    """Every Kubernetes object of the fleet, as plain dicts."""
+    """Every Kubernetes object of the fleet, as plain dicts: ``spec`` as the plan resolved
+    it (a traffic-planned model's choices, :func:`~fleetserve.plan.deployment.planned_spec`)."""
     opts = options or RenderOptions()
+    spec = planned_spec(spec, plan_max)
     spec.require_weights("render")  # the RayService's replicas load the weights from source
     check_adapter_volumes(spec)  # ... and their adapters from paths the pods must see
     groups = plan_worker_groups(spec, plan_min, plan_max)

@@ -126,6 +126,8 @@ def build_application(
             model_path=model_paths[model.name],
             settings=planned.engine,
             engine_args=planned.engine_args,
+            tensor_parallel=planned.tensor_parallel,
+            pipeline_parallel=planned.pipeline_parallel,
             kind=engine,
             fake_token_delay_s=fake_token_delay_s,
         )
