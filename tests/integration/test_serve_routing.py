@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SPEC = """
 models:
