@@ -107,7 +107,7 @@ DERIVED_MARKERS = frozenset({"engine", "ray"})
 #: also use an earlier one go first (the parity tests, last users of ``vllm_url``, open the
 #: ``engine_fleet`` group). ``retiring_engine_fleet`` ends the session's real-engine fleet
 #: (a kill test), so it runs after every other user.
-SHARED_ORDER = ("vllm_url", "engine_fleet", "retiring_engine_fleet")
+SHARED_ORDER = ("fake_fleet", "vllm_url", "engine_fleet", "retiring_engine_fleet")
 
 
 def _shared_group(item: pytest.Item) -> tuple[int, int]:

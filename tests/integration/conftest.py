@@ -318,6 +318,9 @@ class RayProbe:
         return int(self._ask("running", deployment))
 
     def close(self) -> None:
+        """Leave the cluster (idempotent)."""
+        if self._log_file.closed:
+            return
         if self._proc.poll() is None:
             assert self._proc.stdin is not None
             with contextlib.suppress(OSError):
@@ -447,6 +450,115 @@ def servers() -> type[Servers]:
 
     A test that uses them starts a Ray cluster of its own: it is marked ``ray``."""
     return Servers
+
+
+#: The session's fake-engine fleet (``fake_fleet``): the models of the tests that only send
+#: it requests, each test module its own models. test_serve_routing.py: ``chat`` (2
+#: replicas, prefix routing), ``elastic`` (autoscaling 1..2), ``sleepy``/``sleepy-fast``
+#: (scale to zero); test_serve_adapter_affinity.py: ``lora-chat`` (2 replicas, adapters
+#: ``FAKE_ADAPTERS`` in its ``adapter_dir``). CPU shares are Ray's logical reservations
+#: (the fake engine uses none of them): together at most 1.8 of this 2-core host's 2.
+FAKE_FLEET_SPEC = """
+models:
+  - name: chat
+    source: fake
+    max_model_len: 8192
+    resources: {{cpu: 0.3}}
+    replicas: {{min: 2, max: 2, max_ongoing_requests: 2, target_ongoing_requests: 2}}
+    routing: {{policy: prefix, load_factor: 10, stats_period_s: 1}}
+  - name: elastic
+    source: fake
+    max_model_len: 1024
+    resources: {{cpu: 0.25}}
+    replicas:
+      min: 1
+      max: 2
+      target_ongoing_requests: 2
+      max_ongoing_requests: 8
+      upscale_delay_s: 0
+      downscale_delay_s: 5
+      look_back_period_s: 2
+  - name: sleepy
+    source: fake
+    max_model_len: 1024
+    resources: {{cpu: 0.25}}
+    replicas: {{min: 0, max: 1, downscale_delay_s: 2, look_back_period_s: 2,
+               cold_start_timeout_s: 120}}
+  - name: sleepy-fast
+    source: fake
+    max_model_len: 1024
+    resources: {{cpu: 0.25}}
+    replicas: {{min: 0, max: 1, downscale_delay_s: 2, look_back_period_s: 2,
+               cold_start_timeout_s: 0.05}}
+  - name: lora-chat
+    source: fake
+    max_model_len: 8192
+    resources: {{cpu: 0.1}}
+    adapter_dir: {adapter_dir}
+    max_loras: 2
+    replicas: {{min: 2, max: 2, max_ongoing_requests: 2, target_ongoing_requests: 2}}
+    routing: {{policy: prefix, stats_period_s: 1}}
+"""
+FAKE_ADAPTERS = ("sql", "legal")
+#: Serve pushes autoscaling metrics every 10 s by default; 1 s keeps the tests short.
+FAKE_FLEET_ENV = {
+    "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",
+    "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",
+}
+#: Seconds per token of the fake engine in ``fake_fleet``.
+FAKE_TOKEN_DELAY_S = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeFleet:
+    """The session's ``fleetserve serve --engine fake`` of ``FAKE_FLEET_SPEC``."""
+
+    url: str  # base URL, no /v1
+    server: ServerProcess
+    #: Which replica served what, and how many run: asked of the replicas and Serve.
+    ray: RayProbe
+    #: ``MARK_VAR``'s value in the environment of every process of the server.
+    mark: str
+
+
+@pytest.fixture(scope="session")
+def fake_fleet(
+    tmp_path_factory: pytest.TempPathFactory,
+    servers: type[Servers],
+    release_after_last_use: Any,
+    request: pytest.FixtureRequest,
+) -> Iterator[FakeFleet]:
+    """One fake-engine fleet for every test that does not stop or break it: one Ray start
+    instead of one per module. Stopped after its last test."""
+    tmp = tmp_path_factory.mktemp("fake-fleet")
+    adapters = tmp / "adapters"
+    for name in FAKE_ADAPTERS:
+        (adapters / name).mkdir(parents=True)
+        config = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "v_proj"]}
+        (adapters / name / "adapter_config.json").write_text(json.dumps(config))
+    mark = f"fake-{uuid.uuid4().hex[:12]}"
+    started = start_fleetserve(
+        tmp,
+        FAKE_FLEET_SPEC.format(adapter_dir=adapters),
+        "session fake fleet",
+        fake_token_delay=FAKE_TOKEN_DELAY_S,
+        env={**FAKE_FLEET_ENV, MARK_VAR: mark},
+    )
+    try:
+        probe = RayProbe(started.server)
+    except BaseException:
+        started.server.stop()
+        raise
+
+    def stop() -> None:
+        probe.close()
+        started.server.stop()
+
+    release_after_last_use(request, stop)
+    try:
+        yield FakeFleet(started.url, started.server, probe, mark)
+    finally:
+        stop()
 
 
 @pytest.fixture(scope="session")

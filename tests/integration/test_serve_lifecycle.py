@@ -1,19 +1,26 @@
 """`fleetserve serve` through real Ray Serve with the fake engine: routing and tenants across
-two model deployments, and SIGTERM draining in-flight streams before exiting 0."""
+two model deployments, and SIGTERM draining in-flight streams before exiting 0 - after
+which no engine process (the fake engine's cores), watchdog or Ray process of the server is
+left (the SIGTERM-to-the-server case of test_serve_chaos.py's stop paths)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+
+from fleetserve.engine.fake_engine import FAKE_CORE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -42,17 +49,35 @@ B = {"Authorization": "Bearer sk-test-b"}
 
 
 class FakeFleet:
-    def __init__(self, server: Any, url: str) -> None:
+    def __init__(self, server: Any, url: str, mark: str, servers: Any) -> None:
         self.server = server
         self.url = url
+        self.mark = mark
+        self.servers = servers
+
+    def processes(self) -> dict[int, str]:
+        """PID -> command line of every live process of this server."""
+        processes: dict[int, str] = self.servers.marked_processes(self.mark)
+        return processes
+
+    def engines(self) -> list[int]:
+        """The fake engine cores of this server."""
+        core = FAKE_CORE.splitlines()[0]
+        return [pid for pid, cmd in self.processes().items() if core in cmd]
 
 
 @pytest.fixture(scope="module")
 def fake_fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[FakeFleet]:
     tmp = tmp_path_factory.mktemp("fake-fleet")
-    started = servers.start_fleetserve(tmp, SPEC, "fake engine", fake_token_delay=0.05, env=ENV)
-    yield FakeFleet(started.server, started.url)
+    mark = uuid.uuid4().hex[:12]
+    env = {**ENV, servers.mark_var: mark}
+    started = servers.start_fleetserve(tmp, SPEC, "fake engine", fake_token_delay=0.05, env=env)
+    fleet = FakeFleet(started.server, started.url, mark, servers)
+    yield fleet
     started.server.stop()
+    for pid in fleet.processes():  # only if the test failed before its process check
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def chat(model: str, max_tokens: int = 2) -> dict[str, object]:
@@ -100,6 +125,9 @@ def test_sigterm_drains_in_flight_streams_then_exits_zero(fake_fleet: FakeFleet)
             errors.append(e)
             first.set()
 
+    # One engine core per model, each guarded by its watchdog (engine/reaper.py).
+    assert len(fake_fleet.engines()) == 2, fake_fleet.processes()
+    assert len(fake_fleet.servers.reapers(fake_fleet.processes())) == 2, fake_fleet.processes()
     reader = threading.Thread(target=consume)
     reader.start()
     assert first.wait(60)
@@ -129,3 +157,10 @@ def test_sigterm_drains_in_flight_streams_then_exits_zero(fake_fleet: FakeFleet)
     # At least the stream; the probe loop above may have one more request in flight.
     assert re.search(r"draining [12] in-flight requests? \(up to", log), log
     assert "fleetserve: stopped" in log
+    # Nothing of the server is left: no engine core, watchdog, replica or other Ray process.
+    # Generous waits (a loaded 2-core host); the outcome is what is asserted.
+    deadline = time.monotonic() + 90
+    while fake_fleet.processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not fake_fleet.engines(), fake_fleet.processes()
+    assert not fake_fleet.processes()
