@@ -240,9 +240,69 @@ STOPS: dict[str, Callable[[Fleet], None]] = {
 }
 
 
+class NextFleets:
+    """A fresh fleet per stop-path test, each started while the test before it runs: a
+    start is mostly waiting on Ray and Serve, a stop mostly waiting on processes to end,
+    so the two overlap instead of adding up. The fleets are as independent as before (own
+    Ray, own mark); only their starts are earlier."""
+
+    def __init__(self, tmp: pytest.TempPathFactory, servers: Any, count: int) -> None:
+        self._tmp, self._servers, self._left = tmp, servers, count
+        self._thread: threading.Thread | None = None
+        self._result: list[Fleet | BaseException] = []
+        self._start_next()
+
+    def _start_next(self) -> None:
+        if self._left == 0:
+            return
+        self._left -= 1
+        self._result = []
+
+        def start(into: list[Fleet | BaseException]) -> None:
+            try:
+                into.append(start_fleet(self._tmp.mktemp("stop"), self._servers))
+            except BaseException as e:  # pytest.fail is one: re-raised in the test
+                into.append(e)
+
+        self._thread = threading.Thread(target=start, args=(self._result,), daemon=True)
+        self._thread.start()
+
+    def take(self) -> Fleet:
+        """The next started fleet (the one after it starts now)."""
+        assert self._thread is not None, "more fleets taken than stop-path tests selected"
+        self._thread.join()
+        [got] = self._result
+        self._thread = None
+        self._start_next()
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def close(self) -> None:
+        """Stop a fleet started for a test that did not take it (a failed run, -x)."""
+        if self._thread is not None:
+            self._thread.join()
+            for f in self._result:
+                if isinstance(f, Fleet):
+                    f.server.stop()
+                    f.kill_everything()
+
+
+@pytest.fixture(scope="module")
+def next_fleets(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, servers: Any
+) -> Iterator[NextFleets]:
+    selected = [
+        i for i in request.session.items if i.name.startswith("test_no_engine_outlives_the_server[")
+    ]
+    pool = NextFleets(tmp_path_factory, servers, len(selected))
+    yield pool
+    pool.close()
+
+
 @pytest.mark.parametrize("how", list(STOPS))
-def test_no_engine_outlives_the_server(how: str, tmp_path: Path, servers: Any) -> None:
-    f = start_fleet(tmp_path, servers)
+def test_no_engine_outlives_the_server(how: str, next_fleets: NextFleets, servers: Any) -> None:
+    f = next_fleets.take()
     try:
         assert f.post().status_code == 200
         assert len(f.engines()) == 1
