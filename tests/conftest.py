@@ -91,13 +91,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 #: Fixture -> markers of every test that uses it, directly or through another fixture
-#: (``item.fixturenames`` is the closure). ``servers``: the test starts a Ray cluster
-#: (``fleetserve serve``, ``serve run`` or a Ray head); ``real_engine``: a vLLM engine on
-#: the default model's weights.
+#: (``item.fixturenames`` is the closure). ``own_ray``: the test starts a Ray cluster
+#: (``fleetserve serve``, ``serve run``, a Ray head, ``ray.init``; integration's ``servers``
+#: requests it); ``real_engine`` (tests/integration/conftest.py): a vLLM engine on the
+#: default model's weights.
 FIXTURE_MARKERS: dict[str, tuple[str, ...]] = {
-    "servers": ("ray", "slow"),
+    "own_ray": ("ray", "slow"),
     "real_engine": ("engine", "slow"),
 }
+
+
+@pytest.fixture(scope="session")
+def own_ray() -> None:
+    """Requested by a test or fixture that starts a Ray cluster of its own: marks its tests
+    ``ray`` (FIXTURE_MARKERS)."""
+
+
 #: Markers only FIXTURE_MARKERS may set: a hand-written one would lie as soon as the test's
 #: fixtures change.
 DERIVED_MARKERS = frozenset({"engine", "ray"})

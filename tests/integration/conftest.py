@@ -445,7 +445,7 @@ class Servers:
 
 
 @pytest.fixture(scope="session")
-def servers() -> type[Servers]:
+def servers(own_ray: None) -> type[Servers]:
     """Start-a-server helpers: ``servers.Process``, ``servers.free_port()``, ...
 
     A test that uses them starts a Ray cluster of its own: it is marked ``ray``."""
