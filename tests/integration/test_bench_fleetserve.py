@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = [pytest.mark.slow]
 
 MODEL = "gemma-3-270m"
 MODEL_DIR = Path.home() / ".cache" / "fleetserve" / "models" / MODEL

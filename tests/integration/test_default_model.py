@@ -1,68 +1,24 @@
-"""The prepared default model, served by vLLM's own OpenAI server: ONE engine start.
+"""The prepared default model, served by vLLM's own OpenAI server (the session's ``vllm_url``,
+shared with the parity tests: no engine start of its own).
 
 Checks what the preparation promises, through the layer users hit (vLLM's OpenAI API, not
 transformers): completion prompts and chat prompts each start with exactly one BOS, greedy
 text is sensible rather than a repetition loop, and chat replies stop at ``<end_of_turn>``.
-
-The KV cache is sized explicitly (``--kv-cache-memory-bytes``): on the CPU backend
-``--gpu-memory-utilization`` is a fraction of host RAM from which the worker's own RSS
-(about 2.2 GiB for this model, compiled) is subtracted first, so a small fraction such as
-0.05 leaves a negative KV budget and the engine refuses to start.
-
-``--enforce-eager``: torch.compile of this model takes 5-15 minutes on a busy 2-CPU host and
-changes no token of greedy output; what this file checks is the model directory, not the
-compiled path (the serve tests run that).
+The server runs with the engine options fleetserve gives the default model
+(``default_engine_args``): what this file checks is the model directory, which those
+options do not change.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from fleetserve.modelstore.gemma import BOS_ID, END_OF_TURN_ID, START_OF_TURN_ID
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
-
 MODEL = "gemma-3-270m"
 MODEL_TOKEN, NEWLINE = 4368, 107  # "model", "\n" in Gemma's vocabulary
-
-
-@pytest.fixture(scope="module")
-def vllm_base(default_model_dir: Path, servers: Any, tmp_path_factory: Any) -> Iterator[str]:
-    port = servers.free_port()
-    log = tmp_path_factory.mktemp("default-model") / "vllm.log"
-    argv = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(default_model_dir),
-        "--served-model-name",
-        MODEL,
-        "--max-model-len",
-        "2048",
-        "--max-num-seqs",
-        "4",
-        "--kv-cache-memory-bytes",
-        str(256 * 2**20),
-        "--seed",
-        "0",
-        "--enforce-eager",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    server = servers.Process("vllm (default model)", argv, log, env={"HF_HUB_OFFLINE": "1"})
-    base = f"http://127.0.0.1:{port}"
-    server.wait_ready(f"{base}/v1/models")
-    yield base
-    server.stop()
 
 
 def post(base: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -78,13 +34,13 @@ def distinct_trigram_ratio(text: str) -> float:
     return len(set(grams)) / max(1, len(grams))
 
 
-def test_completion_prompt_starts_with_one_bos(vllm_base: str) -> None:
-    tokens = post(vllm_base, "/tokenize", {"prompt": "Once upon a time,"})["tokens"]
+def test_completion_prompt_starts_with_one_bos(vllm_url: str) -> None:
+    tokens = post(vllm_url, "/tokenize", {"prompt": "Once upon a time,"})["tokens"]
     assert tokens[0] == BOS_ID
     assert tokens.count(BOS_ID) == 1
 
 
-def test_chat_prompt_starts_with_one_bos(vllm_base: str) -> None:
+def test_chat_prompt_starts_with_one_bos(vllm_url: str) -> None:
     body = {
         "messages": [
             {"role": "system", "content": "Answer briefly."},
@@ -92,16 +48,16 @@ def test_chat_prompt_starts_with_one_bos(vllm_base: str) -> None:
         ],
         "add_generation_prompt": True,
     }
-    tokens = post(vllm_base, "/tokenize", body)["tokens"]
+    tokens = post(vllm_url, "/tokenize", body)["tokens"]
     assert tokens[:2] == [BOS_ID, START_OF_TURN_ID]
     assert tokens.count(BOS_ID) == 1  # template's BOS only: no second one from the tokenizer
     assert tokens[-3:] == [START_OF_TURN_ID, MODEL_TOKEN, NEWLINE]
 
 
-def test_greedy_completion_is_sensible_text(vllm_base: str) -> None:
+def test_greedy_completion_is_sensible_text(vllm_url: str) -> None:
     def complete(prompt: str, max_tokens: int) -> str:
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-        text: str = post(vllm_base, "/v1/completions", body)["choices"][0]["text"]
+        text: str = post(vllm_url, "/v1/completions", body)["choices"][0]["text"]
         return text
 
     # Without BOS this model answers " not." here and loops "upon a time,upon a time,..."
@@ -117,7 +73,7 @@ def test_greedy_completion_is_sensible_text(vllm_base: str) -> None:
     assert distinct_trigram_ratio(story) > 0.6, f"repetition loop: {story!r}"
 
 
-def test_chat_completion_stops_at_end_of_turn(vllm_base: str) -> None:
+def test_chat_completion_stops_at_end_of_turn(vllm_url: str) -> None:
     # The base model's <end_of_turn> embedding is untrained (cosine 0.995 to <unusedN>), so
     # it never ends a turn by itself; push it to emit <end_of_turn> right after 3 tokens
     # (min_tokens holds back only stop tokens) and check that generation_config.json makes
@@ -130,7 +86,7 @@ def test_chat_completion_stops_at_end_of_turn(vllm_base: str) -> None:
         "min_tokens": 3,
         "logit_bias": {str(END_OF_TURN_ID): 100},
     }
-    data = post(vllm_base, "/v1/chat/completions", body)
+    data = post(vllm_url, "/v1/chat/completions", body)
     choice = data["choices"][0]
     content = choice["message"]["content"]
     assert choice["finish_reason"] == "stop", data

@@ -15,7 +15,8 @@ burst (503). Then:
   resolves once the failure is older than the rate window (Serve replaces the replica in
   seconds).
 
-A second test (marker ``engine``) serves the default fleet on real vLLM: every panel that
+A second test (marker ``engine``) scrapes the session's shared default fleet on real vLLM
+(``engine_fleet``, which exports Ray's metrics on a port of its own): every panel that
 needs vLLM has data (Preemptions/s excepted: no preemption happens), the scheduler gauges
 (running, waiting, KV-cache usage) are still exported after the engine has been idle longer
 than Ray keeps a gauge nobody sets, FleetServeHighTimeToFirstToken (threshold lowered) fires
@@ -48,7 +49,6 @@ from fleetserve.spec import default_fleet
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [
-    pytest.mark.ray,
     pytest.mark.prometheus,
     pytest.mark.slow,
     pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (.ci/run installs it)"),
@@ -153,7 +153,7 @@ def running_fleet(
     thresholds: AlertThresholds = THRESHOLDS,
 ) -> Iterator[Fleet]:
     """`fleetserve serve *serve_args` and a Prometheus scraping it."""
-    port, metrics_port, prom_port = (servers.free_port() for _ in range(3))
+    port, metrics_port = servers.free_port(), servers.free_port()
     server = servers.Process(
         "fleetserve",
         servers.fleetserve_argv(
@@ -163,7 +163,21 @@ def running_fleet(
         env=env,
     )
     url = f"http://127.0.0.1:{port}"
-    server.wait_ready(f"{url}/health", log_line=servers.ready_line)
+    try:
+        server.wait_ready(f"{url}/health", log_line=servers.ready_line)
+        with scraping(servers, tmp, metrics_port, thresholds) as client:
+            yield Fleet(url, client, server.proc.pid, f"http://127.0.0.1:{metrics_port}/metrics")
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def scraping(
+    servers: Any, tmp: Path, metrics_port: int, thresholds: AlertThresholds
+) -> Iterator[Prom]:
+    """A Prometheus of this test scraping Ray's metrics on ``metrics_port``, with
+    fleetserve's alert rules at ``thresholds``."""
+    prom_port = servers.free_port()
     (tmp / "rules.yaml").write_text(yaml.safe_dump(rule_groups(None, thresholds, "1s")))
     config = {
         # Scrape timeout = interval, and the interval well above the ~0.1 s a scrape of a
@@ -197,7 +211,7 @@ def running_fleet(
     try:
         client = Prom(f"http://127.0.0.1:{prom_port}")
         wait_for("Prometheus to scrape the fleet", lambda: _up(client), 180, client.targets)
-        yield Fleet(url, client, server.proc.pid, f"http://127.0.0.1:{metrics_port}/metrics")
+        yield client
     finally:
         prom.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -206,7 +220,6 @@ def running_fleet(
             prom.kill()
             prom.wait(10)
         prom_log.close()
-        server.stop()
 
 
 # Function scope (one test uses it): the fake fleet must be gone before the real-engine
@@ -417,18 +430,21 @@ def _top_rows(out: str) -> dict[str, list[str]]:
     return rows
 
 
-@pytest.mark.engine
 @pytest.mark.timeout(2700)
 def test_engine_panels_have_data_on_the_real_engine(
-    servers: Any, tmp_path_factory: pytest.TempPathFactory
+    servers: Any, engine_fleet: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """The default fleet on vLLM: every vLLM panel has data, the scheduler gauges (running,
     waiting, KV-cache usage) included and still there once the engine is idle, and
     ``fleetserve top`` shows each replica's KV-cache usage and TTFT from them."""
     model = default_fleet().models[0].name
     tmp = tmp_path_factory.mktemp("observe-engine")
-    with running_fleet(servers, tmp, [], {}, ENGINE_THRESHOLDS) as running:
-        url, prom = running.url, running.prom
+    if engine_fleet.metrics_port is None:
+        pytest.skip("FLEETSERVE_TEST_URL: the server's metrics port is not known here")
+    metrics_url = f"http://127.0.0.1:{engine_fleet.metrics_port}/metrics"
+    # The session's shared real-engine fleet (the default fleet, exporting Ray's metrics).
+    with scraping(servers, tmp, engine_fleet.metrics_port, ENGINE_THRESHOLDS) as prom:
+        url = engine_fleet.url
 
         async def burst(n: int) -> None:
             # Concurrent requests, so the engine's batch holds several at once.
@@ -496,7 +512,7 @@ def test_engine_panels_have_data_on_the_real_engine(
                 "fleetserve.cli",
                 "top",
                 "--metrics",
-                running.metrics_url,
+                metrics_url,
                 "--once",
                 "--interval",
                 "25",

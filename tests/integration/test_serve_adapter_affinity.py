@@ -1,7 +1,8 @@
 """Routing by LoRA adapter through real Ray Serve with the fake engine (which loads
 ``adapter_dir`` adapters on first use and keeps them LRU, as vLLM does).
 
-One ``fleetserve serve`` (own Ray), one model with 2 replicas and an adapter directory:
+The session's fake-engine fleet (``fake_fleet``, tests/integration/conftest.py): its model
+``lora-chat`` has 2 replicas and an adapter directory with two adapters:
 an adapter's requests - unrelated prompts, so no prefix is shared - stay on the replica that
 loaded the adapter, and go elsewhere when that replica is saturated. Which replica answered
 is read from the replicas' ``record_routing_stats`` reports (over Ray), never from timing.
@@ -9,33 +10,16 @@ is read from the replicas' ``record_routing_stats`` reports (over Ray), never fr
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-DEPLOYMENT = "model-chat"
-
-
-def spec(adapter_dir: Path) -> str:
-    return f"""
-models:
-  - name: chat
-    source: fake
-    max_model_len: 8192
-    resources: {{cpu: 0.4}}
-    adapter_dir: {adapter_dir}
-    max_loras: 2
-    replicas: {{min: 2, max: 2, max_ongoing_requests: 2, target_ongoing_requests: 2}}
-    routing: {{policy: prefix, stats_period_s: 1}}
-"""
+DEPLOYMENT = "model-lora-chat"
 
 
 class Fleet:
@@ -67,20 +51,9 @@ def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[Fleet]:
-    tmp = tmp_path_factory.mktemp("adapter-affinity")
-    adapters = tmp / "adapters"
-    for name in ("sql", "legal"):
-        (adapters / name).mkdir(parents=True)
-        config = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "v_proj"]}
-        (adapters / name / "adapter_config.json").write_text(json.dumps(config))
-    started = servers.start_fleetserve(tmp, spec(adapters), "adapters", fake_token_delay=0.05)
-    try:
-        with servers.ray_probe(started.server) as ray:
-            yield Fleet(started.url, ray)
-    finally:
-        started.server.stop()
+@pytest.fixture
+def fleet(fake_fleet: Any) -> Fleet:
+    return Fleet(fake_fleet.url, fake_fleet.ray)
 
 
 def test_an_adapters_requests_stay_on_the_replica_that_loaded_it(fleet: Fleet) -> None:

@@ -28,7 +28,7 @@ import pytest
 
 from fleetserve.engine.fake_engine import FAKE_CORE
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 INTERNALS = ("ServeReplica", "actor", "Actor", "ray::", "ReplicaID")
 
@@ -229,7 +229,8 @@ def sigterm_group_then_sigkill(f: Fleet, grace_s: float = 60) -> None:
 
 STOPS: dict[str, Callable[[Fleet], None]] = {
     "sigint-pid": lambda f: f.server.proc.send_signal(signal.SIGINT),
-    "sigterm-pid": lambda f: f.server.proc.send_signal(signal.SIGTERM),
+    # SIGTERM to the server process: test_serve_lifecycle.py's drain test (with a stream in
+    # flight) checks the same - exit 0, then no process of the server left.
     # SIGKILL of the server process: what the OOM killer does.
     "sigkill-pid": lambda f: f.server.proc.send_signal(signal.SIGKILL),
     "sigkill-group": lambda f: os.killpg(f.server.proc.pid, signal.SIGKILL),
@@ -239,13 +240,73 @@ STOPS: dict[str, Callable[[Fleet], None]] = {
 }
 
 
+class NextFleets:
+    """A fresh fleet per stop-path test, each started while the test before it runs: a
+    start is mostly waiting on Ray and Serve, a stop mostly waiting on processes to end,
+    so the two overlap instead of adding up. The fleets are as independent as before (own
+    Ray, own mark); only their starts are earlier."""
+
+    def __init__(self, tmp: pytest.TempPathFactory, servers: Any, count: int) -> None:
+        self._tmp, self._servers, self._left = tmp, servers, count
+        self._thread: threading.Thread | None = None
+        self._result: list[Fleet | BaseException] = []
+        self._start_next()
+
+    def _start_next(self) -> None:
+        if self._left == 0:
+            return
+        self._left -= 1
+        self._result = []
+
+        def start(into: list[Fleet | BaseException]) -> None:
+            try:
+                into.append(start_fleet(self._tmp.mktemp("stop"), self._servers))
+            except BaseException as e:  # pytest.fail is one: re-raised in the test
+                into.append(e)
+
+        self._thread = threading.Thread(target=start, args=(self._result,), daemon=True)
+        self._thread.start()
+
+    def take(self) -> Fleet:
+        """The next started fleet (the one after it starts now)."""
+        assert self._thread is not None, "more fleets taken than stop-path tests selected"
+        self._thread.join()
+        [got] = self._result
+        self._thread = None
+        self._start_next()
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def close(self) -> None:
+        """Stop a fleet started for a test that did not take it (a failed run, -x)."""
+        if self._thread is not None:
+            self._thread.join()
+            for f in self._result:
+                if isinstance(f, Fleet):
+                    f.server.stop()
+                    f.kill_everything()
+
+
+@pytest.fixture(scope="module")
+def next_fleets(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, servers: Any
+) -> Iterator[NextFleets]:
+    selected = [
+        i for i in request.session.items if i.name.startswith("test_no_engine_outlives_the_server[")
+    ]
+    pool = NextFleets(tmp_path_factory, servers, len(selected))
+    yield pool
+    pool.close()
+
+
 @pytest.mark.parametrize("how", list(STOPS))
-def test_no_engine_outlives_the_server(how: str, tmp_path: Path, servers: Any) -> None:
-    f = start_fleet(tmp_path, servers)
+def test_no_engine_outlives_the_server(how: str, next_fleets: NextFleets, servers: Any) -> None:
+    f = next_fleets.take()
     try:
         assert f.post().status_code == 200
         assert len(f.engines()) == 1
-        assert f.find("engine-reaper")
+        assert servers.reapers(f.processes())
         STOPS[how](f)
         # Generous waits (a loaded 2-core host); the outcome is what is asserted.
         wait_until(lambda: not f.engines(), 90, f"no engine process left after {how}")
@@ -254,7 +315,7 @@ def test_no_engine_outlives_the_server(how: str, tmp_path: Path, servers: Any) -
         if how == "sigkill-raylet":
             assert f.server.proc.returncode == 1, f.server.tail()
             assert "raylet exited unexpectedly" in f.server.tail()
-        elif how in ("sigint-pid", "sigterm-pid"):
+        elif how == "sigint-pid":
             assert f.server.proc.returncode == 0, f.server.tail()
         # Nothing of this server is left: no replica, watchdog or other Ray process.
         wait_until(lambda: not f.processes(), 90, f"no process of the server left after {how}")

@@ -3,8 +3,10 @@ as the issue's operator stopped it - SIGTERM to its process group, SIGKILL to th
 still alive after 60 s - left a ``VLLM::EngineCore`` + ``VLLM::Worker`` pair running as
 orphans of PID 1. No vLLM process, replica or other Ray process of the server may be left.
 
-One engine start (~100 s here), its own server: the session's shared engine cannot be
-killed. The fake-engine variants of every stop path are in test_serve_chaos.py.
+No engine start of its own: it retires the session's shared real-engine fleet
+(``retiring_engine_fleet``, the default fleet started with no spec, as the issue's operator
+did), after every other test of that fleet has run. The fake-engine variants of every stop
+path are in test_serve_chaos.py.
 """
 
 from __future__ import annotations
@@ -14,15 +16,13 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(2700)]
+pytestmark = pytest.mark.timeout(2700)  # may start the shared fleet
 
 
 def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -33,29 +33,21 @@ def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
         time.sleep(0.5)
 
 
-def test_no_vllm_process_outlives_a_group_sigterm(tmp_path: Path, servers: Any) -> None:
-    mark = uuid.uuid4().hex[:12]
-    port = servers.free_port()
-    server = servers.Process(
-        "fleetserve (chaos, vLLM)",
-        servers.fleetserve_argv("--port", str(port)),
-        tmp_path / "serve.log",
-        env={servers.mark_var: mark},
-    )
-    url = f"http://127.0.0.1:{port}"
+def test_no_vllm_process_outlives_a_group_sigterm(retiring_engine_fleet: Any, servers: Any) -> None:
+    fleet = retiring_engine_fleet
+    server, url = fleet.server, fleet.url
     processes = servers.marked_processes
     try:
-        server.wait_ready(f"{url}/ready", log_line=servers.ready_line)
         model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
         body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
         assert r.status_code == 200, r.text
-        found = processes(mark)
+        found = processes(fleet.mark)
         names = " ".join(found.values())
         # The structure the issue saw leak: the engine core and its worker, now guarded.
         roles = sorted(servers.vllm_roles(found).values())
         assert roles == ["EngineCore", "Worker"], names
-        assert "engine-reaper" in names
+        assert servers.reapers(found), names
         # The issue's stop: SIGTERM to the group (Ray's raylet and GCS are in it), SIGKILL
         # to the group if the server is still there after 60 s.
         os.killpg(server.proc.pid, signal.SIGTERM)
@@ -66,14 +58,14 @@ def test_no_vllm_process_outlives_a_group_sigterm(tmp_path: Path, servers: Any) 
                 os.killpg(server.proc.pid, signal.SIGKILL)
 
         def vllm_left() -> bool:
-            return bool(servers.vllm_roles(processes(mark)))
+            return bool(servers.vllm_roles(processes(fleet.mark)))
 
         # Generous waits (a loaded 2-core host); the outcome is what is asserted.
         wait_until(lambda: not vllm_left(), 120, "no vLLM process left")
         wait_until(lambda: server.proc.poll() is not None, 60, "the server exited")
-        wait_until(lambda: not processes(mark), 120, "no process of the server left")
+        wait_until(lambda: not processes(fleet.mark), 120, "no process of the server left")
     finally:
-        leftover = processes(mark)
+        leftover = processes(fleet.mark)
         server.stop()
         for pid in leftover:
             with contextlib.suppress(ProcessLookupError):

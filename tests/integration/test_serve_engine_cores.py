@@ -18,7 +18,7 @@ import pytest
 
 from fleetserve.engine.cpu_binding import BIND_ENV, NO_BIND, parse_cores
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def affinity(task: int) -> set[int]:

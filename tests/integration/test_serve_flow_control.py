@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 MODEL = "flow"
 SPEC = f"""

@@ -30,10 +30,7 @@ from typing import Any
 import openai
 import pytest
 
-from fleetserve.modelstore.store import ModelStore
 from fleetserve.spec import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE
-
-pytestmark = pytest.mark.engine
 
 PROMPT = "The capital of France is"
 TOKENS = 4
@@ -92,8 +89,10 @@ def reference_tokens(base_path: str, adapter: Path | None) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def lora_fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[dict[str, Any]]:
-    base_path = ModelStore().resolve(DEFAULT_MODEL_SOURCE)
+def lora_fleet(
+    tmp_path_factory: pytest.TempPathFactory, servers: Any, real_engine: Path
+) -> Iterator[dict[str, Any]]:
+    base_path = str(real_engine)
     root = tmp_path_factory.mktemp("lora")
     for i, name in enumerate(["ad-1", "ad-2", "ad-3"]):
         make_adapter(base_path, root / name, seed=100 + i)

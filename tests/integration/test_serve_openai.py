@@ -15,7 +15,7 @@ import pytest
 
 from fleetserve.spec import DEFAULT_MODEL_NAME as MODEL
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
 

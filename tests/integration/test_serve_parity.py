@@ -11,7 +11,7 @@ import pytest
 
 from fleetserve.spec import DEFAULT_MODEL_NAME as MODEL
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 TPM = 1500
 SPEC = f"""

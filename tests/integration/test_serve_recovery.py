@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 KEY = "sk-recovery"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -1,6 +1,7 @@
 """Routing, autoscaling and scale to zero through real Ray Serve with the fake engine.
 
-One ``fleetserve serve`` (own Ray) serves four models:
+The session's fake-engine fleet (``fake_fleet``, tests/integration/conftest.py, whose
+``FAKE_FLEET_SPEC`` holds these models) serves four models for this file:
 
 * ``chat`` - 2 replicas, prefix routing: a multi-turn conversation stays on one replica, and
   moves when that replica is saturated (``max_ongoing_requests`` in use);
@@ -18,52 +19,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-SPEC = """
-models:
-  - name: chat
-    source: fake
-    max_model_len: 8192
-    resources: {cpu: 0.4}
-    replicas: {min: 2, max: 2, max_ongoing_requests: 2, target_ongoing_requests: 2}
-    routing: {policy: prefix, load_factor: 10, stats_period_s: 1}
-  - name: elastic
-    source: fake
-    max_model_len: 1024
-    resources: {cpu: 0.25}
-    replicas:
-      min: 1
-      max: 2
-      target_ongoing_requests: 2
-      max_ongoing_requests: 8
-      upscale_delay_s: 0
-      downscale_delay_s: 5
-      look_back_period_s: 2
-  - name: sleepy
-    source: fake
-    max_model_len: 1024
-    resources: {cpu: 0.25}
-    replicas: {min: 0, max: 1, downscale_delay_s: 2, look_back_period_s: 2,
-               cold_start_timeout_s: 120}
-  - name: sleepy-fast
-    source: fake
-    max_model_len: 1024
-    resources: {cpu: 0.25}
-    replicas: {min: 0, max: 1, downscale_delay_s: 2, look_back_period_s: 2,
-               cold_start_timeout_s: 0.05}
-"""
-#: Serve pushes autoscaling metrics every 10 s by default; 1 s keeps the test short.
-ENV = {
-    "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",
-    "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",
-}
 SYSTEM = "You are the routing test assistant. Answer briefly and precisely. " * 12
 
 
@@ -83,15 +45,9 @@ class Fleet:
         return r
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory, servers: Any) -> Iterator[Fleet]:
-    tmp = tmp_path_factory.mktemp("routing-fleet")
-    started = servers.start_fleetserve(tmp, SPEC, "routing", fake_token_delay=0.05, env=ENV)
-    try:
-        with servers.ray_probe(started.server) as ray:
-            yield Fleet(started.url, ray)
-    finally:
-        started.server.stop()
+@pytest.fixture
+def fleet(fake_fleet: Any) -> Fleet:
+    return Fleet(fake_fleet.url, fake_fleet.ray)
 
 
 def conversation(user: str, turns: int) -> list[dict[str, str]]:

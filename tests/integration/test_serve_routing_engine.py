@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-pytestmark = [pytest.mark.engine, pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 SPEC = """
 models:
@@ -54,7 +54,7 @@ def replica_counters(ray: Any) -> dict[str, dict[str, float]]:
 
 @pytest.fixture(scope="module")
 def two_replicas(
-    tmp_path_factory: pytest.TempPathFactory, servers: Any
+    tmp_path_factory: pytest.TempPathFactory, servers: Any, real_engine: Any
 ) -> Iterator[tuple[str, Any]]:
     started = servers.start_fleetserve(
         tmp_path_factory.mktemp("routing-engine"), SPEC, "2 vLLM replicas"

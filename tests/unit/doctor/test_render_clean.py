@@ -4,6 +4,13 @@ Each example fleet under examples/ that render accepts is rendered through the C
 run it, with and without ``--with-nodepools``: the NodePools give doctor the card sizes) and
 diagnosed with the CRD schemas and every rule. A fleet render refuses (for instance a plan
 that does not fit its pools) is skipped with render's message: refusing is render's job.
+
+Both renders of an example take the same saved plans (``fleetserve plan --format json``,
+then ``render --plan-min/--plan-max``, as users review a plan before rendering it): the
+planner runs once per example and scenario, not once per render (``--with-nodepools`` does
+not change the plan; a MILP that stops at its time limit, as heterogeneous.yaml's max plan
+does, took a minute per render). ``test_saved_plans_render_the_same_bytes_as_planning``
+(tests/unit/render/test_examples.py) holds the two ways to the same bytes.
 """
 
 from __future__ import annotations
@@ -44,6 +51,35 @@ def _cases() -> list[object]:
     return out
 
 
+@pytest.fixture(scope="module")
+def saved_plans(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, list[str]]:
+    """Example -> render's ``--plan-min``/``--plan-max`` options, planned on first use."""
+    return {}
+
+
+def plans_of(
+    example: Path,
+    saved: dict[Path, list[str]],
+    tmp_path_factory: pytest.TempPathFactory,
+    capsys: pytest.CaptureFixture[str],
+) -> list[str]:
+    if example not in saved:
+        where = tmp_path_factory.mktemp("plans")
+        options = []
+        for scenario in ("min", "max"):
+            # An infeasible plan exits 1 with its JSON: render then refuses it as it would
+            # refuse its own.
+            main(["plan", str(example), "--format", "json", "--scenario", scenario])
+            planned = capsys.readouterr()
+            if not planned.out.strip():
+                return []  # no plan to save: render plans (and says why not) itself
+            path = where / f"{scenario}.json"
+            path.write_text(planned.out)
+            options += [f"--plan-{scenario}", str(path)]
+        saved[example] = options
+    return saved[example]
+
+
 def test_there_are_examples() -> None:
     assert EXAMPLES, "no example fleets under examples/"
 
@@ -54,10 +90,12 @@ def test_rendered_example_is_clean(
     nodepools: bool,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
+    saved_plans: dict[Path, list[str]],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     out = tmp_path / "deploy"
     argv = ["render", str(example), "-o", str(out)] + (["--with-nodepools"] if nodepools else [])
-    code = main(argv)
+    code = main([*argv, *plans_of(example, saved_plans, tmp_path_factory, capsys)])
     rendered = capsys.readouterr()
     if code != 0:
         pytest.skip(f"render refuses {example.name}: {rendered.err.strip()}")

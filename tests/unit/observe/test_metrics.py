@@ -124,7 +124,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("own_ray")  # a Ray cluster of its own, in a subprocess
 @pytest.mark.timeout(300)
 def test_ray_exports_exactly_these_series(tmp_path: Path) -> None:
     script = tmp_path / "scrape.py"
