@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from fleetserve.perf.model import EnginePerf
-from fleetserve.serve.autoscaling import LoadSignals, ScalingTargets, desired_replicas
+from fleetserve.serve.control.autoscaling import LoadSignals, ScalingTargets, desired_replicas
 from fleetserve.serve.routing.index import PrefixIndex
 from fleetserve.serve.routing.policy import PrefixParams, ReplicaView, rank_replicas
 from fleetserve.sim.engine import Card, EngineSim, SimRequest
