@@ -202,7 +202,7 @@ def _vllm_argv(config: EngineConfig, port: int, vllm_nice: int) -> list[str]:
 #: spread over every step like many processes' small wake-ups, not one block.
 FLOOR_PERIOD_S = 0.010
 #: ``--floor-pct``'s default: fleetserve's idle CPU on the 2-core host, 9.3-9.6 % of one core
-#: by start (``serve_path.py``'s idle table, docs/benchmarks.md).
+#: by start (``serve_path.py``'s idle table, docs/benchmarks-log.md).
 FLOOR_PCT = 9.5
 
 

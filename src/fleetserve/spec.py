@@ -25,6 +25,7 @@ from pydantic import (
 
 from fleetserve import adapters as lora_files
 from fleetserve.errors import SpecError
+from fleetserve.inputfile import field_path
 from fleetserve.yamlsafe import load_yaml
 
 #: Model id of the built-in default model (served by ``make serve``).
@@ -1231,23 +1232,11 @@ def default_fleet() -> FleetSpec:
     )
 
 
-def _format_loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part.startswith(("function-", "union[")) or "[" in part:
-            continue  # pydantic's internal validator/union markers are not field names
-        else:
-            out += f".{part}" if out else part
-    return out or "(root)"
-
-
 def format_validation_error(error: ValidationError, source: str) -> str:
     """One line per problem: ``source: field.path: message``."""
     lines = []
     for err in error.errors():
-        loc = _format_loc(tuple(err["loc"]))
+        loc = field_path(tuple(err["loc"]))
         msg = err["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]

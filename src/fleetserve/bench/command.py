@@ -23,6 +23,7 @@ from fleetserve.bench.report import BenchReport
 from fleetserve.bench.settings import BenchSettings
 from fleetserve.bench.slo import Slo, parse_duration
 from fleetserve.errors import UsageError
+from fleetserve.inputfile import first_problem
 
 
 def register(subparsers: Any) -> None:
@@ -216,9 +217,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     try:
         return BenchSettings.model_validate(raw)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise UsageError(f"bench: {where}: {first['msg']}") from e
+        raise UsageError(f"bench: {first_problem(e)}") from e
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -7,14 +7,13 @@ that name the file.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from fleetserve.bench.metrics import PointSummary
-from fleetserve.errors import InputFileError
+from fleetserve.inputfile import load_tagged, save_json
 
 REPORT_FORMAT = "fleetserve-bench/1"
 
@@ -63,24 +62,8 @@ class BenchReport(BaseModel):
     )
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.model_dump_json(indent=1) + "\n", encoding="utf-8")
+        save_json(self, path)
 
     @classmethod
     def load(cls, path: Path) -> BenchReport:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise InputFileError(f"{path}: cannot read: {e.strerror or e}") from e
-        except json.JSONDecodeError as e:
-            raise InputFileError(f"{path}:{e.lineno}:{e.colno}: not JSON: {e.msg}") from e
-        if not isinstance(data, dict) or data.get("format") != REPORT_FORMAT:
-            raise InputFileError(
-                f"{path}: not a fleetserve bench report (format {REPORT_FORMAT!r} expected)"
-            )
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            first = e.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise InputFileError(f"{path}: {where}: {first['msg']}") from e
+        return load_tagged(cls, path, REPORT_FORMAT, "bench report")

@@ -5,7 +5,7 @@ Design note. vLLM's CPU backend pins its worker's OpenMP threads to cores
 reserves for the engine's scheduler) without knowing about other engines on the host, so
 every replica on a host pins to the same cores. Measured on a 2-CPU host: two replicas of
 the default model both pinned to core 0 and shared it at ~50 % each while core 1 ran
-everything else (docs/benchmarks.md, routing). fleetserve packs many models per host, so
+everything else (docs/benchmarks-log.md, routing). fleetserve packs many models per host, so
 each engine claims its own cores before vLLM starts and hands them to vLLM as an explicit
 ``VLLM_CPU_OMP_THREADS_BIND`` list:
 
@@ -30,7 +30,7 @@ niceness 15, so each of their wake-ups preempted it (Ray's idle floor is ~11 % o
 against ~1.4 % for ``vllm serve``). Measured on a 2-CPU host, one server, vLLM's benchmark
 client at concurrency 8, phases alternating: the rest on core 1 gave +4 % tok/s on a quiet
 host, and on a loaded one +7 % only together with Ray's workers at niceness 0, which
-``serve/control/runner.py`` sets for every Ray it starts (docs/benchmarks.md, overhead: without
+``serve/control/runner.py`` sets for every Ray it starts (docs/benchmarks-log.md, overhead: without
 it the split lost ~10 % under load). So when ``fleetserve serve`` starts a
 local Ray for CPU engines, it starts Ray on the *serving cores*
 (:func:`serving_cores`: the host's cores less those its engines will claim, which are the
@@ -45,7 +45,7 @@ the rest of ``VLLM::EngineCore`` (its scheduler loop and socket threads, which b
 while the model steps) would roam every core, the serving layer's and other engines'
 included. Measured in place on one 2-CPU server (our client, phases alternating), those
 threads on the engine's core against on every core: +2.0 % tok/s loaded at concurrency 8,
-+6.6 % quiet at 32; on the serving core instead they lost 23 % (docs/benchmarks.md,
++6.6 % quiet at 32; on the serving core instead they lost 23 % (docs/benchmarks-log.md,
 overhead). It also puts vLLM's memory-node choice (the node of
 the first core the worker may use) on the node of the cores it computes on. An engine that
 claimed nothing (``nobind``: more engines than cores) starts on the host's cores

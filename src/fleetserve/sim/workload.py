@@ -32,12 +32,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fleetserve.bench.lengths import LengthDistribution
 from fleetserve.bench.load import LoadPoint
 from fleetserve.bench.report import BenchReport
 from fleetserve.errors import InputFileError
+from fleetserve.inputfile import read_text, validate
 from fleetserve.yamlsafe import load_yaml
 
 
@@ -91,17 +92,8 @@ class WorkloadSpec(BaseModel):
 
 def load_workload(path: Path) -> WorkloadSpec:
     """Read a workload YAML; errors name the file and the field path."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise InputFileError(f"{path}: cannot read: {e.strerror or e}") from e
-    raw = load_yaml(text, str(path))
-    try:
-        return WorkloadSpec.model_validate(raw)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InputFileError(f"{path}: {where}: {first['msg']}") from e
+    raw = load_yaml(read_text(path), str(path))
+    return validate(WorkloadSpec, raw, path)
 
 
 class TraceRequest(BaseModel):

@@ -35,6 +35,7 @@ import yaml
 from pydantic import ValidationError
 
 from fleetserve.errors import FleetServeError, InputFileError
+from fleetserve.inputfile import field_path
 from fleetserve.k8s.doctor.inventory import (
     FleetSource,
     HelmChart,
@@ -284,7 +285,7 @@ class _Builder:
             spec = parse_spec(data)
         except ValidationError as e:
             first = e.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
+            where = field_path(tuple(first["loc"]))
             self.problems.append(
                 InputProblem(file, line, "fleet-spec", f"fleet spec invalid: {first['msg']}", where)
             )

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from fleetserve.errors import InputFileError, UsageError
+from fleetserve.inputfile import first_problem, read_text
 from fleetserve.k8s.render.groups import plan_worker_groups, tenant_warnings
 from fleetserve.k8s.render.options import RenderOptions
 from fleetserve.k8s.render.renderer import render, use_hami
@@ -23,16 +24,11 @@ from fleetserve.spec import load_spec
 
 def _read_plan(path: str) -> PlanResult:
     """A plan saved by ``fleetserve plan --format json`` (reviewed, then rendered as is)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise InputFileError(f"{path}: cannot read: {e.strerror or e}") from e
+    text = read_text(Path(path))
     try:
         return PlanResult.model_validate_json(text)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(root)"
-        raise InputFileError(f"{path}: not a fleetserve plan: {where}: {first['msg']}") from e
+        raise InputFileError(f"{path}: not a fleetserve plan: {first_problem(e)}") from e
 
 
 def _labels(pairs: list[str]) -> dict[str, str] | None:

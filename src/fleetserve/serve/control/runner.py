@@ -116,13 +116,13 @@ def fast_path_env(port: int, *, verbose: bool) -> dict[str, str]:
 #:   then win every contest for a core against the engine's scheduler process. At 0 the
 #:   engine is on ``vllm serve``'s footing; with the serving layer kept off the engine's
 #:   cores (``_serving_cores``) that is what makes the split pay on a loaded host
-#:   (docs/benchmarks.md, overhead: +7 % at concurrency 8 with two busy processes, where
+#:   (docs/benchmarks-log.md, overhead: +7 % at concurrency 8 with two busy processes, where
 #:   the split alone at niceness 15 lost 10 %). The raylet reads it when it starts.
 #: * Two daemons poll for work fleetserve does not use. Ray's log monitor re-lists the
 #:   session's log directory every 0.1 s while it holds under 1,000 files, and the
 #:   dashboard agent checks its raylet every 0.4 s and walks every Ray process with psutil
 #:   every 5 s for node metrics nothing here reads (the dashboard is off). Idle (fake
-#:   engine, 40 s, two starts each, docs/benchmarks.md) the two read 0.40-0.45 and
+#:   engine, 40 s, two starts each, docs/benchmarks-log.md) the two read 0.40-0.45 and
 #:   0.35-0.47 % of a core; with these values 0.17-0.20 and 0.30-0.32 %, and the whole
 #:   server 4.0-4.3 % instead of 4.5 %. New log files are then found within
 #:   5 s (only ``--verbose`` shows them), and Ray's node metrics come every 15 s, a

@@ -176,7 +176,7 @@ class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         often before Serve confirms the choice to this router, so a reserved request is
         usually in the cached count already. Adding both counted it twice, and requests
         arriving together split 5/3 instead of 4/4 over two replicas (measured,
-        docs/benchmarks.md routing).
+        docs/benchmarks-log.md routing).
         """
         rid = replica.replica_id
         mine = self._inflight.get(rid.unique_id, 0) + reserved

@@ -14,6 +14,7 @@ an unknown or ambiguous pool never produces a false positive. Unknown -> None ->
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ from fleetserve.k8s.doctor.ray_objects import (
     pod_templates,
     try_quantity,
 )
-from fleetserve.k8s.doctor.rules._engines import engine_replicas
+from fleetserve.k8s.doctor.rules._engines import container_engine, engine_replicas
 from fleetserve.plan.gpus import gpu_type
 from fleetserve.units import gib_to_mib_floor
 
@@ -546,3 +547,17 @@ def tenant_of(pod: PodView) -> tuple[str, str] | None:
             if key.endswith("/tenant") and value:
                 return value, f"{where} {key}"
     return None
+
+
+def server_engines(
+    inv: Inventory,
+) -> Iterator[tuple[PodView, dict[str, Any], str, dict[str, Any], dict[str, str]]]:
+    """(pod, container, its path, engine args, their paths) of plain vLLM server containers
+    (``vllm serve`` in a Deployment/StatefulSet/Pod, not Ray)."""
+    for pod in pods(inv):
+        if pod.group is not None:
+            continue
+        for c, path in pod.containers():
+            engine, paths = container_engine(c, path)
+            if engine:
+                yield pod, c, path, engine, paths

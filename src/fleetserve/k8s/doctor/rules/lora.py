@@ -29,8 +29,8 @@ from fleetserve.k8s.doctor.finding import Finding
 from fleetserve.k8s.doctor.inventory import Inventory, Manifest
 from fleetserve.k8s.doctor.ray_objects import groups, serve_apps
 from fleetserve.k8s.doctor.registry import rule
-from fleetserve.k8s.doctor.rules._devices import pods
-from fleetserve.k8s.doctor.rules._engines import can_host, container_engine, engine_replicas
+from fleetserve.k8s.doctor.rules._devices import server_engines
+from fleetserve.k8s.doctor.rules._engines import can_host, engine_replicas
 from fleetserve.k8s.render.volumes import adapter_paths
 from fleetserve.plan.deployment import deployment_name, is_fleetserve_app
 from fleetserve.spec import FleetSpec, parse_spec
@@ -38,14 +38,9 @@ from fleetserve.spec import FleetSpec, parse_spec
 
 def _engines(inv: Inventory) -> Iterator[tuple[str, Manifest, dict[str, Any], dict[str, str], str]]:
     """(who, manifest, engine args, their paths, fallback path) of every vLLM engine."""
-    for pod in pods(inv):
-        if pod.group is not None:
-            continue
-        for c, path in pod.containers():
-            engine, paths = container_engine(c, path)
-            if engine:
-                who = f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref}"
-                yield who, pod.manifest, engine, paths, path
+    for pod, c, path, engine, paths in server_engines(inv):
+        who = f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref}"
+        yield who, pod.manifest, engine, paths, path
     for m in inv.of_kind("RayService"):
         for r in engine_replicas(m):
             if r.engine:

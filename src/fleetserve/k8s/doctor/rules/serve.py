@@ -40,12 +40,12 @@ from fleetserve.k8s.doctor.rules._devices import (
     hami_config,
     lws_worker,
     pods,
+    server_engines,
 )
 from fleetserve.k8s.doctor.rules._engines import (
     EngineReplica,
     OperatorEngine,
     can_host,
-    container_engine,
     engine_replicas,
     http_port,
     kubeai_engines,
@@ -433,7 +433,7 @@ def _operator_tp(inv: Inventory) -> Iterator[Finding]:
 def _server_tp(inv: Inventory) -> Iterator[Finding]:
     """Plain ``vllm serve`` pods: TP x PP against the container's ``nvidia.com/gpu``."""
     cfg = hami_config(inv)
-    for pod, c, path, engine, paths in _server_engines(inv):
+    for pod, c, path, engine, paths in server_engines(inv):
         if "tensor_parallel_size" not in engine and "pipeline_parallel_size" not in engine:
             continue
         tp = int(engine.get("tensor_parallel_size") or 1)
@@ -779,20 +779,6 @@ def _pod_gpus(pod: PodView, cfg: HamiConfig) -> int:
     return total
 
 
-def _server_engines(
-    inv: Inventory,
-) -> Iterator[tuple[PodView, dict[str, Any], str, dict[str, Any], dict[str, str]]]:
-    """(pod, container, its path, engine args, their paths) of plain vLLM server containers
-    (``vllm serve`` in a Deployment/StatefulSet/Pod, not Ray)."""
-    for pod in pods(inv):
-        if pod.group is not None:
-            continue
-        for c, path in pod.containers():
-            engine, paths = container_engine(c, path)
-            if engine:
-                yield pod, c, path, engine, paths
-
-
 def _kv_finding(
     *,
     who: str,
@@ -887,7 +873,7 @@ def kv_cache_too_small(inv: Inventory) -> Iterator[Finding]:
             if found is not None:
                 yield found
                 break
-    for pod, c, path, engine, paths in _server_engines(inv):
+    for pod, c, path, engine, paths in server_engines(inv):
         found = _kv_finding(
             who=f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref}",
             m=pod.manifest,
@@ -1030,7 +1016,7 @@ def effective_target(opts: dict[str, Any], v: KnownVersion | None) -> tuple[str,
 @rule("max-num-batched-tokens", versions={"ray": "all", "vllm": "all"})
 def max_num_batched_tokens(inv: Inventory) -> Iterator[Finding]:
     """Batch token budget vs context length, and max_num_seqs vs the traffic Serve sends."""
-    for pod, c, path, engine, paths in _server_engines(inv):
+    for pod, c, path, engine, paths in server_engines(inv):
         who = f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref}"
         image = c.get("image")
         vllm = vllm_version([image]) if isinstance(image, str) else None
