@@ -288,7 +288,7 @@ def test_kv_cache_message_has_the_arithmetic() -> None:
     assert "gpu_memory_utilization 0.9 of a 23034 MiB card" in f.message
     assert "instance-gpu-name in ['l4']" in f.message
     assert "gives each rank 20.24 GiB" in f.message
-    assert "weights take 14.96 GiB" in f.message
+    assert "weights take 14.99 GiB" in f.message
     assert "one 131072-token sequence needs 16.00 GiB" in f.message
 
 
