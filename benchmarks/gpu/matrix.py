@@ -292,12 +292,10 @@ def plan_of(spec_path: Path) -> dict[str, Any]:
     host = probe()
     settings = local_deployment(spec, host).engine_settings()
     # A CPU host (a dry run of this script) plans against RAM; the numbers mean little there.
-    total = (min(host.gpu_memory_mb) if host.gpu_memory_mb else host.memory_mb) * 2**20
-    free = 0
     card_mb = min(host.gpu_memory_mb or [host.memory_mb])
+    total = card_mb * 2**20
     out: dict[str, Any] = {
         "card_total_bytes": total,
-        "card_free_bytes": free,
         "host": {
             "cpus": host.cpus,
             "memory_mb": host.memory_mb,
