@@ -41,6 +41,7 @@ from typing import Any
 import httpx
 import pytest
 
+from fleetserve.engine.cpu_binding import BIND_ENV
 from fleetserve.engine.config import EngineConfig, vllm_server_argv
 from fleetserve.errors import ServeError
 from fleetserve.host import probe
@@ -77,9 +78,15 @@ class ServerProcess:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             # Never ENGINE_SPAWN_VAR from here: it marks the processes vLLM's engine spawns.
+            # Nor a vLLM CPU binding this process picked up (an in-process test of the
+            # engine's claim): the server would read it as the user's and keep vLLM's own
+            # binding. A test that wants one passes it in ``env``.
             env={
                 k: v
-                for k, v in {**os.environ, **(env or {})}.items()
+                for k, v in {
+                    **{k: v for k, v in os.environ.items() if k != BIND_ENV},
+                    **(env or {}),
+                }.items()
                 if f"{k}=".encode() != ENGINE_SPAWN_VAR
             },
         )

@@ -54,7 +54,12 @@ def test_a_cpu_engine_is_pinned_to_its_own_cores(
 
     monkeypatch.setattr(cpu_binding, "lock_dir", lambda: tmp_path)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    monkeypatch.delenv(cpu_binding.BIND_ENV, raising=False)
+    # _claim_cores writes the binding into os.environ; on a copy, so it cannot reach the
+    # fleets later tests start from this process (they would read it as the user's choice
+    # and keep vLLM's own binding: tests/integration/test_serve_engine_cores.py).
+    monkeypatch.setattr(os, "environ", os.environ.copy())
+    os.environ.pop(cpu_binding.BIND_ENV, None)
+    monkeypatch.setattr(vllm_engine, "_SET_BY_US", set())
     first = vllm_engine._claim_cores(config())
     second = vllm_engine._claim_cores(config())
     assert first is not None
