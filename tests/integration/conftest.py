@@ -41,8 +41,8 @@ from typing import Any
 import httpx
 import pytest
 
-from fleetserve.engine.cpu_binding import BIND_ENV
 from fleetserve.engine.config import EngineConfig, vllm_server_argv
+from fleetserve.engine.cpu_binding import BIND_ENV
 from fleetserve.errors import ServeError
 from fleetserve.host import probe
 from fleetserve.modelstore.store import ModelStore
