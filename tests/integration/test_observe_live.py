@@ -2,7 +2,7 @@
 
 One `fleetserve serve --engine fake` (two models, two tenants with keys) exports Ray's
 metrics on a port a real Prometheus (Debian's `prometheus`) scrapes every second, with
-fleetserve's own alert rules loaded (``for: 0s``, 60 s rate windows: the same expressions,
+fleetserve's own alert rules loaded (``for: 0s``, 30 s rate windows: the same expressions,
 judged faster). Traffic includes successes, streams with usage, 401s, 404s and an overload
 burst (503). Then:
 
@@ -80,9 +80,10 @@ A = {"Authorization": "Bearer sk-observe-a"}
 B = {"Authorization": "Bearer sk-observe-b"}
 #: Prometheus scrape interval and timeout (see running_fleet).
 SCRAPE_INTERVAL = "5s"
-#: Fast alerting for the test: same expressions, no pending time, short windows.
+#: Fast alerting for the test: same expressions, no pending time, short windows. A resolve
+#: waits out the rate window, so it sets the test's length; 30 s still holds six scrapes.
 THRESHOLDS = AlertThresholds(
-    rate_window="60s", for_short="0s", for_long="0s", for_capacity="0s", for_sizing="1m"
+    rate_window="30s", for_short="0s", for_long="0s", for_capacity="0s", for_sizing="1m"
 )
 
 

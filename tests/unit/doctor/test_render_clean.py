@@ -9,8 +9,9 @@ Both renders of an example take the same saved plans (``fleetserve plan --format
 then ``render --plan-min/--plan-max``, as users review a plan before rendering it): the
 planner runs once per example and scenario, not once per render (``--with-nodepools`` does
 not change the plan; a MILP that stops at its time limit, as heterogeneous.yaml's plans
-do, took a minute per render; the test gives it ``PLAN_TIME_LIMIT_S``). ``test_saved_plans_render_the_same_bytes_as_planning``
-(tests/unit/render/test_examples.py) holds the two ways to the same bytes.
+do, took a minute per render; the test gives it ``PLAN_TIME_LIMIT_S``).
+``test_saved_plans_render_the_same_bytes_as_planning`` (tests/unit/render/test_examples.py)
+holds the two ways to the same bytes.
 """
 
 from __future__ import annotations
@@ -74,10 +75,8 @@ def plans_of(
             # A short MILP limit: the rendered output's cleanliness is at stake here, not the
             # plan's optimality (tests/unit/plan holds that), and any plan the planner returns
             # - the heuristic's where the MILP stops - is one users render.
-            main(
-                ["plan", str(example), "--format", "json", "--scenario", scenario]
-                + ["--time-limit", str(PLAN_TIME_LIMIT_S)]
-            )
+            limit = ["--time-limit", str(PLAN_TIME_LIMIT_S)]
+            main(["plan", str(example), "--format", "json", "--scenario", scenario, *limit])
             planned = capsys.readouterr()
             if not planned.out.strip():
                 return []  # no plan to save: render plans (and says why not) itself
