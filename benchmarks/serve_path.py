@@ -211,7 +211,8 @@ def run_server(path: str, args: argparse.Namespace, tmp: Path) -> PathRun:
     spec = tmp / f"fleet-{path}.yaml"
     spec.write_text(
         f"models:\n  - name: {MODEL}\n    source: fake\n    max_model_len: 2048\n"
-        f"    replicas: {{max_ongoing_requests: {4 * args.concurrency}}}\n"
+        # at least the autoscaler's default target (16), which the spec requires
+        f"    replicas: {{max_ongoing_requests: {max(16, 4 * args.concurrency)}}}\n"
         "server:\n" + "".join(f"  {k}: {v}\n" for k, v in PATHS[path][1].items())
     )
     port = free_port()

@@ -168,6 +168,49 @@ def cpu_split(
 # ----------------------------------------------------------------------------- client
 
 
+#: where host.sh's carried wheels put py-spy (absent: no profiles)
+PY_SPY = Path(os.environ.get("PY_SPY", "/tmp/site/bin/py-spy"))
+#: the serving processes worth a profile: Serve's replicas (model and ingress), its proxy,
+#: and vllm serve's API process (its own command line)
+PROFILED = ("ServeReplica", "ProxyActor", "vllm.entrypoints", "api_server")
+
+
+def profile_serving(
+    root: int | None, seconds: int, out: Path, tag: str
+) -> list[subprocess.Popen[bytes]]:
+    """Sample the Python stacks of the serving processes under ``root`` for ``seconds``
+    (py-spy, non-blocking, 100 Hz; raw folded stacks in ``out``): where a layer's CPU per
+    token goes, read on the host that shows it."""
+    if root is None or not PY_SPY.exists() or seconds <= 0:
+        return []
+    spies = []
+    for pid, (cmd, _) in _tree_cpu(root).items():
+        if _is_engine(cmd) or not any(k in cmd for k in PROFILED):
+            continue
+        label = re.sub(
+            r"[^A-Za-z0-9]+",
+            "-",
+            cmd.split()[0].split("/")[-1] if "entrypoints" not in cmd else "vllm-api",
+        )[:40]
+        argv = [
+            str(PY_SPY),
+            "record",
+            "--nonblocking",
+            "-r",
+            "100",
+            "-d",
+            str(seconds),
+            "-f",
+            "raw",
+            "-p",
+            str(pid),
+            "-o",
+            str(out / f"pyspy-{tag}-{label}-{pid}.txt"),
+        ]
+        spies.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return spies
+
+
 def bench(
     server: Server | str,
     model: str,
@@ -177,9 +220,11 @@ def bench(
     out: Path,
     tag: str,
     extra: list[str] | None = None,
+    profile_s: int = 0,
 ) -> dict[str, Any]:
     """One `vllm bench serve` run against ``server`` (a started server, whose process tree's
-    CPU is accounted, or a bare URL: no accounting)."""
+    CPU is accounted, or a bare URL: no accounting); ``profile_s`` > 0 also samples the
+    serving processes' stacks for that long (:func:`profile_serving`)."""
     url, pid = (server, None) if isinstance(server, str) else (server.url, server.proc.pid)
     name = f"{tag}-c{conc}.json"
     argv = [
@@ -220,7 +265,11 @@ def bench(
     ]
     cpu0 = _tree_cpu(pid)
     t0 = time.monotonic()
+    spies = profile_serving(pid, profile_s, out, f"{tag}-c{conc}")
     p = subprocess.run(argv, capture_output=True, text=True, check=False)
+    for spy in spies:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            spy.wait(timeout=30)
     wall = time.monotonic() - t0
     cpu1 = _tree_cpu(pid)
     serving_s, engine_s, busiest = cpu_split(cpu0, cpu1)
@@ -267,11 +316,15 @@ def model_entry(model_dir: Path, name: str, **fields: Any) -> dict[str, Any]:
     entry: dict[str, Any] = {"name": name, "source": str(model_dir.resolve())}
     entry.update(fields)
     entry.setdefault("engine_args", {})["load_format"] = "dummy"
+    if cpu := os.environ.get("MATRIX_REPLICA_CPU"):  # a dry run on a small host
+        entry["resources"] = {"cpu": float(cpu)}
     return entry
 
 
 def start_fleet(spec: Path, port: int, out: Path, name: str = "fleetserve") -> Server:
     argv = [sys.executable, "-m", "fleetserve.cli", "serve", str(spec), "--port", str(port)]
+    # a dry run of a phase here: MATRIX_FLEET_ARGS="--engine fake"
+    argv += shlex.split(os.environ.get("MATRIX_FLEET_ARGS", ""))
     return start(name, argv, f"http://127.0.0.1:{port}", "/ready", out, timeout=540)
 
 
@@ -398,7 +451,9 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
             bench(srv, name, str(a.model), 8, 16, out, f"{target}-warmup")
             for c in a.conc:
                 n = a.prompts or min(4096, max(64, 16 * c))
-                rows.append({"target": target, **bench(srv, name, str(a.model), c, n, out, target)})
+                prof = a.profile_s if c == min(a.conc) else 0
+                row = bench(srv, name, str(a.model), c, n, out, target, profile_s=prof)
+                rows.append({"target": target, **row})
                 # written as it goes: a phase cut by the device's time limit keeps its rows
                 (out / "overhead.json").write_text(json.dumps(rows, indent=1))
         finally:
@@ -436,9 +491,34 @@ def phase_pack(a: argparse.Namespace) -> None:
         model_entry(d, d.name, max_model_len=a.max_model_len, concurrency=a.concurrency)
         for d in a.models
     ]
+    # The prefix pair on the same card: one model twice, two replicas each, one per
+    # routing policy; idle while the pack is measured, then driven one after the other.
+    pair = (
+        {policy: f"{a.prefix_model.name}-{policy}" for policy in ("prefix", "pow2")}
+        if a.prefix_model
+        else {}
+    )
+    for policy, name in pair.items():
+        entries.append(
+            model_entry(
+                a.prefix_model,
+                name,
+                max_model_len=a.prefix_max_model_len,
+                concurrency=a.prefix_concurrency,
+                replicas={"min": 2, "max": 2},
+                routing={"policy": policy},
+            )
+        )
+    if a.eager:
+        for e in entries:
+            e["engine_args"]["enforce_eager"] = True
     spec = write_spec(out / "fleet.yaml", entries, 8200)
     plan = plan_of(spec)
     (out / "plan.json").write_text(json.dumps(plan, indent=1))
+    # the pack's models as served: the prefix-routed pair's first model takes part too
+    served = [(d.name, d) for d in a.models]
+    if pair:
+        served.append((pair["prefix"], a.prefix_model))
     srv = start_fleet(spec, 8200, out)
     rows: list[dict[str, Any]] = []
     try:
@@ -457,23 +537,25 @@ def phase_pack(a: argparse.Namespace) -> None:
                 f"| {got.get('kv_tokens')} |",
                 flush=True,
             )
-        for d in a.models:  # each alone
+        for name, d in served:  # each alone (the others idle on the card)
             rows.append(
                 {
                     "mode": "alone",
-                    **bench(srv, d.name, str(d), a.conc, a.prompts, out, f"alone-{d.name}"),
+                    **bench(srv, name, str(d), a.conc, a.prompts, out, f"alone-{name}"),
                 }
             )
         # all at once: one client per model, started together
         procs = []
         t0 = time.monotonic()
-        for d in a.models:
+        for name, d in served:
             argv = [
                 sys.executable,
                 __file__,
                 "_client",
                 "--url",
                 srv.url,
+                "--name",
+                name,
                 "--model",
                 str(d),
                 "--conc",
@@ -488,7 +570,7 @@ def phase_pack(a: argparse.Namespace) -> None:
             p.wait()
         wall = time.monotonic() - t0
         together = [
-            json.loads((out / f"together-{d.name}-c{a.conc}.json").read_text()) for d in a.models
+            json.loads((out / f"together-{name}-c{a.conc}.json").read_text()) for name, _ in served
         ]
         total = sum(r["total_output_tokens"] for r in together)
         longest = max(r["duration"] for r in together)
@@ -498,10 +580,10 @@ def phase_pack(a: argparse.Namespace) -> None:
             "together_tok_s": total / longest,
             "together_wall_s": wall,
             "together_per_model": {
-                d.name: r["output_throughput"] for d, r in zip(a.models, together, strict=True)
+                name: r["output_throughput"] for (name, _), r in zip(served, together, strict=True)
             },
             "together_ttft_p50": {
-                d.name: r["median_ttft_ms"] for d, r in zip(a.models, together, strict=True)
+                name: r["median_ttft_ms"] for (name, _), r in zip(served, together, strict=True)
             },
             "alone_tok_s": {r["tag"]: r["tok_s"] for r in alone},
             "one_at_a_time_tok_s": one_at_a_time,
@@ -509,13 +591,26 @@ def phase_pack(a: argparse.Namespace) -> None:
         (out / "pack.json").write_text(
             json.dumps({"rows": rows, "summary": summary, "kv": kv}, indent=1)
         )
-        print(json.dumps(summary, indent=1))
+        print(json.dumps(summary, indent=1), flush=True)
+        prefix: dict[str, dict[str, Any]] = {}
+        if pair:
+            kv_tokens = a.kv_tokens or int(kv.get(pair["prefix"], {}).get("kv_tokens", 0))
+            kv_tokens = kv_tokens or 100_000
+            for policy, name in pair.items():
+                prefix[policy] = prefix_run(
+                    a, srv, name, a.prefix_model, kv_tokens, f"prefix-{policy}"
+                )
+            print_prefix(prefix)
+        (out / "pack.json").write_text(
+            json.dumps({"rows": rows, "summary": summary, "kv": kv, "prefix": prefix}, indent=1)
+        )
     finally:
         stop(srv)
 
 
 def client(a: argparse.Namespace) -> None:
-    bench(a.url, a.model.name, str(a.model), a.conc, a.prompts, a.out, f"together-{a.model.name}")
+    name = a.name or a.model.name
+    bench(a.url, name, str(a.model), a.conc, a.prompts, a.out, f"together-{name}")
 
 
 def conversations(
@@ -566,6 +661,55 @@ def conversations(
     return prompts, users, per_user
 
 
+def prefix_run(
+    a: argparse.Namespace, srv: Server, name: str, model_dir: Path, kv_tokens: int, tag: str
+) -> dict[str, Any]:
+    """The multi-turn shared-prefix workload against model ``name`` of ``srv``, sized from
+    one replica's KV cache (``kv_tokens``): the same prompts for every policy (seeded)."""
+    from transformers import AutoTokenizer  # noqa: PLC0415 - the host has it
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    prompts, users, per_user = conversations(
+        int(1.4 * kv_tokens),
+        lambda text, tok=tokenizer: len(tok(text)["input_ids"]),
+        a.prefix_max_model_len - a.output_len - 64,
+    )
+    data = a.out / f"conversations-{tag}.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    log(
+        f"{tag}: KV {kv_tokens} tokens/replica -> {users} users, {len(prompts)} requests, "
+        f"one user's final prompt {per_user} tokens"
+    )
+    extra = [
+        "--dataset-name",
+        "custom",
+        "--dataset-path",
+        str(data),
+        "--custom-output-len",
+        str(a.output_len),
+        "--skip-chat-template",
+        "--disable-shuffle",
+        "--ignore-eos",
+    ]
+    row = bench(
+        srv, name, str(model_dir), min(users, a.prefix_conc), len(prompts), a.out, tag, extra
+    )
+    row["users"], row["requests"], row["kv_tokens"] = users, len(prompts), kv_tokens
+    return row
+
+
+def print_prefix(results: dict[str, dict[str, Any]]) -> None:
+    p, q = results.get("prefix", {}), results.get("pow2", {})
+    if "tok_s" in p and "tok_s" in q:
+        print(
+            f"\nprefix/pow2: TTFT p50 {p['ttft_p50_ms']:.1f}/{q['ttft_p50_ms']:.1f} ms = "
+            f"{p['ttft_p50_ms'] / q['ttft_p50_ms']:.3f}x; "
+            f"tok/s {p['tok_s']:.0f}/{q['tok_s']:.0f} = "
+            f"{p['tok_s'] / q['tok_s']:.3f}x",
+            flush=True,
+        )
+
+
 def phase_prefix(a: argparse.Namespace) -> None:
     out = a.out
     results = {}
@@ -573,72 +717,23 @@ def phase_prefix(a: argparse.Namespace) -> None:
         entry = model_entry(
             a.model,
             "g",
-            max_model_len=a.max_model_len,
-            concurrency=a.concurrency,
+            max_model_len=a.prefix_max_model_len,
+            concurrency=a.prefix_concurrency,
             replicas={"min": 2, "max": 2},
             routing={"policy": policy},
         )
         spec = write_spec(out / f"fleet-{policy}.yaml", [entry], 8200)
         srv = start_fleet(spec, 8200, out, name=f"fleet-{policy}")
         try:
-            kv_tokens = a.kv_tokens
-            if not kv_tokens:
+            if not a.kv_tokens:
                 found = logged_kv([RAY_LOGS])
-                kv_tokens = int(min(v["kv_tokens"] for v in found.values())) if found else 100_000
-                a.kv_tokens = kv_tokens  # the same workload for every policy
-            from transformers import AutoTokenizer  # noqa: PLC0415 - the host has it
-
-            tokenizer = AutoTokenizer.from_pretrained(str(a.model))
-            prompts, users, per_user = conversations(
-                int(1.4 * kv_tokens),
-                lambda text, tok=tokenizer: len(tok(text)["input_ids"]),
-                a.max_model_len - a.output_len - 64,
-            )
-            log(f"{policy}: one user's final prompt {per_user} tokens")
-            data = out / "conversations.jsonl"
-            data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-            log(
-                f"{policy}: KV {kv_tokens} tokens/replica -> {users} users, {len(prompts)} requests"
-            )
-            extra = [
-                "--dataset-name",
-                "custom",
-                "--dataset-path",
-                str(data),
-                "--custom-output-len",
-                str(a.output_len),
-                "--skip-chat-template",
-                "--disable-shuffle",
-                "--ignore-eos",
-            ]
-            row = bench(
-                srv,
-                "g",
-                str(a.model),
-                min(users, a.conc),
-                len(prompts),
-                out,
-                f"prefix-{policy}",
-                extra,
-            )
-            row["users"], row["requests"], row["kv_tokens"] = users, len(prompts), kv_tokens
-            results[policy] = row
+                # the same workload for every policy
+                a.kv_tokens = int(min(v["kv_tokens"] for v in found.values())) if found else 100_000
+            results[policy] = prefix_run(a, srv, "g", a.model, a.kv_tokens, f"prefix-{policy}")
         finally:
             stop(srv)
     (out / "prefix.json").write_text(json.dumps(results, indent=1))
-    if (
-        "prefix" in results
-        and "pow2" in results
-        and "tok_s" in results["pow2"]
-        and "tok_s" in results["prefix"]
-    ):
-        p, q = results["prefix"], results["pow2"]
-        print(
-            f"\nprefix/pow2: TTFT p50 {p['ttft_p50_ms']:.1f}/{q['ttft_p50_ms']:.1f} ms = "
-            f"{p['ttft_p50_ms'] / q['ttft_p50_ms']:.3f}x; "
-            f"tok/s {p['tok_s']:.0f}/{q['tok_s']:.0f} = "
-            f"{p['tok_s'] / q['tok_s']:.3f}x"
-        )
+    print_prefix(results)
 
 
 def vllm_bench(argv: list[str]) -> None:
@@ -671,22 +766,44 @@ def main() -> None:
     )
     o.add_argument("--max-model-len", type=int, default=4096)
     o.add_argument("--fleet-first", action="store_true")
+    o.add_argument(
+        "--profile-s",
+        type=int,
+        default=0,
+        help="py-spy the serving processes this long at the lowest concurrency (0: no)",
+    )
     p = sub.add_parser("pack")
     p.add_argument("--models", type=Path, nargs="+", required=True)
     p.add_argument("--conc", type=int, default=32)
     p.add_argument("--prompts", type=int, default=128)
     p.add_argument("--concurrency", type=int, default=32, help="spec concurrency per model")
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument(
+        "--eager",
+        action="store_true",
+        help="enforce_eager on every engine: no torch.compile or CUDA graphs, so eight "
+        "engines start within one device call (the comparisons are within the run)",
+    )
+    p.add_argument(
+        "--prefix-model",
+        type=Path,
+        help="also serve this model twice (2 replicas each, routing prefix and pow2) and "
+        "run the prefix workload on each after the pack",
+    )
     x = sub.add_parser("prefix")
     x.add_argument("--model", type=Path, required=True)
     x.add_argument("--policies", nargs="+", default=["prefix", "pow2"])
-    x.add_argument("--conc", type=int, default=32)
-    x.add_argument("--concurrency", type=int, default=8, help="spec concurrency (sizes the KV)")
-    x.add_argument("--max-model-len", type=int, default=8192)
-    x.add_argument("--output-len", type=int, default=32)
-    x.add_argument("--kv-tokens", type=int, default=0)
+    for s_ in (p, x):
+        s_.add_argument("--prefix-conc", type=int, default=32)
+        s_.add_argument(
+            "--prefix-concurrency", type=int, default=8, help="spec concurrency (sizes the KV)"
+        )
+        s_.add_argument("--prefix-max-model-len", type=int, default=8192)
+        s_.add_argument("--output-len", type=int, default=32)
+        s_.add_argument("--kv-tokens", type=int, default=0)
     c = sub.add_parser("_client")
     c.add_argument("--url")
+    c.add_argument("--name")
     c.add_argument("--model", type=Path)
     c.add_argument("--conc", type=int)
     c.add_argument("--prompts", type=int)
