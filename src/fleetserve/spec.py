@@ -704,6 +704,12 @@ class ModelSpec(StrictModel):
         return self.engine_args.get("load_format") != "dummy"
 
     @property
+    def eager(self) -> bool:
+        """True when vLLM runs the model eagerly (``engine_args`` ``enforce_eager``): no
+        torch.compile and no CUDA graphs, which the memory model then leaves out."""
+        return bool(self.engine_args.get("enforce_eager"))
+
+    @property
     def gpus_per_replica(self) -> int:
         """Whole GPUs one replica spans when it uses TP/PP (1 for a slice)."""
         return self.tensor_parallel * self.pipeline_parallel

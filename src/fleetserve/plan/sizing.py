@@ -119,6 +119,7 @@ class ReplicaArgs(TypedDict):
     kv_cache_dtype: KvDtype
     max_loras: int
     max_lora_rank: int
+    enforce_eager: bool
 
 
 def replica_args(model: ModelSpec, limits: EngineLimits) -> ReplicaArgs:
@@ -132,6 +133,7 @@ def replica_args(model: ModelSpec, limits: EngineLimits) -> ReplicaArgs:
         kv_cache_dtype=model.kv_cache_dtype,
         max_loras=model.max_loras if model.lora_enabled else 0,
         max_lora_rank=model.max_lora_rank,
+        enforce_eager=model.eager,
     )
 
 

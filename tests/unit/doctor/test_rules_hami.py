@@ -11,6 +11,7 @@ from fleetserve.k8s.doctor.finding import Finding
 from fleetserve.k8s.doctor.loader import load_paths, load_text
 from fleetserve.k8s.doctor.registry import run_rules
 from fleetserve.k8s.doctor.rules._devices import card_memory, memory_of_gpu_name, pods
+from fleetserve.k8s.doctor.rules._engines import parse_vllm_cli
 from fleetserve.k8s.doctor.rules._models import replica_need
 
 from .conftest import FIXTURES
@@ -288,6 +289,27 @@ def test_engine_memory_slice_too_small_for_weights() -> None:
     assert "weights 14.99 GiB" in f.message  # 8.03 B parameters + RoPE cache, bf16
     assert "12000 MiB" in f.message
     assert f">= {math.ceil(total / 2**20)} MiB" in f.fix
+
+
+def test_an_eager_engine_needs_no_graphs_or_compile_peak() -> None:
+    """``--enforce-eager`` reaches the memory model: no CUDA graphs, no compile peak."""
+    engine, _ = parse_vllm_cli(
+        [
+            "--model",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--max-model-len",
+            "8192",
+            "--enforce-eager",
+        ],
+        "args",
+    )
+    assert engine["enforce_eager"] is True
+    eager = replica_need(engine)
+    compiled = replica_need({**engine, "enforce_eager": False})
+    assert eager is not None
+    assert compiled is not None
+    assert eager.per_card.cuda_graphs == 0 < compiled.per_card.cuda_graphs
+    assert eager.per_card.activation < compiled.per_card.activation
 
 
 def test_engine_memory_hook_disabled_uses_the_whole_card() -> None:

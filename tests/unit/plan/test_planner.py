@@ -89,6 +89,19 @@ def test_slice_settings_follow_from_the_memory_model() -> None:
     assert not r.whole_cards
 
 
+def test_an_eager_engine_gets_a_smaller_slice_without_graphs_or_compile() -> None:
+    """``engine_args.enforce_eager`` reaches the memory model: the slice loses the CUDA
+    graphs and the cold compile's peak (2 GiB for Llama 3 8B), nothing else."""
+    base = {"name": "l", "config": "llama-3-8b", "max_model_len": 8192, "concurrency": 4}
+    compiled = plan_fleet(fleet([dict(base)], [A6000])).replicas[0]
+    eager = plan_fleet(fleet([{**base, "engine_args": {"enforce_eager": True}}], [A6000])).replicas[
+        0
+    ]
+    assert 1_500 < compiled.need_mb - eager.need_mb < 3_000
+    assert eager.engine.gpu_memory_utilization < compiled.engine.gpu_memory_utilization
+    assert eager.engine.kv_cache_tokens == compiled.engine.kv_cache_tokens
+
+
 def test_tensor_parallel_takes_whole_cards_of_one_node() -> None:
     spec = fleet(
         [

@@ -52,6 +52,7 @@ _ENV_ALIASES: dict[str, tuple[str, ...]] = {
     "quantization": ("QUANTIZATION",),
     "kv_cache_dtype": ("KV_CACHE_DTYPE",),
     "distributed_executor_backend": ("DISTRIBUTED_EXECUTOR_BACKEND",),
+    "enforce_eager": ("ENFORCE_EAGER",),
 }
 #: Engine arguments read from dicts (``engine_kwargs``, ``args``), with accepted spellings.
 _ARG_ALIASES: dict[str, tuple[str, ...]] = {
@@ -73,6 +74,7 @@ _ARG_ALIASES: dict[str, tuple[str, ...]] = {
     "max_lora_rank": ("max_lora_rank",),
     "trust_remote_code": ("trust_remote_code",),
     "enable_prompt_embeds": ("enable_prompt_embeds",),
+    "enforce_eager": ("enforce_eager",),
     "revision": ("revision",),
 }
 _INT_ARGS = {
@@ -97,7 +99,13 @@ _BOUNDS: dict[str, tuple[float, bool, float | None]] = {
     "pipeline_parallel_size": (1, True, None),
     "gpu_memory_utilization": (0, False, 1),
 }
-_BOOL_ARGS = {"enable_chunked_prefill", "enable_lora", "trust_remote_code", "enable_prompt_embeds"}
+_BOOL_ARGS = {
+    "enable_chunked_prefill",
+    "enable_lora",
+    "trust_remote_code",
+    "enable_prompt_embeds",
+    "enforce_eager",
+}
 #: vLLM boolean flags (BooleanOptionalAction / store_true): no value unless "=x" is given.
 _BOOL_FLAGS = {
     "--enable-chunked-prefill": ("enable_chunked_prefill", True),
@@ -108,6 +116,8 @@ _BOOL_FLAGS = {
     "--no-trust-remote-code": ("trust_remote_code", False),
     "--enable-prompt-embeds": ("enable_prompt_embeds", True),
     "--no-enable-prompt-embeds": ("enable_prompt_embeds", False),
+    "--enforce-eager": ("enforce_eager", True),
+    "--no-enforce-eager": ("enforce_eager", False),
 }
 
 

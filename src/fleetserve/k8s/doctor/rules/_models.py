@@ -95,6 +95,7 @@ def replica_need(engine: dict[str, Any], *, complete: bool = False) -> ReplicaNe
             kv_cache_dtype=cast(KvDtype, kv_dtype),
             tensor_parallel=tp,
             pipeline_parallel=pp,
+            enforce_eager=engine.get("enforce_eager") is True,
         )
     except (FleetServeError, KeyError, ValueError, ZeroDivisionError):
         return None
