@@ -12,6 +12,13 @@
 # M/<name>: M is where the models were unpacked.
 set -uo pipefail
 stage=${1:?stage dir}; dest=${2:?output dir}; phase=${3:?phase}; shift 3
+# A previous call's servers may still run (a call cut at its deadline leaves its phase
+# going, whose clean-up would then stop this call's Ray): none may share the card with this
+# phase. The bracketed patterns keep pkill from matching this script's own command line.
+for pat in '[v]llm.entrypoints' '[r]ay::' '[r]aylet' '[g]cs_server' '[E]ngineCore' '[V]LLM::' '[m]atrix.py'; do
+  pkill -9 -f "$pat" 2>/dev/null
+done
+sleep 2
 n=1; while [ -e "/root/results/$phase-$n" ]; do n=$((n + 1)); done
 tag=$phase-$n; out=/root/results/$tag
 mkdir -p /root/stage "$out" "$dest"

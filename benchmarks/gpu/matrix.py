@@ -211,6 +211,26 @@ def profile_serving(
     return spies
 
 
+@contextlib.contextmanager
+def gpu_utilisation(path: Path) -> Any:
+    """``nvidia-smi dmon`` (SM %, memory %, per second) into ``path`` while the block runs."""
+    try:
+        proc = subprocess.Popen(
+            ["nvidia-smi", "dmon", "-s", "u", "-d", "1"],
+            stdout=path.open("w"),
+            stderr=subprocess.DEVNULL,
+        )
+    except OSError:  # no NVIDIA driver: a dry run here
+        yield
+        return
+    try:
+        yield
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+
+
 def bench(
     server: Server | str,
     model: str,
@@ -538,12 +558,13 @@ def phase_pack(a: argparse.Namespace) -> None:
                 flush=True,
             )
         for name, d in served:  # each alone (the others idle on the card)
-            rows.append(
-                {
-                    "mode": "alone",
-                    **bench(srv, name, str(d), a.conc, a.prompts, out, f"alone-{name}"),
-                }
-            )
+            # the card's SM and memory-bandwidth use during the run, one line a second:
+            # whether a slow model is short of GPU or of CPU
+            with gpu_utilisation(out / f"dmon-alone-{name}.txt"):
+                row = bench(srv, name, str(d), a.conc, a.prompts, out, f"alone-{name}")
+            rows.append({"mode": "alone", **row})
+            # written as it goes: a phase cut by the device's time limit keeps its rows
+            (out / "pack-rows.json").write_text(json.dumps(rows, indent=1))
         # all at once: one client per model, started together
         procs = []
         t0 = time.monotonic()
