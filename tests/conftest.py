@@ -142,34 +142,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 for marker in markers:
                     item.add_marker(marker)
     items[:] = sorted(items, key=_shared_group)  # stable: each group keeps its file order
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
-        if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike
-            items[:] = sorted(items, key=lambda item: _worker_group(item) != REAL_ENGINE_GROUP)
-
-
-#: ``make test`` runs the suite on two pytest-xdist workers (``--dist loadgroup``, in
-#: collection order): a group's tests run on one worker, in order. What must stay true:
-#:
-#: * every test that starts a real engine is in one group (``REAL_ENGINE_GROUP``), so the
-#:   engines load one after another as in a serial run - on a 2-core host two loads at once
-#:   only slow each other, and every CPU engine is sized from the host's memory - and the
-#:   session's shared servers (``SHARED_ORDER``, ``release_after_last_use``) see all their
-#:   users on that worker. It goes first: it is the longest chain, the other worker runs
-#:   the rest (fake-engine fleets, which mostly wait, and the unit tests) beside it;
-#: * the fake fleet's users are one group, for the same reason;
-#: * any other test goes with its module, so a module-scoped server starts once.
-REAL_ENGINE_GROUP = "real-engine"
-
-
-def _worker_group(item: pytest.Item) -> str:
-    names = set(getattr(item, "fixturenames", ()))
-    if item.get_closest_marker("engine") is not None:
-        return REAL_ENGINE_GROUP
-    if "fake_fleet" in names:
-        return "fake-fleet"
-    return item.nodeid.split("::", 1)[0]
 
 
 #: Fixture name -> node id of the last test (in run order) that uses it.

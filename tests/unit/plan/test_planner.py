@@ -424,3 +424,44 @@ def test_fp8_kv_cache_shrinks_the_slice() -> None:
     fp8 = plan_fleet(fleet([{**base, "kv_cache_dtype": "fp8"}], [A6000])).replicas[0]
     kv_auto = 8 * 16384 * 128 * 1024 // 2**20  # MiB
     assert auto.need_mb - fp8.need_mb == pytest.approx(kv_auto / 2, abs=2)
+
+
+def test_a_models_replicas_share_one_pod_shape() -> None:
+    """One Serve deployment runs one engine configuration (render refuses a model on two
+    card types, ``k8s/render/groups.py``): the planner keeps each model on the pools of one
+    shape and, when those run out, says so rather than spilling onto another card."""
+    l4 = {
+        "name": "l4",
+        "gpu": {"type": "L4", "count": 1},
+        "cpu": 16,
+        "memory_gb": 64,
+        "max_nodes": 1,
+        "cost_per_hour": 1.0,
+    }
+    a100 = {
+        "name": "a100",
+        "gpu": {"type": "A100-80GB", "count": 1},
+        "cpu": 32,
+        "memory_gb": 256,
+        "max_nodes": 1,
+        "cost_per_hour": 12.0,
+    }
+    model = {"name": "l", "config": "llama-3-8b", "max_model_len": 2048, "concurrency": 4}
+    # five replicas: four fit the A100 (20 GiB slices), one the L4; spread over both the
+    # plan was "feasible" and could not be deployed
+    spread = plan_fleet(fleet([{**model, "replicas": {"min": 5, "max": 5}}], [l4, a100]))
+    assert {r.pool for r in spread.replicas} == {"a100"}
+    assert not spread.feasible
+    (left,) = spread.unplaced
+    assert "'l4' left out: another card is another pod shape" in left.reason
+    assert any("pools to one of them" in f for f in left.fixes)
+    # four: the A100 holds them all, in both scenarios, with one engine configuration
+    spec = fleet([{**model, "replicas": {"min": 3, "max": 4}}], [l4, a100])
+    for scenario in ("min", "max"):
+        plan = plan_fleet(spec, scenario=scenario)
+        assert plan.feasible, plan.unplaced
+        assert {r.pool for r in plan.replicas} == {"a100"}, scenario
+        assert len({r.engine for r in plan.replicas}) == 1
+    # one: both hold it, the cheaper per replica wins
+    cheap = fleet([{**model, "replicas": {"min": 1, "max": 1}}], [l4, a100])
+    assert {r.pool for r in plan_fleet(cheap).replicas} == {"l4"}
