@@ -229,7 +229,6 @@ def build_problem(
                 plan.rejections[pc.spec.name] = got
                 continue
             plan.sizing[pc.spec.name], plan.spans[pc.spec.name] = got
-        _one_shape(model, plan, {pc.spec.name: pc for pc in mine})
         demands = {name: _demand(model, s, plan.spans[name]) for name, s in plan.sizing.items()}
         for index in range(_replica_count(model, scenario)):
             items.append(
@@ -250,74 +249,6 @@ def build_problem(
         choices=tuple(choices),
     )
     return problem, plans
-
-
-def _shape_key(sizing: Sizing, span: tuple[int, int], card_mb: int) -> tuple[object, ...]:
-    """What makes two pools' pods of one model the same pod (render's ``PodShape``)."""
-    return (sizing.cards, span, sizing.slice_mb, sizing.cores, card_mb, sizing.engine)
-
-
-def _one_shape(model: ModelSpec, plan: _ModelPlan, pools: dict[str, PoolCard]) -> None:
-    """Keep a model on the pools of one pod shape.
-
-    Design note. One Serve deployment runs one engine configuration and render cuts one pod
-    template per (pool, model), so a model whose replicas sit on two card types (two
-    ``gpu_memory_utilization`` values, two HAMi slices) cannot be deployed: render refuses
-    it. The packer and the MILP know nothing of shapes, so the choice is made here, before
-    either runs, and from the spec alone - the ``min`` and ``max`` plans are solved apart and
-    must agree: among the classes of pools that size the model alike, the one that holds
-    ``replicas.max`` of it on its own (ignoring other models) at the lowest price per
-    replica, else the one that holds the most; ties go to the first pool in spec order.
-    The other pools get a rejection that says why, which ``plan`` reports when the kept
-    class runs out of room.
-    """
-    if len(plan.sizing) < 2:
-        return
-    classes: dict[tuple[object, ...], list[str]] = {}
-    for name, sizing in plan.sizing.items():
-        shape = pools[name].shape
-        assert shape is not None  # sized pools have cards
-        classes.setdefault(_shape_key(sizing, plan.spans[name], shape.card_mb), []).append(name)
-    if len(classes) < 2:
-        return
-    order = list(pools)
-
-    def rank(names: list[str]) -> tuple[int, float, int, int]:
-        capacity, price = 0, math.inf
-        for name in names:
-            shape, sizing = pools[name].shape, plan.sizing[name]
-            assert shape is not None
-            per_card = (
-                1
-                if sizing.whole or sizing.cards > 1
-                else min(shape.card_mb // max(1, sizing.slice_mb), 100 // max(1, sizing.cores))
-            )
-            nodes = shape.max_nodes if shape.max_nodes is not None else 1_000
-            cards = nodes * shape.cards_per_node
-            capacity += cards * per_card // max(1, sizing.cards)
-            if shape.cost_per_hour:
-                share = sizing.cards / max(1, per_card) / shape.cards_per_node
-                price = min(price, shape.cost_per_hour * share)
-        enough = capacity >= model.replicas.max
-        return (
-            0 if enough else 1,
-            price if enough else -capacity,
-            -capacity,
-            min(map(order.index, names)),
-        )
-
-    kept = min(classes.values(), key=rank)
-    for name in [n for names in classes.values() if names is not kept for n in names]:
-        first = kept[0]
-        plan.rejections[name] = Rejection(
-            "shape",
-            0,
-            f"its replicas go to pool '{first}' (another card: another pod shape and "
-            f"gpu_memory_utilization, and one Serve deployment runs one engine "
-            "configuration)",
-            fixes=(f"pin the model with models[].pools: [{name}] to run it here instead",),
-        )
-        del plan.sizing[name], plan.spans[name]
 
 
 def _traffic_items(
@@ -928,17 +859,6 @@ def _diagnose(
         )
         shortfall = float(sizing.slice_mb * sizing.cards)
     fixes.extend(node_fixes)
-    if other_shape := [n for n, r in plan.rejections.items() if r.resource == "shape"]:
-        # pools that would size it otherwise were left out (_one_shape): say so
-        names = ", ".join(f"'{n}'" for n in other_shape)
-        reason += (
-            f"; {names} left out: another card is another pod shape, and one Serve "
-            "deployment runs one engine configuration"
-        )
-        fixes.append(
-            f"pin models[{m_index}].pools to one of them (e.g. "
-            f"[{other_shape[0]}]) if it holds every replica there"
-        )
     fixes.append("allow the model more pools, or lower replicas")
     return Unplaced(
         model=key[0],
