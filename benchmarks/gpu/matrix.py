@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import random
@@ -187,11 +188,12 @@ def profile_serving(
     for pid, (cmd, _) in _tree_cpu(root).items():
         if _is_engine(cmd) or not any(k in cmd for k in PROFILED):
             continue
-        label = re.sub(
-            r"[^A-Za-z0-9]+",
-            "-",
-            cmd.split()[0].split("/")[-1] if "entrypoints" not in cmd else "vllm-api",
-        )[:40]
+        # Ray titles its actors ("ray::ServeReplica:fleetserve:ingress"); vLLM's is a module
+        label = (
+            "vllm-api"
+            if "entrypoints" in cmd
+            else re.sub(r"[^A-Za-z0-9]+", "-", cmd.split()[0])[:40]
+        )
         argv = [
             str(PY_SPY),
             "record",
@@ -682,25 +684,35 @@ def conversations(
     return prompts, users, per_user
 
 
-def prefix_run(
-    a: argparse.Namespace, srv: Server, name: str, model_dir: Path, kv_tokens: int, tag: str
-) -> dict[str, Any]:
-    """The multi-turn shared-prefix workload against model ``name`` of ``srv``, sized from
-    one replica's KV cache (``kv_tokens``): the same prompts for every policy (seeded)."""
+@functools.cache
+def prefix_workload(
+    model_dir: Path, kv_tokens: int, max_prompt: int, out: Path
+) -> tuple[Path, int, int]:
+    """The multi-turn conversations for one replica's KV cache (``kv_tokens``), tokenised
+    and written once per run and shared by every policy (seeded: the same prompts):
+    (the dataset file, users, requests)."""
     from transformers import AutoTokenizer  # noqa: PLC0415 - the host has it
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     prompts, users, per_user = conversations(
-        int(1.4 * kv_tokens),
-        lambda text, tok=tokenizer: len(tok(text)["input_ids"]),
-        a.prefix_max_model_len - a.output_len - 64,
+        int(1.4 * kv_tokens), lambda text: len(tokenizer(text)["input_ids"]), max_prompt
     )
-    data = a.out / f"conversations-{tag}.jsonl"
+    data = out / f"conversations-{model_dir.name}-{kv_tokens}.jsonl"
     data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     log(
-        f"{tag}: KV {kv_tokens} tokens/replica -> {users} users, {len(prompts)} requests, "
-        f"one user's final prompt {per_user} tokens"
+        f"prefix workload: KV {kv_tokens} tokens/replica -> {users} users, {len(prompts)} "
+        f"requests, one user's final prompt {per_user} tokens"
     )
+    return data, users, len(prompts)
+
+
+def prefix_run(
+    a: argparse.Namespace, srv: Server, name: str, model_dir: Path, kv_tokens: int, tag: str
+) -> dict[str, Any]:
+    """The multi-turn shared-prefix workload (:func:`prefix_workload`) against model
+    ``name`` of ``srv``."""
+    max_prompt = a.prefix_max_model_len - a.output_len - 64
+    data, users, requests = prefix_workload(model_dir, kv_tokens, max_prompt, a.out)
     extra = [
         "--dataset-name",
         "custom",
@@ -712,10 +724,8 @@ def prefix_run(
         "--disable-shuffle",
         "--ignore-eos",
     ]
-    row = bench(
-        srv, name, str(model_dir), min(users, a.prefix_conc), len(prompts), a.out, tag, extra
-    )
-    row["users"], row["requests"], row["kv_tokens"] = users, len(prompts), kv_tokens
+    row = bench(srv, name, str(model_dir), min(users, a.prefix_conc), requests, a.out, tag, extra)
+    row["users"], row["requests"], row["kv_tokens"] = users, requests, kv_tokens
     return row
 
 

@@ -706,8 +706,10 @@ class ModelSpec(StrictModel):
     @property
     def eager(self) -> bool:
         """True when vLLM runs the model eagerly (``engine_args`` ``enforce_eager``): no
-        torch.compile and no CUDA graphs, which the memory model then leaves out."""
-        return bool(self.engine_args.get("enforce_eager"))
+        torch.compile and no CUDA graphs, which the memory model then leaves out. ``is
+        True`` as the engine's command line reads it (``engine/config.py`` emits the flag
+        for ``true`` only)."""
+        return self.engine_args.get("enforce_eager") is True
 
     @property
     def gpus_per_replica(self) -> int:
