@@ -39,6 +39,11 @@ args=()
 for a in "$@"; do args+=("${a//M\//\/root\/models\/}"); done
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
 grep -H MemTotal /proc/meminfo /sys/devices/system/node/node*/meminfo; cat /sys/fs/cgroup/memory.max 2>/dev/null
+# the CPUs this phase may use (a container's quota throttles every process in it at once),
+# what else runs, and the card's clocks and throttle reasons before any load
+echo "nproc $(nproc); cpu.max $(cat /sys/fs/cgroup/cpu.max 2>/dev/null); loadavg $(cat /proc/loadavg)"
+ps -eo pid,ni,pcpu,etime,args --sort=-pcpu | head -8 | cut -c1-150
+nvidia-smi -q -d PERFORMANCE,CLOCK 2>/dev/null | grep -v "^$" | head -40
 python3 -c "from fleetserve.host import probe; print(probe())"
 python3 benchmarks/gpu/matrix.py "$phase" --out "$out" "${args[@]}" 2>&1 | tee "$out/run.log"
 rc=${PIPESTATUS[0]}

@@ -78,7 +78,17 @@ def _get(url: str) -> bool:
         return False
 
 
-def start(name: str, argv: list[str], url: str, ready: str, out: Path, timeout: float) -> Server:
+def start(
+    name: str,
+    argv: list[str],
+    url: str,
+    ready: str,
+    out: Path,
+    timeout: float,
+    sweep: bool = True,
+) -> Server:
+    """Start a server in its own session and wait for ``ready``; one that dies or stays
+    unready is stopped (``sweep``: as :func:`stop`) and ends the phase."""
     log_path = out / f"{name}.log"
     f = log_path.open("wb")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -94,11 +104,14 @@ def start(name: str, argv: list[str], url: str, ready: str, out: Path, timeout: 
             log(f"{name} ready in {time.monotonic() - t0:.0f} s")
             return Server(name, proc, url, log_path)
         time.sleep(1)
-    stop(Server(name, proc, url, log_path))
+    stop(Server(name, proc, url, log_path), sweep=sweep)
     raise SystemExit(f"{name} not ready after {timeout:.0f} s: see {log_path}")
 
 
-def stop(server: Server, sig: int = signal.SIGINT, wait_s: float = 60) -> None:
+def stop(server: Server, sig: int = signal.SIGINT, wait_s: float = 60, sweep: bool = True) -> None:
+    """Stop ``server``'s process group; ``sweep`` also kills every Ray daemon and engine on
+    the host (between phases: nothing may carry over), which a control server started
+    beside a running fleet must not do."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(server.proc.pid, sig)
     try:
@@ -107,6 +120,8 @@ def stop(server: Server, sig: int = signal.SIGINT, wait_s: float = 60) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.proc.pid, signal.SIGKILL)
         server.proc.wait()
+    if not sweep:
+        return
     # Ray's daemons and engines outside the group: nothing may carry over to the next server
     subprocess.run(["pkill", "-9", "-f", "ray::|raylet|gcs_server|EngineCore|VLLM::"], check=False)
     subprocess.run(
@@ -166,6 +181,66 @@ def cpu_split(
     return serving, engine, sorted(used, key=lambda x: -x[1])[:10]
 
 
+def host_reading() -> dict[str, Any]:
+    """Every process on the host (PID -> command, niceness, CPU s), the host's busy CPU
+    seconds, and the container's CPU throttling so far: a slow model's CPU neighbours, its
+    own niceness, and whether the cgroup's quota held it back."""
+    import psutil  # noqa: PLC0415
+
+    procs: dict[int, tuple[str, int, float]] = {}
+    for p in psutil.process_iter():
+        try:
+            with p.oneshot():
+                t = p.cpu_times()
+                cmd = " ".join(p.cmdline()) or p.name()
+                procs[p.pid] = (cmd[:100], p.nice(), t.user + t.system)
+        except psutil.Error:
+            continue
+    t = psutil.cpu_times()
+    busy = t.user + t.system + t.nice + getattr(t, "irq", 0) + getattr(t, "softirq", 0)
+    throttle: dict[str, float] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/sys/fs/cgroup/cpu.stat").read_text().splitlines():
+            k, _, v = line.partition(" ")
+            throttle[k] = float(v)
+    return {"t": time.monotonic(), "procs": procs, "busy_s": busy, "cpu_stat": throttle}
+
+
+def host_usage(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What the host did between two :func:`host_reading`: busy cores, cgroup throttling,
+    and the twelve busiest processes (cores used, niceness)."""
+    wall = max(1e-6, after["t"] - before["t"])
+    used = []
+    for pid, (cmd, nice, cpu) in after["procs"].items():
+        delta = cpu - before["procs"].get(pid, (cmd, nice, 0.0))[2]
+        if delta > 0:
+            used.append({"cmd": cmd, "nice": nice, "cores": round(delta / wall, 3)})
+    b, a = before["cpu_stat"], after["cpu_stat"]
+    return {
+        "wall_s": round(wall, 1),
+        "host_busy_cores": round((after["busy_s"] - before["busy_s"]) / wall, 2),
+        "throttled_periods": a.get("nr_throttled", 0) - b.get("nr_throttled", 0),
+        "periods": a.get("nr_periods", 0) - b.get("nr_periods", 0),
+        "throttled_s": (a.get("throttled_usec", 0) - b.get("throttled_usec", 0)) / 1e6,
+        "busiest": sorted(used, key=lambda x: -x["cores"])[:12],
+    }
+
+
+def idle_sample(out: Path, tag: str, seconds: float = 10) -> dict[str, Any]:
+    """The host and the card with the fleet up and no request: what idle engines cost."""
+    with gpu_utilisation(out / f"dmon-{tag}.txt", out / f"pmon-{tag}.txt"):
+        h0 = host_reading()
+        time.sleep(seconds)
+        usage = host_usage(h0, host_reading())
+    (out / f"host-{tag}.json").write_text(json.dumps(usage, indent=1))
+    log(
+        f"{tag}: host busy {usage['host_busy_cores']} cores, throttled {usage['throttled_s']:.2f} s"
+    )
+    for u in usage["busiest"][:6]:
+        log(f"    {u['cores']:6.2f} cores  nice {u['nice']:3d}  {u['cmd'][:90]}")
+    return usage
+
+
 # ----------------------------------------------------------------------------- client
 
 
@@ -176,17 +251,34 @@ PY_SPY = Path(os.environ.get("PY_SPY", "/tmp/site/bin/py-spy"))
 PROFILED = ("ServeReplica", "ProxyActor", "vllm.entrypoints", "api_server")
 
 
+def _serves(pid: int, model: str) -> bool:
+    """Whether process ``pid`` descends from the Serve replica of ``model`` (an engine's
+    parent is the replica that started it) or from a server serving only it."""
+    import psutil  # noqa: PLC0415
+
+    try:
+        chain = psutil.Process(pid).parents()
+        return any(f"model-{model}" in " ".join(q.cmdline()) for q in chain)
+    except psutil.Error:
+        return False
+
+
 def profile_serving(
-    root: int | None, seconds: int, out: Path, tag: str
+    root: int | None, seconds: int, out: Path, tag: str, engine_of: str | None = None
 ) -> list[subprocess.Popen[bytes]]:
     """Sample the Python stacks of the serving processes under ``root`` for ``seconds``
     (py-spy, non-blocking, 100 Hz; raw folded stacks in ``out``): where a layer's CPU per
-    token goes, read on the host that shows it."""
+    token goes, read on the host that shows it. With ``engine_of`` (a model name, or ""
+    for a server of one model), the engine processes serving it instead, idle stacks
+    included: whether a slow engine step waits on the card or computes on the CPU."""
     if root is None or not PY_SPY.exists() or seconds <= 0:
         return []
     spies = []
     for pid, (cmd, _) in _tree_cpu(root).items():
-        if _is_engine(cmd) or not any(k in cmd for k in PROFILED):
+        if engine_of is None:
+            if _is_engine(cmd) or not any(k in cmd for k in PROFILED):
+                continue
+        elif not _is_engine(cmd) or (engine_of and not _serves(pid, engine_of)):
             continue
         # Ray titles its actors ("ray::ServeReplica:fleetserve:ingress"); vLLM's is a module
         label = (
@@ -204,6 +296,7 @@ def profile_serving(
             str(seconds),
             "-f",
             "raw",
+            *(["--idle", "--threads"] if engine_of is not None else []),
             "-p",
             str(pid),
             "-o",
@@ -214,23 +307,23 @@ def profile_serving(
 
 
 @contextlib.contextmanager
-def gpu_utilisation(path: Path) -> Any:
-    """``nvidia-smi dmon`` (SM %, memory %, per second) into ``path`` while the block runs."""
-    try:
-        proc = subprocess.Popen(
-            ["nvidia-smi", "dmon", "-s", "u", "-d", "1"],
-            stdout=path.open("w"),
-            stderr=subprocess.DEVNULL,
-        )
-    except OSError:  # no NVIDIA driver: a dry run here
-        yield
-        return
+def gpu_utilisation(path: Path, per_process: Path | None = None) -> Any:
+    """``nvidia-smi dmon`` (power, SM/memory %, clocks, per second) into ``path`` and, with
+    ``per_process``, ``nvidia-smi pmon`` (each process's SM %) while the block runs."""
+    commands = [(["nvidia-smi", "dmon", "-s", "pucm", "-d", "1"], path)]
+    if per_process is not None:
+        commands.append((["nvidia-smi", "pmon", "-s", "u", "-d", "1"], per_process))
+    procs = []
+    for argv, dest in commands:
+        with contextlib.suppress(OSError):  # no NVIDIA driver: a dry run here
+            procs.append(subprocess.Popen(argv, stdout=dest.open("w"), stderr=subprocess.DEVNULL))
     try:
         yield
     finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
+        for proc in procs:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
 
 
 def bench(
@@ -243,6 +336,7 @@ def bench(
     tag: str,
     extra: list[str] | None = None,
     profile_s: int = 0,
+    profile_engine_of: str | None = None,
 ) -> dict[str, Any]:
     """One `vllm bench serve` run against ``server`` (a started server, whose process tree's
     CPU is accounted, or a bare URL: no accounting); ``profile_s`` > 0 also samples the
@@ -286,19 +380,22 @@ def bench(
         ),
     ]
     cpu0 = _tree_cpu(pid)
+    h0 = host_reading()
     t0 = time.monotonic()
-    spies = profile_serving(pid, profile_s, out, f"{tag}-c{conc}")
-    p = subprocess.run(argv, capture_output=True, text=True, check=False)
+    spies = profile_serving(pid, profile_s, out, f"{tag}-c{conc}", profile_engine_of)
+    with gpu_utilisation(out / f"dmon-{tag}-c{conc}.txt", out / f"pmon-{tag}-c{conc}.txt"):
+        rc, output = run_client(argv)
     for spy in spies:
         with contextlib.suppress(subprocess.TimeoutExpired):
             spy.wait(timeout=30)
     wall = time.monotonic() - t0
+    usage = host_usage(h0, host_reading())
     cpu1 = _tree_cpu(pid)
     serving_s, engine_s, busiest = cpu_split(cpu0, cpu1)
-    (out / f"{tag}-c{conc}.client.log").write_text(p.stdout[-20000:] + p.stderr[-20000:])
-    if p.returncode != 0 or not (out / name).exists():
-        log(f"bench {tag} c={conc} failed ({p.returncode}): {p.stderr[-1500:]}")
-        return {"tag": tag, "conc": conc, "error": p.returncode}
+    (out / f"{tag}-c{conc}.client.log").write_text(output[-40000:])
+    if rc != 0 or not (out / name).exists():
+        log(f"bench {tag} c={conc} failed ({rc}): {output[-1500:]}")
+        return {"tag": tag, "conc": conc, "error": rc}
     r = json.loads((out / name).read_text())
     tokens = max(1, int(r.get("total_output_tokens", 0)))
     row = {
@@ -315,13 +412,40 @@ def bench(
         "serving_cpu_ms_per_token": 1000 * serving_s / tokens,
         "engine_cpu_ms_per_token": 1000 * engine_s / tokens,
         "busiest_processes_cpu_s": busiest,
+        "host": usage,
     }
     log(
         f"{tag} c={conc}: {row['tok_s']:.0f} tok/s, TTFT p50 {row['ttft_p50_ms']:.1f} ms, "
         f"TPOT p50 {row['tpot_p50_ms']:.2f} ms, serving CPU "
-        f"{row['serving_cpu_ms_per_token']:.3f} ms/token, failed {row['failed']}"
+        f"{row['serving_cpu_ms_per_token']:.3f} ms/token, failed {row['failed']}; host busy "
+        f"{usage['host_busy_cores']} cores, throttled {usage['throttled_s']:.2f} s"
     )
+    for u in usage["busiest"][:5]:
+        log(f"    {u['cores']:6.2f} cores  nice {u['nice']:3d}  {u['cmd'][:90]}")
     return row
+
+
+def run_client(argv: list[str]) -> tuple[int, str]:
+    """Run ``vllm bench serve`` (``argv``: :data:`VLLM_BENCH` and its options): in this
+    process (vLLM imported once per phase, not ~20 s per run; the device's minutes are
+    short), or as a child process with ``MATRIX_CLIENT=process``. Returns (exit status,
+    what it printed)."""
+    if os.environ.get("MATRIX_CLIENT") == "process":
+        p = subprocess.run(argv, capture_output=True, text=True, check=False)
+        return p.returncode, p.stdout[-20000:] + p.stderr[-20000:]
+    import io  # noqa: PLC0415
+
+    buf = io.StringIO()
+    rc = 0
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        try:
+            vllm_bench(argv[len(VLLM_BENCH) :])
+        except SystemExit as e:  # argparse
+            rc = e.code if isinstance(e.code, int) else 1
+        except Exception as e:  # reported with the run; the phase goes on
+            print(f"{type(e).__name__}: {e}")
+            rc = 1
+    return rc, buf.getvalue()
 
 
 # ----------------------------------------------------------------------------- fleetserve
@@ -541,8 +665,16 @@ def phase_pack(a: argparse.Namespace) -> None:
     served = [(d.name, d) for d in a.models]
     if pair:
         served.append((pair["prefix"], a.prefix_model))
-    srv = start_fleet(spec, 8200, out)
     rows: list[dict[str, Any]] = []
+    control = a.control
+    if control:
+        # the same engine as a plain `vllm serve`, alone on the card: the yardstick for the
+        # packed model (same options, so only the neighbours and the serving layer differ)
+        rows.append(
+            {"mode": "control-alone", **control_run(a, plan, control, out, "control-alone")}
+        )
+        (out / "pack-rows.json").write_text(json.dumps(rows, indent=1))
+    srv = start_fleet(spec, 8200, out)
     try:
         kv = logged_kv([RAY_LOGS])
         (out / "kv.json").write_text(json.dumps(kv, indent=1))
@@ -559,14 +691,32 @@ def phase_pack(a: argparse.Namespace) -> None:
                 f"| {got.get('kv_tokens')} |",
                 flush=True,
             )
+        rows.append({"mode": "idle", **idle_sample(out, "idle-pack")})
         for name, d in served:  # each alone (the others idle on the card)
-            # the card's SM and memory-bandwidth use during the run, one line a second:
-            # whether a slow model is short of GPU or of CPU
-            with gpu_utilisation(out / f"dmon-alone-{name}.txt"):
-                row = bench(srv, name, str(d), a.conc, a.prompts, out, f"alone-{name}")
+            if a.alone is not None and name not in a.alone:
+                continue
+            # bench() samples the card (dmon, pmon) and the host's processes: whether a
+            # slow model is short of GPU or of CPU, and whose
+            row = bench(
+                srv,
+                name,
+                str(d),
+                a.conc,
+                a.prompts,
+                out,
+                f"alone-{name}",
+                profile_s=a.profile_engine_s,
+                profile_engine_of=name,
+            )
             rows.append({"mode": "alone", **row})
             # written as it goes: a phase cut by the device's time limit keeps its rows
             (out / "pack-rows.json").write_text(json.dumps(rows, indent=1))
+            if control and name == control.name:
+                # the same engine as a plain `vllm serve` beside the idle pack
+                rows.append(
+                    {"mode": "control-beside", **control_run(a, plan, d, out, "control-beside")}
+                )
+                (out / "pack-rows.json").write_text(json.dumps(rows, indent=1))
         # all at once: one client per model, started together
         procs = []
         t0 = time.monotonic()
@@ -597,7 +747,7 @@ def phase_pack(a: argparse.Namespace) -> None:
         ]
         total = sum(r["total_output_tokens"] for r in together)
         longest = max(r["duration"] for r in together)
-        alone = [r for r in rows if "tok_s" in r]
+        alone = [r for r in rows if r.get("mode") == "alone" and "tok_s" in r]
         one_at_a_time = sum(r["tok_s"] for r in alone) / max(1, len(alone))
         summary = {
             "together_tok_s": total / longest,
@@ -629,6 +779,34 @@ def phase_pack(a: argparse.Namespace) -> None:
         )
     finally:
         stop(srv)
+
+
+def control_run(
+    a: argparse.Namespace, plan: dict[str, Any], model_dir: Path, out: Path, tag: str
+) -> dict[str, Any]:
+    """``vllm serve`` of one pack model with the options the plan gives it in the pack,
+    measured like the pack's alone runs, then stopped without touching anything else."""
+    from fleetserve.engine.config import vllm_server_argv  # noqa: PLC0415
+
+    argv = [
+        *vllm_server_argv(plan[model_dir.name]["vllm_options"], host="127.0.0.1", port=8100),
+        "--disable-uvicorn-access-log",
+    ]
+    srv = start(tag, argv, "http://127.0.0.1:8100", "/health", out, timeout=300, sweep=False)
+    try:
+        return bench(
+            srv,
+            model_dir.name,
+            str(model_dir),
+            a.conc,
+            a.prompts,
+            out,
+            tag,
+            profile_s=a.profile_engine_s,
+            profile_engine_of="",
+        )
+    finally:
+        stop(srv, sweep=False)
 
 
 def client(a: argparse.Namespace) -> None:
@@ -821,6 +999,26 @@ def main() -> None:
         help="also serve this model twice (2 replicas each, routing prefix and pow2) and "
         "run the prefix workload on each after the pack",
     )
+    p.add_argument(
+        "--control",
+        type=Path,
+        help="one of --models: also run it as a plain `vllm serve` with its pack options, "
+        "alone on the card before the fleet starts and beside the idle pack after its "
+        "alone run (why a packed model is slow: the neighbours, or the serving layer)",
+    )
+    p.add_argument(
+        "--alone",
+        nargs="*",
+        help="the served models to drive alone (default every one; none: straight to "
+        "the aggregate and the prefix pair, with the alone rows of an earlier call)",
+    )
+    p.add_argument(
+        "--profile-engine-s",
+        type=int,
+        default=0,
+        help="py-spy the driven model's engine processes (idle stacks included) this long "
+        "in each alone and control run (0: no)",
+    )
     x = sub.add_parser("prefix")
     x.add_argument("--model", type=Path, required=True)
     x.add_argument("--policies", nargs="+", default=["prefix", "pow2"])
@@ -842,6 +1040,9 @@ def main() -> None:
         s.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
+    # vLLM's client once, before anything is timed (run_client runs it in this process)
+    import vllm.benchmarks.serve  # noqa: F401, PLC0415
+
     {"overhead": phase_overhead, "pack": phase_pack, "prefix": phase_prefix, "_client": client}[
         a.phase
     ](a)
