@@ -931,6 +931,8 @@ def phase_prefix(a: argparse.Namespace) -> None:
             replicas={"min": 2, "max": 2},
             routing={"policy": policy},
         )
+        if a.eager:
+            entry["engine_args"]["enforce_eager"] = True
         spec = write_spec(out / f"fleet-{policy}.yaml", [entry], 8200)
         srv = start_fleet(spec, 8200, out, name=f"fleet-{policy}")
         try:
@@ -987,12 +989,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=128)
     p.add_argument("--concurrency", type=int, default=32, help="spec concurrency per model")
     p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument(
-        "--eager",
-        action="store_true",
-        help="enforce_eager on every engine: no torch.compile or CUDA graphs, so eight "
-        "engines start within one device call (the comparisons are within the run)",
-    )
+
     p.add_argument(
         "--prefix-model",
         type=Path,
@@ -1023,6 +1020,12 @@ def main() -> None:
     x.add_argument("--model", type=Path, required=True)
     x.add_argument("--policies", nargs="+", default=["prefix", "pow2"])
     for s_ in (p, x):
+        s_.add_argument(
+            "--eager",
+            action="store_true",
+            help="enforce_eager on every engine: no torch.compile or CUDA graphs, so eight "
+            "engines start within one device call (the comparisons are within the run)",
+        )
         s_.add_argument("--prefix-conc", type=int, default=32)
         s_.add_argument(
             "--prefix-concurrency", type=int, default=8, help="spec concurrency (sizes the KV)"
