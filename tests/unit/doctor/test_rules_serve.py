@@ -446,3 +446,16 @@ def test_a_leaderworkerset_names_its_two_templates() -> None:
         ("leader template", 2),
         ("worker template", 1),
     ]
+
+
+# --------------------------------------------------------------------------- eager engines
+
+
+def test_an_eager_gpu_engine_is_told_what_it_costs_and_how_to_keep_memory_small() -> None:
+    (f,) = _fixture("enforce-eager", "trigger.yaml")
+    assert f.path.endswith("args[4]")  # the --enforce-eager word itself
+    assert "one CPU core, not the GPU, sets the token rate" in f.message
+    assert "max_cudagraph_capture_size" in f.fix
+    (f,) = _fixture("enforce-eager", "trigger_serve.yaml")
+    assert f.path.endswith("args.enforce_eager")
+    assert f.message.startswith("Serve replica 'chat/VLLMDeployment' runs on a GPU")
