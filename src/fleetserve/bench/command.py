@@ -83,7 +83,12 @@ def register(subparsers: Any) -> None:
     stop.add_argument("--num-requests", type=int, help="measured requests per point (default 200)")
     stop.add_argument("--duration", help="time per point, e.g. 60s")
     load.add_argument("--warmup", type=int, default=0, help="requests excluded per point")
-    load.add_argument("--seed", type=int, default=0, help="seed of prompts and arrivals")
+    load.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of prompts and arrivals (each load point draws its own prompts from it)",
+    )
     load.add_argument("--slo", help="goodput bounds, e.g. ttft=500ms,tpot=50ms,e2e=10s")
 
     out = p.add_argument_group("output")

