@@ -15,7 +15,11 @@ stage=${1:?stage dir}; dest=${2:?output dir}; phase=${3:?phase}; shift 3
 # A previous call's servers may still run (a call cut at its deadline leaves its phase
 # going, whose clean-up would then stop this call's Ray): none may share the card with this
 # phase. The bracketed patterns keep pkill from matching this script's own command line.
-for pat in '[v]llm.entrypoints' '[r]ay::' '[r]aylet' '[g]cs_server' '[E]ngineCore' '[V]LLM::' '[m]atrix.py'; do
+# KEEP_FLEET=1 spares a fleet that `pack --keep` left for this call to measure further (only
+# the previous phase's driver goes).
+pats=('[v]llm.entrypoints' '[r]ay::' '[r]aylet' '[g]cs_server' '[E]ngineCore' '[V]LLM::' '[m]atrix.py')
+[ "${KEEP_FLEET:-0}" = 1 ] && pats=('[m]atrix.py')
+for pat in "${pats[@]}"; do
   pkill -9 -f "$pat" 2>/dev/null
 done
 sleep 2

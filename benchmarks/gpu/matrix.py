@@ -64,10 +64,18 @@ def log(msg: str) -> None:
 
 @dataclass
 class Server:
+    """A server this phase measures: one it started (``proc``), or a fleet a previous call
+    left running (``proc`` None, ``pid`` its ``fleetserve serve`` process)."""
+
     name: str
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | None
     url: str
     log_path: Path
+    pid: int = 0
+
+    def __post_init__(self) -> None:
+        if self.proc is not None:
+            self.pid = self.proc.pid
 
 
 def _get(url: str) -> bool:
@@ -113,13 +121,14 @@ def stop(server: Server, sig: int = signal.SIGINT, wait_s: float = 60, sweep: bo
     the host (between phases: nothing may carry over), which a control server started
     beside a running fleet must not do."""
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(server.proc.pid, sig)
-    try:
-        server.proc.wait(wait_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.proc.pid, signal.SIGKILL)
-        server.proc.wait()
+        os.killpg(server.pid, sig)
+    if server.proc is not None:
+        try:
+            server.proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGKILL)
+            server.proc.wait()
     if not sweep:
         return
     # Ray's daemons and engines outside the group: nothing may carry over to the next server
@@ -341,7 +350,7 @@ def bench(
     """One `vllm bench serve` run against ``server`` (a started server, whose process tree's
     CPU is accounted, or a bare URL: no accounting); ``profile_s`` > 0 also samples the
     serving processes' stacks for that long (:func:`profile_serving`)."""
-    url, pid = (server, None) if isinstance(server, str) else (server.url, server.proc.pid)
+    url, pid = (server, None) if isinstance(server, str) else (server.url, server.pid)
     name = f"{tag}-c{conc}.json"
     argv = [
         *VLLM_BENCH,
@@ -472,6 +481,31 @@ def start_fleet(spec: Path, port: int, out: Path, name: str = "fleetserve") -> S
     # a dry run of a phase here: MATRIX_FLEET_ARGS="--engine fake"
     argv += shlex.split(os.environ.get("MATRIX_FLEET_ARGS", ""))
     return start(name, argv, f"http://127.0.0.1:{port}", "/ready", out, timeout=540)
+
+
+def running_fleet(port: int, names: list[str]) -> Server | None:
+    """The fleet a previous call left running on ``port`` (``pack --keep``), if it serves
+    exactly ``names``: a compiled pack takes most of a call to start, so one call can start
+    it and measure, and the next measure more of the same fleet."""
+    import psutil  # noqa: PLC0415
+
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=5) as r:
+            served = sorted(m["id"] for m in json.load(r)["data"])
+    except Exception:
+        return None
+    if served != sorted(names):
+        log(f"a fleet on :{port} serves {served}, not {sorted(names)}: not reused")
+        return None
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            cmd = proc.cmdline()
+            ours = "fleetserve.cli" in cmd and "serve" in cmd and "--port" in cmd
+            if ours and cmd[cmd.index("--port") + 1] == str(port):
+                log(f"reusing the fleet left running on :{port} (pid {proc.pid})")
+                return Server("fleetserve", None, url, Path(os.devnull), pid=proc.pid)
+    return None
 
 
 def plan_of(spec_path: Path) -> dict[str, Any]:
@@ -674,7 +708,7 @@ def phase_pack(a: argparse.Namespace) -> None:
             {"mode": "control-alone", **control_run(a, plan, control, out, "control-alone")}
         )
         (out / "pack-rows.json").write_text(json.dumps(rows, indent=1))
-    srv = start_fleet(spec, 8200, out)
+    srv = running_fleet(8200, [e["name"] for e in entries]) or start_fleet(spec, 8200, out)
     try:
         kv = logged_kv([RAY_LOGS])
         (out / "kv.json").write_text(json.dumps(kv, indent=1))
@@ -717,50 +751,13 @@ def phase_pack(a: argparse.Namespace) -> None:
                     {"mode": "control-beside", **control_run(a, plan, d, out, "control-beside")}
                 )
                 (out / "pack-rows.json").write_text(json.dumps(rows, indent=1))
-        # all at once: one client per model, started together
-        procs = []
-        t0 = time.monotonic()
-        for name, d in served:
-            argv = [
-                sys.executable,
-                __file__,
-                "_client",
-                "--url",
-                srv.url,
-                "--name",
-                name,
-                "--model",
-                str(d),
-                "--conc",
-                str(a.conc),
-                "--prompts",
-                str(a.prompts),
-                "--out",
-                str(out),
-            ]
-            procs.append(subprocess.Popen(argv))
-        for p in procs:
-            p.wait()
-        wall = time.monotonic() - t0
-        together = [
-            json.loads((out / f"together-{name}-c{a.conc}.json").read_text()) for name, _ in served
-        ]
-        total = sum(r["total_output_tokens"] for r in together)
-        longest = max(r["duration"] for r in together)
         alone = [r for r in rows if r.get("mode") == "alone" and "tok_s" in r]
-        one_at_a_time = sum(r["tok_s"] for r in alone) / max(1, len(alone))
-        summary = {
-            "together_tok_s": total / longest,
-            "together_wall_s": wall,
-            "together_per_model": {
-                name: r["output_throughput"] for (name, _), r in zip(served, together, strict=True)
-            },
-            "together_ttft_p50": {
-                name: r["median_ttft_ms"] for (name, _), r in zip(served, together, strict=True)
-            },
+        summary: dict[str, Any] = {
             "alone_tok_s": {r["tag"]: r["tok_s"] for r in alone},
-            "one_at_a_time_tok_s": one_at_a_time,
+            "one_at_a_time_tok_s": sum(r["tok_s"] for r in alone) / max(1, len(alone)),
         }
+        if a.together:
+            summary |= together_run(a, srv, served, out)
         (out / "pack.json").write_text(
             json.dumps({"rows": rows, "summary": summary, "kv": kv}, indent=1)
         )
@@ -778,7 +775,54 @@ def phase_pack(a: argparse.Namespace) -> None:
             json.dumps({"rows": rows, "summary": summary, "kv": kv, "prefix": prefix}, indent=1)
         )
     finally:
-        stop(srv)
+        if not a.keep:
+            stop(srv)
+
+
+def together_run(
+    a: argparse.Namespace, srv: Server, served: list[tuple[str, Path]], out: Path
+) -> dict[str, Any]:
+    """Every served model at once, one client process per model started together: the
+    pack's aggregate output tok/s (all tokens over the longest client's duration)."""
+    procs = []
+    t0 = time.monotonic()
+    for name, d in served:
+        argv = [
+            sys.executable,
+            __file__,
+            "_client",
+            "--url",
+            srv.url,
+            "--name",
+            name,
+            "--model",
+            str(d),
+            "--conc",
+            str(a.conc),
+            "--prompts",
+            str(a.prompts),
+            "--out",
+            str(out),
+        ]
+        procs.append(subprocess.Popen(argv))
+    for p in procs:
+        p.wait()
+    wall = time.monotonic() - t0
+    together = [
+        json.loads((out / f"together-{name}-c{a.conc}.json").read_text()) for name, _ in served
+    ]
+    total = sum(r["total_output_tokens"] for r in together)
+    longest = max(r["duration"] for r in together)
+    return {
+        "together_tok_s": total / longest,
+        "together_wall_s": wall,
+        "together_per_model": {
+            name: r["output_throughput"] for (name, _), r in zip(served, together, strict=True)
+        },
+        "together_ttft_p50": {
+            name: r["median_ttft_ms"] for (name, _), r in zip(served, together, strict=True)
+        },
+    }
 
 
 def control_run(
@@ -1002,6 +1046,18 @@ def main() -> None:
         help="one of --models: also run it as a plain `vllm serve` with its pack options, "
         "alone on the card before the fleet starts and beside the idle pack after its "
         "alone run (why a packed model is slow: the neighbours, or the serving layer)",
+    )
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave the fleet running (host.sh with KEEP_FLEET=1 spares it): the next "
+        "call's pack of the same models measures it without starting it again",
+    )
+    p.add_argument(
+        "--together",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the aggregate run, every model at once (--no-together: the alone runs only)",
     )
     p.add_argument(
         "--alone",
