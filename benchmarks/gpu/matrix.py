@@ -14,6 +14,10 @@ Design note. Three phases, each one command that fits the device's 10-minute cal
   ("Available KV cache memory") against the plan's prediction (the fraction of the card
   the engine is given less the memory model's non-KV terms), then each model driven alone
   and all at once (aggregate output tok/s).
+* ``sim``: ``fleetserve bench`` sweeps of each model in a fleet of its own and of all of them
+  on the card at once, for ``fleetserve plan calibrate --spec fleet-card.yaml`` and
+  ``fleetserve simulate`` (issue #29's GPU validation: calibrate on one size, predict the
+  others and the co-located run).
 * ``prefix``: two replicas of one model, ``routing.policy`` prefix then pow2, on a
   multi-turn shared-prefix workload sized from the KV cache the replicas report: the
   conversations' working set is 1.4x one replica's cache, so pow2 (every conversation on
@@ -41,6 +45,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -825,6 +830,125 @@ def together_run(
     }
 
 
+def fleet_bench(
+    srv: Server, name: str, model_dir: Path, load: str, a: argparse.Namespace, out: Path, tag: str
+) -> Path | None:
+    """A ``fleetserve bench`` sweep (``load``: ``--concurrency 1,4,16`` or ``--rate ...``)
+    against model ``name`` of ``srv``: the per-request report ``fleetserve plan calibrate``
+    fits and ``fleetserve simulate`` replays (issue #29's GPU validation)."""
+    report = out / f"sim-{tag}.json"
+    argv = [
+        sys.executable,
+        "-m",
+        "fleetserve.cli",
+        "bench",
+        "--base-url",
+        srv.url,
+        "--model",
+        name,
+        "--tokenizer",
+        str(model_dir),
+        *shlex.split(load),
+        "--input-len",
+        a.input_len,
+        "--output-len",
+        a.output_len,
+        "--num-requests",
+        str(a.prompts),
+        "--warmup",
+        "2",
+        "--seed",
+        str(a.seed),
+        "--no-progress",
+        "--output",
+        str(report),
+    ]
+    t0 = time.monotonic()
+    p = subprocess.run(argv, capture_output=True, text=True, check=False)
+    (out / f"sim-{tag}.log").write_text(p.stdout[-20000:] + p.stderr[-20000:])
+    if p.returncode != 0 or not report.exists():
+        log(f"fleetserve bench {tag} failed ({p.returncode}): {p.stderr[-1500:]}")
+        return None
+    log(f"fleetserve bench {tag}: {load} in {time.monotonic() - t0:.0f} s -> {report.name}")
+    return report
+
+
+def card_type() -> str | None:
+    """The catalogue name of this host's card (``nvidia-smi``), None when unknown."""
+    try:
+        name = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+    except OSError:
+        return None
+    for key, card in (("H200", "H200"), ("H100", "H100-80GB")):
+        if key in name:
+            return card
+    return None
+
+
+def phase_sim(a: argparse.Namespace) -> None:
+    """Runs for the simulator's GPU validation (issue #29): each ``--models`` model in a
+    fleet of its own swept with ``fleetserve bench`` (calibrate on one size, predict the
+    others), then, with ``--together``, all of them on the card at once, one sweep each
+    (the co-located prediction). Compiled engines unless ``--eager``."""
+    out = a.out
+    entries = [
+        model_entry(d, d.name, max_model_len=a.max_model_len, concurrency=a.concurrency)
+        for d in a.models
+    ]
+    if a.eager:
+        for e in entries:
+            e["engine_args"]["enforce_eager"] = True
+    # The same models on a pool of this card, for `fleetserve plan calibrate --spec` and
+    # `fleetserve simulate` here: a pool-less spec plans a GPU host as a card of unknown
+    # speed, a catalogue card brings its FLOP/s and bandwidth.
+    card = card_type()
+    if card:
+        pool = {"name": "card", "gpu": {"type": card, "count": 1}, "cpu": 16, "memory_gb": 125}
+        (out / "fleet-card.yaml").write_text(yaml.safe_dump({"pools": [pool], "models": entries}))
+    groups: list[list[int]] = [[i] for i in range(len(entries))] if a.alone else []
+    if a.together:
+        groups.append(list(range(len(entries))))
+    for group in groups:
+        tag = "together" if len(group) > 1 else entries[group[0]]["name"]
+        spec = write_spec(out / f"fleet-{tag}.yaml", [entries[i] for i in group], 8200)
+        (out / f"plan-{tag}.json").write_text(json.dumps(plan_of(spec), indent=1))
+        srv = start_fleet(spec, 8200, out, name=f"fleet-{tag}")
+        try:
+            (out / f"kv-{tag}.json").write_text(json.dumps(logged_kv([RAY_LOGS]), indent=1))
+            if len(group) == 1:
+                i = group[0]
+                fleet_bench(srv, entries[i]["name"], a.models[i], a.load, a, out, tag)
+                continue
+            # co-located: one sweep per model at once, each at the first load point
+            first = a.load.split(",")[0]
+            procs = [
+                threading.Thread(
+                    target=fleet_bench,
+                    args=(
+                        srv,
+                        entries[i]["name"],
+                        a.models[i],
+                        first,
+                        a,
+                        out,
+                        f"{tag}-{entries[i]['name']}",
+                    ),
+                )
+                for i in group
+            ]
+            for t in procs:
+                t.start()
+            for t in procs:
+                t.join()
+        finally:
+            stop(srv)
+
+
 def control_run(
     a: argparse.Namespace, plan: dict[str, Any], model_dir: Path, out: Path, tag: str
 ) -> dict[str, Any]:
@@ -1089,22 +1213,34 @@ def main() -> None:
         s_.add_argument("--prefix-max-model-len", type=int, default=8192)
         s_.add_argument("--output-len", type=int, default=32)
         s_.add_argument("--kv-tokens", type=int, default=0)
+    m = sub.add_parser("sim", help="fleetserve bench runs for the simulator's validation")
+    m.add_argument("--models", type=Path, nargs="+", required=True)
+    m.add_argument("--load", default="--concurrency 1,4,16", help="fleetserve bench's load")
+    m.add_argument("--input-len", default="512")
+    m.add_argument("--output-len", default="128")
+    m.add_argument("--prompts", type=int, default=32, help="requests per point")
+    m.add_argument("--seed", type=int, default=1)
+    m.add_argument("--concurrency", type=int, default=16, help="spec concurrency per model")
+    m.add_argument("--max-model-len", type=int, default=4096)
+    m.add_argument("--eager", action="store_true")
+    m.add_argument("--alone", action=argparse.BooleanOptionalAction, default=True)
+    m.add_argument("--together", action=argparse.BooleanOptionalAction, default=True)
     c = sub.add_parser("_client")
     c.add_argument("--url")
     c.add_argument("--name")
     c.add_argument("--model", type=Path)
     c.add_argument("--conc", type=int)
     c.add_argument("--prompts", type=int)
-    for s in (o, p, x, c):
+    for s in (o, p, x, m, c):
         s.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     # vLLM's client once, before anything is timed (run_client runs it in this process)
     import vllm.benchmarks.serve  # noqa: F401, PLC0415
 
-    {"overhead": phase_overhead, "pack": phase_pack, "prefix": phase_prefix, "_client": client}[
-        a.phase
-    ](a)
+    phases = {"overhead": phase_overhead, "pack": phase_pack, "prefix": phase_prefix}
+    phases |= {"sim": phase_sim, "_client": client}
+    phases[a.phase](a)
 
 
 if __name__ == "__main__":
