@@ -472,10 +472,13 @@ def write_spec(path: Path, models: list[dict[str, Any]], port: int) -> Path:
     return path
 
 
-def model_entry(model_dir: Path, name: str, **fields: Any) -> dict[str, Any]:
+def model_entry(model_dir: Path, name: str, eager: bool = False, **fields: Any) -> dict[str, Any]:
+    """A spec entry for a dummy-weight model directory; ``eager``: ``enforce_eager``."""
     entry: dict[str, Any] = {"name": name, "source": str(model_dir.resolve())}
     entry.update(fields)
     entry.setdefault("engine_args", {})["load_format"] = "dummy"
+    if eager:
+        entry["engine_args"]["enforce_eager"] = True
     if cpu := os.environ.get("MATRIX_REPLICA_CPU"):  # a dry run on a small host
         entry["resources"] = {"cpu": float(cpu)}
     return entry
@@ -673,7 +676,7 @@ def print_overhead(rows: list[dict[str, Any]]) -> None:
 def phase_pack(a: argparse.Namespace) -> None:
     out = a.out
     entries = [
-        model_entry(d, d.name, max_model_len=a.max_model_len, concurrency=a.concurrency)
+        model_entry(d, d.name, a.eager, max_model_len=a.max_model_len, concurrency=a.concurrency)
         for d in a.models
     ]
     # The prefix pair on the same card: one model twice, two replicas each, one per
@@ -688,15 +691,13 @@ def phase_pack(a: argparse.Namespace) -> None:
             model_entry(
                 a.prefix_model,
                 name,
+                a.eager,
                 max_model_len=a.prefix_max_model_len,
                 concurrency=a.prefix_concurrency,
                 replicas={"min": 2, "max": 2},
                 routing={"policy": policy},
             )
         )
-    if a.eager:
-        for e in entries:
-            e["engine_args"]["enforce_eager"] = True
     spec = write_spec(out / "fleet.yaml", entries, 8200)
     plan = plan_of(spec)
     (out / "plan.json").write_text(json.dumps(plan, indent=1))
@@ -884,10 +885,13 @@ def card_type() -> str | None:
         ).stdout
     except OSError:
         return None
-    for key, card in (("H200", "H200"), ("H100", "H100-80GB")):
-        if key in name:
-            return card
-    return None
+    from fleetserve.errors import SpecError  # noqa: PLC0415
+    from fleetserve.plan.gpus import gpu_type  # noqa: PLC0415
+
+    try:  # the catalogue knows nvidia-smi's names ("NVIDIA H100 80GB HBM3")
+        return gpu_type(name.splitlines()[0].strip()).name if name.strip() else None
+    except SpecError:
+        return None
 
 
 def phase_sim(a: argparse.Namespace) -> None:
@@ -897,12 +901,9 @@ def phase_sim(a: argparse.Namespace) -> None:
     (the co-located prediction). Compiled engines unless ``--eager``."""
     out = a.out
     entries = [
-        model_entry(d, d.name, max_model_len=a.max_model_len, concurrency=a.concurrency)
+        model_entry(d, d.name, a.eager, max_model_len=a.max_model_len, concurrency=a.concurrency)
         for d in a.models
     ]
-    if a.eager:
-        for e in entries:
-            e["engine_args"]["enforce_eager"] = True
     # The same models on a pool of this card, for `fleetserve plan calibrate --spec` and
     # `fleetserve simulate` here: a pool-less spec plans a GPU host as a card of unknown
     # speed, a catalogue card brings its FLOP/s and bandwidth.
@@ -1094,13 +1095,12 @@ def phase_prefix(a: argparse.Namespace) -> None:
         entry = model_entry(
             a.model,
             "g",
+            a.eager,
             max_model_len=a.prefix_max_model_len,
             concurrency=a.prefix_concurrency,
             replicas={"min": 2, "max": 2},
             routing={"policy": policy},
         )
-        if a.eager:
-            entry["engine_args"]["enforce_eager"] = True
         spec = write_spec(out / f"fleet-{policy}.yaml", [entry], 8200)
         srv = start_fleet(spec, 8200, out, name=f"fleet-{policy}")
         try:
@@ -1157,7 +1157,6 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=128)
     p.add_argument("--concurrency", type=int, default=32, help="spec concurrency per model")
     p.add_argument("--max-model-len", type=int, default=4096)
-
     p.add_argument(
         "--prefix-model",
         type=Path,

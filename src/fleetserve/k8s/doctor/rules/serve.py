@@ -1071,38 +1071,28 @@ _EAGER_FIX = (
 @rule("enforce-eager", versions={"vllm": "all"})
 def enforce_eager(inv: Inventory) -> Iterator[Finding]:
     """A GPU engine with enforce_eager: decode bound by one CPU core's Python."""
+    # (where, path of the setting, who) of every eager engine given a GPU
+    eager: list[tuple[Located, str, str]] = []
     cfg = hami_config(inv)
     for pod, c, path, engine, paths in server_engines(inv):
         if engine.get("enforce_eager") is True and container_slice(c, cfg) is not None:
-            yield Finding.at(
-                "enforce-eager",
-                "warning",
-                pod.manifest,
-                paths.get("enforce_eager", path),
-                f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref} runs on a GPU "
-                f"with enforce_eager: {_EAGER_COST}.",
-                _EAGER_FIX,
-            )
+            who = f"vLLM container {c.get('name', '?')!r} of {pod.manifest.ref}"
+            eager.append((pod.manifest, paths.get("enforce_eager", path), who))
     for r in _replicas(inv):
         if r.is_vllm and r.engine.get("enforce_eager") is True and r.gpu_units is not None:
-            yield Finding.at(
-                "enforce-eager",
-                "warning",
-                r.manifest,
-                r.engine_path("enforce_eager"),
-                f"Serve replica {r.name!r} runs on a GPU with enforce_eager: {_EAGER_COST}.",
-                _EAGER_FIX,
-            )
-    found: list[tuple[Located, OperatorEngine]] = list(kubeai_engines(inv))
+            eager.append((r.manifest, r.engine_path("enforce_eager"), f"Serve replica {r.name!r}"))
+    operators: list[tuple[Located, OperatorEngine]] = list(kubeai_engines(inv))
     for values in inv.charts("vllm-production-stack"):
-        found.extend((values, e) for e in production_stack_engines(values.body))
-    for where, e in found:
+        operators.extend((values, e) for e in production_stack_engines(values.body))
+    for where, e in operators:
         if e.engine.get("enforce_eager") is True and (e.gpus or 0) > 0:
-            yield Finding.at(
-                "enforce-eager",
-                "warning",
-                where,
-                e.paths.get("enforce_eager", e.path),
-                f"{e.who} runs on a GPU with enforce_eager: {_EAGER_COST}.",
-                _EAGER_FIX,
-            )
+            eager.append((where, e.paths.get("enforce_eager", e.path), e.who))
+    for where, path, who in eager:
+        yield Finding.at(
+            "enforce-eager",
+            "warning",
+            where,
+            path,
+            f"{who} runs on a GPU with enforce_eager: {_EAGER_COST}.",
+            _EAGER_FIX,
+        )
