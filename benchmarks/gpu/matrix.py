@@ -422,6 +422,7 @@ def bench(
         "ttft_p90_ms": r.get("p90_ttft_ms"),
         "tpot_p50_ms": r.get("median_tpot_ms"),
         "duration_s": r.get("duration"),
+        "output_tokens": r.get("total_output_tokens"),
         "wall_s": wall,
         "serving_cpu_ms_per_token": 1000 * serving_s / tokens,
         "engine_cpu_ms_per_token": 1000 * engine_s / tokens,
@@ -758,16 +759,42 @@ def phase_pack(a: argparse.Namespace) -> None:
                 )
                 (out / "pack-rows.json").write_text(json.dumps(rows, indent=1))
         alone = [r for r in rows if r.get("mode") == "alone" and "tok_s" in r]
+        # The same work (each model's --prompts requests) served one model at a time takes
+        # the sum of the alone runs' durations: its rate is all tokens over that sum (not
+        # the mean of the alone rates, which would weigh a fast small model as much as a
+        # slow big one). An earlier call's alone rows count (pack --keep, then --alone).
+        earlier = a.out.parent.glob("pack-*/pack-rows.json") if a.alone is not None else []
+        for f in earlier:
+            seen = {r["tag"] for r in alone}
+            alone += [
+                r
+                for r in json.loads(f.read_text())
+                if r.get("mode") == "alone" and "tok_s" in r and r["tag"] not in seen
+            ]
         summary: dict[str, Any] = {
             "alone_tok_s": {r["tag"]: r["tok_s"] for r in alone},
-            "one_at_a_time_tok_s": sum(r["tok_s"] for r in alone) / max(1, len(alone)),
+            "one_at_a_time_tok_s": sum(r.get("output_tokens") or 0 for r in alone)
+            / max(1e-9, sum(r.get("duration_s") or 0 for r in alone)),
+            "one_at_a_time_s": sum(r.get("duration_s") or 0 for r in alone),
         }
         if a.together:
             summary |= together_run(a, srv, served, out)
+            if summary["one_at_a_time_s"]:
+                # > 1: the pack serves the same work faster together than one at a time
+                summary["together_speedup"] = summary["one_at_a_time_s"] / summary["together_s"]
         (out / "pack.json").write_text(
             json.dumps({"rows": rows, "summary": summary, "kv": kv}, indent=1)
         )
         print(json.dumps(summary, indent=1), flush=True)
+        if a.sim is not None:
+            # issue #29's runs on this fleet: the named models (default all) each driven
+            # with the others idle, then all of them at once
+            fleet_card(entries, out)
+            chosen = [(n, d) for n, d in served if not a.sim or n in a.sim]
+            for name, d in chosen:
+                sim_sweeps(a, srv, [(name, d)], name, out)
+            if len(chosen) > 1:
+                sim_sweeps(a, srv, chosen, "together", out)
         prefix: dict[str, dict[str, Any]] = {}
         if pair:
             kv_tokens = a.kv_tokens or int(kv.get(pair["prefix"], {}).get("kv_tokens", 0))
@@ -821,6 +848,7 @@ def together_run(
     longest = max(r["duration"] for r in together)
     return {
         "together_tok_s": total / longest,
+        "together_s": longest,
         "together_wall_s": wall,
         "together_per_model": {
             name: r["output_throughput"] for (name, _), r in zip(served, together, strict=True)
@@ -834,7 +862,8 @@ def together_run(
 def fleet_bench(
     srv: Server, name: str, model_dir: Path, load: str, a: argparse.Namespace, out: Path, tag: str
 ) -> Path | None:
-    """A ``fleetserve bench`` sweep (``load``: ``--concurrency 1,4,16`` or ``--rate ...``)
+    """A ``fleetserve bench`` sweep (``load``: ``--concurrency 1,4,16`` or ``--rate ...``;
+    ``--sim-prompts`` requests per point)
     against model ``name`` of ``srv``: the per-request report ``fleetserve plan calibrate``
     fits and ``fleetserve simulate`` replays (issue #29's GPU validation)."""
     report = out / f"sim-{tag}.json"
@@ -851,11 +880,11 @@ def fleet_bench(
         str(model_dir),
         *shlex.split(load),
         "--input-len",
-        a.input_len,
+        a.sim_input_len,
         "--output-len",
-        a.output_len,
+        a.sim_output_len,
         "--num-requests",
-        str(a.prompts),
+        str(a.sim_prompts),
         "--warmup",
         "2",
         "--seed",
@@ -894,23 +923,49 @@ def card_type() -> str | None:
         return None
 
 
+def fleet_card(entries: list[dict[str, Any]], out: Path) -> None:
+    """The served models on a pool of this card, for ``fleetserve plan calibrate --spec`` and
+    ``fleetserve simulate`` here: a pool-less spec plans a GPU host as a card of unknown
+    speed, a catalogue card brings its FLOP/s and bandwidth."""
+    card = card_type()
+    if card:
+        pool = {"name": "card", "gpu": {"type": card, "count": 1}, "cpu": 16, "memory_gb": 125}
+        (out / "fleet-card.yaml").write_text(yaml.safe_dump({"pools": [pool], "models": entries}))
+
+
+def sim_sweeps(
+    a: argparse.Namespace, srv: Server, served: list[tuple[str, Path]], tag: str, out: Path
+) -> None:
+    """``fleetserve bench`` on ``served`` models of ``srv``: one model, its whole sweep
+    (``sim-<tag>.json``); several, every one at once at the first load point
+    (``sim-<tag>-<name>.json``, the co-located prediction)."""
+    if len(served) == 1:
+        name, d = served[0]
+        fleet_bench(srv, name, d, a.sim_load, a, out, tag)
+        return
+    first = a.sim_load.split(",")[0]
+    threads = [
+        threading.Thread(target=fleet_bench, args=(srv, name, d, first, a, out, f"{tag}-{name}"))
+        for name, d in served
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def phase_sim(a: argparse.Namespace) -> None:
     """Runs for the simulator's GPU validation (issue #29): each ``--models`` model in a
     fleet of its own swept with ``fleetserve bench`` (calibrate on one size, predict the
     others), then, with ``--together``, all of them on the card at once, one sweep each
-    (the co-located prediction). Compiled engines unless ``--eager``."""
+    (the co-located prediction). Compiled engines unless ``--eager``. (``pack --sim``
+    makes the same runs on a pack's one fleet, each model driven with the others idle.)"""
     out = a.out
     entries = [
         model_entry(d, d.name, a.eager, max_model_len=a.max_model_len, concurrency=a.concurrency)
         for d in a.models
     ]
-    # The same models on a pool of this card, for `fleetserve plan calibrate --spec` and
-    # `fleetserve simulate` here: a pool-less spec plans a GPU host as a card of unknown
-    # speed, a catalogue card brings its FLOP/s and bandwidth.
-    card = card_type()
-    if card:
-        pool = {"name": "card", "gpu": {"type": card, "count": 1}, "cpu": 16, "memory_gb": 125}
-        (out / "fleet-card.yaml").write_text(yaml.safe_dump({"pools": [pool], "models": entries}))
+    fleet_card(entries, out)
     groups: list[list[int]] = [[i] for i in range(len(entries))] if a.alone else []
     if a.together:
         groups.append(list(range(len(entries))))
@@ -921,31 +976,7 @@ def phase_sim(a: argparse.Namespace) -> None:
         srv = start_fleet(spec, 8200, out, name=f"fleet-{tag}")
         try:
             (out / f"kv-{tag}.json").write_text(json.dumps(logged_kv([RAY_LOGS]), indent=1))
-            if len(group) == 1:
-                i = group[0]
-                fleet_bench(srv, entries[i]["name"], a.models[i], a.load, a, out, tag)
-                continue
-            # co-located: one sweep per model at once, each at the first load point
-            first = a.load.split(",")[0]
-            procs = [
-                threading.Thread(
-                    target=fleet_bench,
-                    args=(
-                        srv,
-                        entries[i]["name"],
-                        a.models[i],
-                        first,
-                        a,
-                        out,
-                        f"{tag}-{entries[i]['name']}",
-                    ),
-                )
-                for i in group
-            ]
-            for t in procs:
-                t.start()
-            for t in procs:
-                t.join()
+            sim_sweeps(a, srv, [(entries[i]["name"], a.models[i]) for i in group], tag, out)
         finally:
             stop(srv)
 
@@ -1189,6 +1220,13 @@ def main() -> None:
         "the aggregate and the prefix pair, with the alone rows of an earlier call)",
     )
     p.add_argument(
+        "--sim",
+        nargs="*",
+        help="after the aggregate, `fleetserve bench` runs for issue #29 on this fleet (as "
+        "the sim phase's, but in the pack): the named served models (none named: all) "
+        "each with the others idle, then all at once",
+    )
+    p.add_argument(
         "--profile-engine-s",
         type=int,
         default=0,
@@ -1214,16 +1252,19 @@ def main() -> None:
         s_.add_argument("--kv-tokens", type=int, default=0)
     m = sub.add_parser("sim", help="fleetserve bench runs for the simulator's validation")
     m.add_argument("--models", type=Path, nargs="+", required=True)
-    m.add_argument("--load", default="--concurrency 1,4,16", help="fleetserve bench's load")
-    m.add_argument("--input-len", default="512")
-    m.add_argument("--output-len", default="128")
-    m.add_argument("--prompts", type=int, default=32, help="requests per point")
-    m.add_argument("--seed", type=int, default=1)
     m.add_argument("--concurrency", type=int, default=16, help="spec concurrency per model")
     m.add_argument("--max-model-len", type=int, default=4096)
     m.add_argument("--eager", action="store_true")
     m.add_argument("--alone", action=argparse.BooleanOptionalAction, default=True)
     m.add_argument("--together", action=argparse.BooleanOptionalAction, default=True)
+    for s_ in (p, m):  # fleetserve bench's runs (sim, pack --sim)
+        s_.add_argument(
+            "--sim-load", default="--concurrency 1,4,16", help="fleetserve bench's load"
+        )
+        s_.add_argument("--sim-input-len", default="512")
+        s_.add_argument("--sim-output-len", default="128")
+        s_.add_argument("--sim-prompts", type=int, default=32, help="requests per point")
+        s_.add_argument("--seed", type=int, default=1)
     c = sub.add_parser("_client")
     c.add_argument("--url")
     c.add_argument("--name")
