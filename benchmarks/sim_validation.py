@@ -1,18 +1,33 @@
-"""Calibrate on some CPU bench runs, predict others, print the error table (issue #29).
+"""Calibrate on some bench runs, predict others, print the error table (issue #29).
+
+CPU (the fixtures; the fleet is the built-in default one, planned for a 2-CPU, 23 GiB host
+like the one they ran on):
 
     PYTHONPATH=src .venv/bin/python benchmarks/sim_validation.py \
         --calibrate tests/fixtures/sim/cpu-cal.json \
         --predict tests/fixtures/sim/cpu-pred-conc.json tests/fixtures/sim/cpu-pred-long.json \
                   tests/fixtures/sim/cpu-pred-rate.json
 
-The fleet is the built-in default one (what the runs were served by), planned for a 2-CPU,
-23 GiB host like the one they ran on.
+GPU (``benchmarks/gpu/matrix.py pack --sim`` or ``sim`` writes the runs and the spec they
+were served by, on a pool of the host's card): calibrate on one model, predict the others
+alone and the runs measured at the same time together (``--together``, simulated as one
+fleet run):
+
+    PYTHONPATH=src .venv/bin/python benchmarks/sim_validation.py --spec fleet-card.yaml --uncapped \
+        --calibrate sim-gemma-3-4b.json=gemma-3-4b \
+        --predict sim-gemma-3-1b.json=gemma-3-1b sim-gemma-3-12b.json=gemma-3-12b \
+        --together sim-together-gemma-3-4b.json=gemma-3-4b \
+                   sim-together-gemma-3-12b.json=gemma-3-12b
+
+A run is ``BENCH.json`` or ``BENCH.json=MODEL`` (the fleet's model, when the report names
+another).
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from fleetserve.bench.report import BenchReport
 from fleetserve.host import HostFacts
@@ -21,35 +36,72 @@ from fleetserve.plan.local import plan_local
 from fleetserve.sim.build import model_setups
 from fleetserve.sim.calibrate import fit, prediction_errors, with_calibration
 from fleetserve.sim.run import simulate_traces
-from fleetserve.spec import default_fleet
+from fleetserve.spec import default_fleet, load_spec
 
 GOALS = {"output_throughput": 0.10, "tpot.p50": 0.10, "ttft.p50": 0.20, "ttft.p90": 0.20}
 
 
+def _run(item: str) -> tuple[Path, BenchReport, str | None]:
+    path, _, model = item.partition("=")
+    return Path(path), BenchReport.load(Path(path)), model or None
+
+
+def _fleet(spec_path: Path | None) -> tuple[Any, Any, bool]:
+    """(spec, plan, cpu): a spec with pools is planned on them (the card's FLOP/s and
+    bandwidth come from the GPU catalogue); none, the built-in fleet on the 2-CPU host."""
+    if spec_path is None:
+        spec = default_fleet()
+        return spec, plan_local(spec, HostFacts(cpus=2, memory_mb=23 * 1024)), True
+    from fleetserve.plan.planner import plan_fleet  # noqa: PLC0415
+
+    spec = load_spec(spec_path)
+    return spec, plan_fleet(spec, scenario="min"), not spec.pools
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--calibrate", nargs="+", type=Path, required=True)
-    ap.add_argument("--predict", nargs="*", type=Path, default=[])
+    ap.add_argument("--spec", type=Path, help="the fleet the runs were served by")
+    ap.add_argument("--calibrate", nargs="+", required=True)
+    ap.add_argument("--predict", nargs="*", default=[])
+    ap.add_argument("--together", nargs="*", default=[], help="runs measured at the same time")
+    ap.add_argument(
+        "--uncapped",
+        action="store_true",
+        help="the runs were served without HAMi (fleetserve serve on one host): no "
+        "gpucores cap, every engine may use the whole card's SMs (as the local plan, "
+        "cores_percent 0), the plan's slices only set memory",
+    )
     args = ap.parse_args()
-    spec = default_fleet()
-    plan = plan_local(spec, HostFacts(cpus=2, memory_mb=23 * 1024))
-    start = Calibration.default(cpu=True)
-    models = model_setups(spec, plan, start)
-    cal_runs = [(BenchReport.load(p), None) for p in args.calibrate]
+    spec, plan, cpu = _fleet(args.spec)
+    if args.uncapped:
+        plan = plan.model_copy(
+            update={"replicas": [r.model_copy(update={"cores_percent": 0}) for r in plan.replicas]}
+        )
+    start = Calibration.default(cpu=cpu)
+    base = args.spec.parent if args.spec else None
+    models = (
+        model_setups(spec, plan, start, base_dir=base) if base else model_setups(spec, plan, start)
+    )
+    cal_runs = [(report, model) for _, report, model in map(_run, args.calibrate)]
     cal = fit(models, cal_runs, start=start)
     print(cal.model_dump_json(indent=1))
     print("| set | run | point | metric | measured | simulated | error | goal |")
     print("|---|---|---|---|---:|---:|---:|---|")
-    for kind, paths in (("calibration", args.calibrate), ("prediction", args.predict)):
-        for path in paths:
-            report = BenchReport.load(path)
-            sim = simulate_traces(
-                with_calibration(models, cal),
-                [(report, None)],
-                request_overhead_s=cal.request_overhead_s,
-            )
+    groups = [("calibration", [r]) for r in args.calibrate]
+    groups += [("prediction", [r]) for r in args.predict]
+    if args.together:
+        groups.append(("together", args.together))
+    for kind, items in groups:
+        runs = [_run(i) for i in items]
+        sim = simulate_traces(
+            with_calibration(models, cal),
+            [(report, model) for _, report, model in runs],
+            request_overhead_s=cal.request_overhead_s,
+        )
+        for path, report, model in runs:
+            name = model or report.run.model
             for _, point, metric, a, b in prediction_errors(
-                {report.run.model: report}, sim.reports
+                {name: report}, {name: sim.reports[name]}
             ):
                 err = b / a - 1
                 ok = "yes" if abs(err) <= GOALS[metric] else "no"

@@ -1064,18 +1064,19 @@ def conversations(
 
 @functools.cache
 def prefix_workload(
-    model_dir: Path, kv_tokens: int, max_prompt: int, out: Path
+    model_dir: Path, kv_tokens: int, max_prompt: int, out: Path, seed: int = 0
 ) -> tuple[Path, int, int]:
     """The multi-turn conversations for one replica's KV cache (``kv_tokens``), tokenised
-    and written once per run and shared by every policy (seeded: the same prompts):
+    and written once per run and shared by every policy (seeded: the same prompts; another
+    ``seed``, the same shapes with other words - a warm-up that leaves no useful prefix):
     (the dataset file, users, requests)."""
     from transformers import AutoTokenizer  # noqa: PLC0415 - the host has it
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     prompts, users, per_user = conversations(
-        int(1.4 * kv_tokens), lambda text: len(tokenizer(text)["input_ids"]), max_prompt
+        int(1.4 * kv_tokens), lambda text: len(tokenizer(text)["input_ids"]), max_prompt, seed
     )
-    data = out / f"conversations-{model_dir.name}-{kv_tokens}.jsonl"
+    data = out / f"conversations-{model_dir.name}-{kv_tokens}-s{seed}.jsonl"
     data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     log(
         f"prefix workload: KV {kv_tokens} tokens/replica -> {users} users, {len(prompts)} "
@@ -1085,12 +1086,20 @@ def prefix_workload(
 
 
 def prefix_run(
-    a: argparse.Namespace, srv: Server, name: str, model_dir: Path, kv_tokens: int, tag: str
+    a: argparse.Namespace,
+    srv: Server,
+    name: str,
+    model_dir: Path,
+    kv_tokens: int,
+    tag: str,
+    *,
+    seed: int = 0,
+    conc: int = 0,
 ) -> dict[str, Any]:
     """The multi-turn shared-prefix workload (:func:`prefix_workload`) against model
-    ``name`` of ``srv``."""
+    ``name`` of ``srv``, at ``conc`` (default ``--prefix-conc``) streams."""
     max_prompt = a.prefix_max_model_len - a.output_len - 64
-    data, users, requests = prefix_workload(model_dir, kv_tokens, max_prompt, a.out)
+    data, users, requests = prefix_workload(model_dir, kv_tokens, max_prompt, a.out, seed)
     extra = [
         "--dataset-name",
         "custom",
@@ -1102,16 +1111,21 @@ def prefix_run(
         "--disable-shuffle",
         "--ignore-eos",
     ]
-    row = bench(srv, name, str(model_dir), min(users, a.prefix_conc), requests, a.out, tag, extra)
+    conc = min(users, conc or a.prefix_conc)
+    row = bench(srv, name, str(model_dir), conc, requests, a.out, tag, extra)
     row["users"], row["requests"], row["kv_tokens"] = users, requests, kv_tokens
     return row
 
 
 def print_prefix(results: dict[str, dict[str, Any]]) -> None:
-    p, q = results.get("prefix", {}), results.get("pow2", {})
-    if "tok_s" in p and "tok_s" in q:
+    """prefix against pow2 for each measured concurrency (keys ``prefix``/``pow2`` or
+    ``prefix-c<n>``/``pow2-c<n>``)."""
+    for key, p in results.items():
+        q = results.get(key.replace("prefix", "pow2", 1), {})
+        if not key.startswith("prefix") or "tok_s" not in p or "tok_s" not in q:
+            continue
         print(
-            f"\nprefix/pow2: TTFT p50 {p['ttft_p50_ms']:.1f}/{q['ttft_p50_ms']:.1f} ms = "
+            f"\n{key}/pow2: TTFT p50 {p['ttft_p50_ms']:.1f}/{q['ttft_p50_ms']:.1f} ms = "
             f"{p['ttft_p50_ms'] / q['ttft_p50_ms']:.3f}x; "
             f"tok/s {p['tok_s']:.0f}/{q['tok_s']:.0f} = "
             f"{p['tok_s'] / q['tok_s']:.3f}x",
@@ -1139,7 +1153,17 @@ def phase_prefix(a: argparse.Namespace) -> None:
                 found = logged_kv([RAY_LOGS])
                 # the same workload for every policy
                 a.kv_tokens = int(min(v["kv_tokens"] for v in found.values())) if found else 100_000
-            results[policy] = prefix_run(a, srv, "g", a.model, a.kv_tokens, f"prefix-{policy}")
+            if a.warmup:
+                # the same shapes with other words first: a fresh engine's first long
+                # prompts meet torch.compile and kernel warm-up (seconds of stall in the
+                # first measured run of the fourth GPU session), and its prefix cache
+                # starts full of prefixes no measured request shares
+                prefix_run(a, srv, "g", a.model, a.kv_tokens, f"warmup-{policy}", seed=1)
+            for conc in a.prefix_concs or [a.prefix_conc]:
+                tag = f"prefix-{policy}" + (f"-c{conc}" if a.prefix_concs else "")
+                results[tag.removeprefix("prefix-")] = prefix_run(
+                    a, srv, "g", a.model, a.kv_tokens, tag, conc=conc
+                )
         finally:
             stop(srv)
     (out / "prefix.json").write_text(json.dumps(results, indent=1))
@@ -1236,6 +1260,18 @@ def main() -> None:
     x = sub.add_parser("prefix")
     x.add_argument("--model", type=Path, required=True)
     x.add_argument("--policies", nargs="+", default=["prefix", "pow2"])
+    x.add_argument(
+        "--warmup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the workload with other words before each policy's measured runs",
+    )
+    x.add_argument(
+        "--prefix-concs",
+        type=int,
+        nargs="*",
+        help="measure at each of these concurrencies (default: --prefix-conc only)",
+    )
     for s_ in (p, x):
         s_.add_argument(
             "--eager",

@@ -34,9 +34,11 @@ sheet facts.
 
 **Interference (replicas sharing a card).** A HAMi ``gpucores`` slice of ``c`` % caps the
 replica at ``c`` % of the card's compute (HAMi throttles kernel launches to that share of SM
-time): ``compute_share = c/100``. Memory bandwidth is not partitioned: the replicas whose
-steps run at the same moment share it equally, ``bandwidth_share = 1/n`` for ``n`` busy
-replicas on the card (the simulator counts them at each step's start). On a CPU host the
+time). Memory bandwidth is not partitioned: the replicas whose steps run at the same moment
+share it equally, ``bandwidth_share = 1/n`` for ``n`` busy replicas on the card (the
+simulator counts them at each step's start). Nor is compute beyond the cap: the replicas'
+CUDA contexts time-slice the SMs, so each gets ``min(c/100, 1/n)`` of the card
+(:meth:`Hardware.shares`). On a CPU host the
 engines run on their own cores (fleetserve pins them, engine/cpu_binding.py), so compute is
 per core and only DRAM bandwidth is shared the same way.
 
@@ -193,6 +195,21 @@ class Hardware:
     link_bandwidth: float
     """Bytes/s to a tensor-parallel peer."""
     cpu: bool = False
+    cores_share: float = 1.0
+    """The HAMi gpucores cap already in ``peak_flops`` (1: the whole card; CPU: 1)."""
+
+    def shares(self, busy: int) -> tuple[float, float]:
+        """(bandwidth share, further compute share) of one of ``busy`` engines stepping on
+        this card (or CPU host) at once. Memory bandwidth splits evenly either way. On a
+        card, the engines' CUDA contexts time-slice the SMs (no MPS: measured on an H100,
+        four stepping engines busy the SMs 95-99 % with 24-31 % each), so one gets at most
+        ``1/busy`` of the card's compute, and its gpucores cap still holds: ``min(cap,
+        1/busy)`` of the card, i.e. ``min(1, 1/(busy x cap))`` of ``peak_flops``. CPU
+        engines run on their own pinned cores: compute is not shared."""
+        n = max(1, busy)
+        if self.cpu:
+            return 1.0 / n, 1.0
+        return 1.0 / n, min(1.0, 1.0 / (n * self.cores_share))
 
     @classmethod
     def of(
@@ -228,6 +245,7 @@ class Hardware:
             peak_flops=gpu.peak_flops(compute_dtype) * share,
             bandwidth=gpu.bandwidth,
             link_bandwidth=gpu.link_gbps * 1e9,
+            cores_share=share,
         )
 
 
@@ -370,7 +388,12 @@ class EnginePerf:
         return self.terms(load, bandwidth_share=bandwidth_share, compute_share=compute_share).total
 
     def decode_step_time(
-        self, batch: int, context: float, *, bandwidth_share: float = 1.0
+        self,
+        batch: int,
+        context: float,
+        *,
+        bandwidth_share: float = 1.0,
+        compute_share: float = 1.0,
     ) -> float:
         """One pure-decode step of ``batch`` sequences of mean context ``context``."""
         if batch <= 0:
@@ -386,7 +409,7 @@ class EnginePerf:
             batch * context,
             batch * win,
         )
-        return self.step_time(load, bandwidth_share=bandwidth_share)
+        return self.step_time(load, bandwidth_share=bandwidth_share, compute_share=compute_share)
 
 
 def engine_perf(

@@ -74,7 +74,8 @@ def model_setups(
                 kv_cache_dtype=model.kv_cache_dtype,
                 tensor_parallel=p.tensor_parallel,
                 pipeline_parallel=p.pipeline_parallel,
-                cores_percent=p.cores_percent if gpu is not None else 100,
+                # 0: no HAMi cap (the local plan's placements), the whole card
+                cores_percent=(p.cores_percent or 100) if gpu is not None else 100,
                 cpu_cores=model.resources.cpu,
             )
             block = BLOCK_SIZE if gpu is not None else CPU_BLOCK_SIZE

@@ -37,7 +37,8 @@ O(batch). Two aggregate approximations: KV blocks of decoding sequences are coun
 windowed layers read ``min(mean context, window)`` per sequence.
 
 Step times come from :class:`fleetserve.perf.EnginePerf`; the share of the card's memory
-bandwidth is 1/n for the n engines stepping on the card when the step (or run) starts.
+bandwidth is 1/n for the n engines stepping on the card when the step (or run) starts, and
+on a GPU its compute time-slices the same way (``Hardware.shares``).
 """
 
 from __future__ import annotations
@@ -242,12 +243,14 @@ class EngineSim:
             self.busy = True
             self.card.busy += 1
         self.version += 1
-        share = 1.0 / self.card.busy
+        share, compute = self.perf.hardware.shares(self.card.busy)
         run = self._plan_run()
         n = len(self._dec)
         if run > 1:
             ctx = (self._dec_ctx + n * self.S) / n + (run - 1) / 2
-            self._tau = self.perf.decode_step_time(n, ctx, bandwidth_share=share)
+            self._tau = self.perf.decode_step_time(
+                n, ctx, bandwidth_share=share, compute_share=compute
+            )
             self._k = run
             self._t0 = now
             self._end = now + run * self._tau
@@ -268,7 +271,7 @@ class EngineSim:
                 self._idle()
                 return None
         self.steps += 1
-        self._end = now + self.perf.step_time(load, bandwidth_share=share)
+        self._end = now + self.perf.step_time(load, bandwidth_share=share, compute_share=compute)
         return self._end
 
     def _plan_run(self) -> int:

@@ -1,0 +1,107 @@
+"""The simulator against real vLLM runs on an H100 (issue #29's GPU validation).
+
+The runs (tests/fixtures/sim/h100, docs/benchmarks.md "Capacity simulator"): four Gemma 3
+sizes served at once by one ``fleetserve serve`` on an H100 (vLLM 0.26.0, compiled, no
+HAMi: every engine may use the whole card's SMs), each swept alone with ``fleetserve
+bench`` (c = 1, 4, 16; 512-token prompts, 128 output tokens) while the others idled, then
+the 4B and the 12B driven at the same time. The configs are the published text configs the
+runs served (weight-free, ``load_format: dummy``). Calibrated on the 12B alone, the
+simulator predicts the 4B alone and the 12B beside the busy 4B.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetserve.bench.report import BenchReport
+from fleetserve.perf import Calibration
+from fleetserve.plan.planner import plan_fleet
+from fleetserve.sim.build import model_setups
+from fleetserve.sim.calibrate import fit, prediction_errors, with_calibration
+from fleetserve.sim.run import simulate_traces
+from fleetserve.spec import FleetSpec
+
+RUNS = Path(__file__).parents[2] / "fixtures" / "sim" / "h100"
+GOALS = {"output_throughput": 0.10, "tpot.p50": 0.10, "ttft.p50": 0.20, "ttft.p90": 0.20}
+SIZES = ("gemma-3-270m", "gemma-3-1b", "gemma-3-4b", "gemma-3-12b")
+
+
+def _spec() -> FleetSpec:
+    """The served pack on a pool of the card (its FLOP/s and bandwidth); the 270M and 1B
+    only hold their memory (their configs are the catalogue's)."""
+    models = []
+    for name in SIZES:
+        source = f"{name}" if (RUNS / name).is_dir() else f"google/{name}"
+        entry = {
+            "name": name,
+            "source": source,
+            "concurrency": 8,
+            "max_model_len": 4096,
+            "engine_args": {"load_format": "dummy"},
+        }
+        if not (RUNS / name).is_dir():
+            entry["config"] = name
+        models.append(entry)
+    pool = {"name": "card", "gpu": {"type": "H100-80GB", "count": 1}, "cpu": 16, "memory_gb": 125}
+    return FleetSpec.model_validate({"pools": [pool], "models": models})
+
+
+@pytest.fixture(scope="module")
+def served():  # type: ignore[no-untyped-def]
+    spec = _spec()
+    plan = plan_fleet(spec, scenario="min")
+    # no HAMi on the host that ran them: the placements carry no gpucores cap (0, as
+    # fleetserve serve's local plan writes it), the plan's slices only size memory
+    plan = plan.model_copy(
+        update={"replicas": [r.model_copy(update={"cores_percent": 0}) for r in plan.replicas]}
+    )
+    start = Calibration.default(cpu=False)
+    models = model_setups(spec, plan, start, base_dir=RUNS)
+    cal = fit(models, [(BenchReport.load(RUNS / "gemma-3-12b.json"), None)], start=start)
+    return with_calibration(models, cal), cal
+
+
+def _errors(served, *names: str) -> dict[tuple[str, str, str], float]:  # type: ignore[no-untyped-def]
+    models, cal = served
+    reports = {n: BenchReport.load(RUNS / f"{n}.json") for n in names}
+    runs = [(r, r.run.model) for r in reports.values()]
+    sim = simulate_traces(models, runs, request_overhead_s=cal.request_overhead_s)
+    measured = {r.run.model: r for r in reports.values()}
+    return {
+        (model, point, metric): b / a - 1
+        for model, point, metric, a, b in prediction_errors(measured, sim.reports)
+    }
+
+
+def test_a_one_size_calibration_keeps_the_cards_efficiencies_physical(served) -> None:  # type: ignore[no-untyped-def]
+    # Runs of one size cannot tell a step's fixed overhead from its weight reads: without
+    # the prior on a card's efficiencies the 12B fitted bandwidth 0.86 and 2.5 ms per step
+    # and predicted the smaller sizes 20-80 % slow.
+    _, cal = served
+    assert 0.6 <= cal.bandwidth_efficiency <= 0.9
+    assert 0.4 <= cal.compute_efficiency <= 0.8
+    assert cal.step_overhead_s < 0.002
+
+
+def test_calibrated_on_the_12b_it_predicts_the_4b(served) -> None:  # type: ignore[no-untyped-def]
+    errors = _errors(served, "gemma-3-4b")
+    for point in ("c=1", "c=4", "c=16"):
+        for metric in ("output_throughput", "tpot.p50"):
+            err = errors[("gemma-3-4b", point, metric)]
+            assert abs(err) <= GOALS[metric], (point, metric, errors)
+    # TTFT holds at c = 1 and 16; at c = 4 the measured TTFT doubles (52 against 30 ms)
+    # where the simulated one barely moves: a serving-path cost that grows with the
+    # streams in flight, not modelled yet (docs/benchmarks.md)
+    for point in ("c=1", "c=16"):
+        err = errors[("gemma-3-4b", point, "ttft.p90")]
+        assert abs(err) <= GOALS["ttft.p90"], (point, errors)
+
+
+def test_the_12b_beside_a_busy_4b_shares_the_card(served) -> None:  # type: ignore[no-untyped-def]
+    # measured at the same time, simulated as one run: both engines step on the card
+    errors = _errors(served, "together-gemma-3-4b", "together-gemma-3-12b")
+    for metric, goal in GOALS.items():
+        err = errors[("gemma-3-12b", "c=1", metric)]
+        assert abs(err) <= goal, (metric, errors)
