@@ -485,8 +485,54 @@ def model_entry(model_dir: Path, name: str, eager: bool = False, **fields: Any) 
     return entry
 
 
+#: Ray's Prometheus export of the fleets this script starts (vLLM's engine metrics as
+#: ``ray_vllm_*``, one series per engine process): the prefix phase reads each replica's
+#: prefix-cache counters from it.
+METRICS_PORT = 8290
+
+
+def engine_counters(
+    names: tuple[str, ...] = ("prefix_cache_hits", "prefix_cache_queries"),
+) -> dict[str, dict[str, float]]:
+    """vLLM's counters ``names`` per engine (Serve's ``ReplicaId`` label, else Ray's
+    ``WorkerId``) from the fleet's metrics export; {} when it cannot be read."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except Exception:
+        return {}
+    found: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or "{" not in line:
+            continue
+        metric, rest = line.split("{", 1)
+        name = next((n for n in names if n in metric and metric.endswith("_total")), None)
+        if name is None:
+            continue
+        labels, _, value = rest.rpartition("}")
+        who = re.search(r'ReplicaId="([^"]*)"', labels) or re.search(r'WorkerId="([^"]*)"', labels)
+        key = who.group(1)[:12] if who else labels[:40]
+        with contextlib.suppress(ValueError):
+            found.setdefault(key, {})[name] = float(value.split()[0])
+    return found
+
+
+def counter_delta(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    """Per engine: the counters' growth and, for the prefix cache, the hit rate."""
+    out: dict[str, dict[str, float]] = {}
+    for key, values in after.items():
+        d = {k: v - before.get(key, {}).get(k, 0.0) for k, v in values.items()}
+        if d.get("prefix_cache_queries"):
+            d["hit_rate"] = d.get("prefix_cache_hits", 0.0) / d["prefix_cache_queries"]
+        out[key] = d
+    return out
+
+
 def start_fleet(spec: Path, port: int, out: Path, name: str = "fleetserve") -> Server:
     argv = [sys.executable, "-m", "fleetserve.cli", "serve", str(spec), "--port", str(port)]
+    argv += ["--metrics-export-port", str(METRICS_PORT)]
     # a dry run of a phase here: MATRIX_FLEET_ARGS="--engine fake"
     argv += shlex.split(os.environ.get("MATRIX_FLEET_ARGS", ""))
     return start(name, argv, f"http://127.0.0.1:{port}", "/ready", out, timeout=540)
@@ -1112,8 +1158,15 @@ def prefix_run(
         "--ignore-eos",
     ]
     conc = min(users, conc or a.prefix_conc)
+    before = engine_counters()
     row = bench(srv, name, str(model_dir), conc, requests, a.out, tag, extra)
     row["users"], row["requests"], row["kv_tokens"] = users, requests, kv_tokens
+    if before:
+        # Ray's agent exports what the engines recorded up to its last report (every few
+        # seconds): wait one out so the run's last steps are counted
+        time.sleep(a.counter_wait_s)
+        row["engines"] = counter_delta(before, engine_counters())
+        log(f"{tag}: prefix cache per engine {json.dumps(row['engines'])}")
     return row
 
 
@@ -1286,6 +1339,13 @@ def main() -> None:
         s_.add_argument("--prefix-max-model-len", type=int, default=8192)
         s_.add_argument("--output-len", type=int, default=32)
         s_.add_argument("--kv-tokens", type=int, default=0)
+        s_.add_argument(
+            "--counter-wait-s",
+            type=float,
+            default=12.0,
+            help="after each prefix run, wait this long for Ray's metrics export before "
+            "reading the engines' prefix-cache counters",
+        )
     m = sub.add_parser("sim", help="fleetserve bench runs for the simulator's validation")
     m.add_argument("--models", type=Path, nargs="+", required=True)
     m.add_argument("--concurrency", type=int, default=16, help="spec concurrency per model")
