@@ -9,6 +9,15 @@ the performance model (planning 1,000 cards is the planner's benchmark, benchmar
 so the time measured is the simulation's: event loop, engines, routing, summaries.
 
     PYTHONPATH=src .venv/bin/python benchmarks/simulator.py [--gpus 1000] [--models 100] [--hours 1]
+        [--sample-replicas [N]] [--workers N]
+
+``--sample-replicas`` simulates N replicas per model (default
+:data:`fleetserve.sim.sampling.DEFAULT_SAMPLE`) with their share of the traffic and scales
+the counts (:mod:`fleetserve.sim.sampling`); the line printed says how many requests were
+simulated and how many the fleet served. The fleet's routing is ``prefix`` and its streams
+carry no shared prefix, so every model qualifies. ``--workers`` simulates the fleet's
+independent parts (here: every model, each on cards of its own) in that many processes
+(:mod:`fleetserve.sim.parts`; the same result).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from fleetserve.plan.architecture import load_model_config
 from fleetserve.plan.gpus import gpu_type
 from fleetserve.sim.fleet import ModelSetup, ReplicaSetup
 from fleetserve.sim.run import simulate_workload
+from fleetserve.sim.sampling import DEFAULT_SAMPLE
 from fleetserve.sim.workload import StreamSpec, WorkloadSpec
 from fleetserve.spec import ReplicaSpec, RoutingSpec
 
@@ -102,13 +112,31 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=1000)
     ap.add_argument("--models", type=int, default=100)
     ap.add_argument("--hours", type=float, default=1.0)
+    ap.add_argument(
+        "--sample-replicas",
+        type=int,
+        nargs="?",
+        const=DEFAULT_SAMPLE,
+        metavar="N",
+        help=f"simulate N replicas per model (default {DEFAULT_SAMPLE}) and scale the counts",
+    )
+    ap.add_argument("--workers", type=int, default=1, metavar="N", help="processes (default 1)")
     args = ap.parse_args()
+    if args.gpus < 1 or args.models < 1 or args.hours <= 0 or args.workers < 1:
+        ap.error("--gpus, --models and --workers must be at least 1, --hours above 0")
     setups, streams = build(args.gpus, args.models)
     cards = len({r.card for m in setups for r in m.replicas})
     rate = sum(s.load.rate or 0 for s in streams)
     workload = WorkloadSpec(streams=streams, duration_s=args.hours * 3600)
     began = time.perf_counter()
-    out = simulate_workload(setups, workload, request_overhead_s=0.01, records=False)
+    out = simulate_workload(
+        setups,
+        workload,
+        request_overhead_s=0.01,
+        records=False,
+        sample_replicas=args.sample_replicas,
+        workers=args.workers,
+    )
     wall = time.perf_counter() - began
     replicas = sum(len(m.replicas) for m in setups)
     print(
@@ -119,6 +147,14 @@ def main() -> None:
         f"{out.requests:,} requests, {out.steps:,} engine steps, {out.preemptions} preemptions: "
         f"{wall:.1f} s wall ({out.requests / wall:,.0f} requests/s)"
     )
+    if out.sampling:
+        sampled = [s for s in out.sampling.values() if s.sampled]
+        print(
+            f"sampled {len(sampled)} of {len(out.sampling)} models: "
+            f"{sum(s.simulated for s in sampled)} of {sum(s.replicas for s in sampled)} "
+            f"replicas, {out.simulated_requests:,} requests simulated "
+            f"({wall / max(out.simulated_requests, 1) * 1e6:.1f} us each)"
+        )
     worst = max(p.ttft.p50 or 0 for r in out.reports.values() for p in r.points)
     print(f"worst model TTFT p50 {worst:.0f} ms")
 

@@ -6,7 +6,8 @@ Public API (stable; changes are noted in commit messages):
 * :func:`engine_perf` (model config + card + calibration -> :class:`EnginePerf`), whose
   :meth:`EnginePerf.step_time` / :meth:`EnginePerf.terms` give one step's time from its
   :class:`StepLoad` (built by :meth:`EnginePerf.load` from prefill chunks and decode
-  contexts) and :meth:`EnginePerf.decode_step_time` a pure-decode step;
+  contexts; :meth:`EnginePerf.step_seconds` the same from the load's sums,
+  :attr:`StepLoad.sums`) and :meth:`EnginePerf.decode_step_time` a pure-decode step;
 * :func:`estimate` (engine + :class:`Traffic` + :class:`EngineLimits` -> :class:`Estimate`):
   steady-state capacity, throughput, TTFT and TPOT at a request rate, without simulating;
 * :class:`Calibration`: the fitted constants (``fleetserve plan calibrate`` writes them,

@@ -43,7 +43,8 @@ engines run on their own cores (fleetserve pins them, engine/cpu_binding.py), so
 per core and only DRAM bandwidth is shared the same way.
 
 Everything here is pure arithmetic over frozen dataclasses: the simulator calls
-:meth:`EnginePerf.step_time` once per engine step (or per run of identical decode steps).
+:meth:`EnginePerf.step_seconds` (:meth:`EnginePerf.step_time` of a load given as its sums)
+once per engine step (or per run of identical decode steps).
 """
 
 from __future__ import annotations
@@ -271,6 +272,23 @@ class StepLoad:
     window_context: float
     """Cached tokens all sequences read, each capped at the window (windowed layers)."""
 
+    @property
+    def sums(self) -> LoadSums:
+        return (
+            self.tokens,
+            self.seqs,
+            self.sampled,
+            self.pairs,
+            self.window_pairs,
+            self.context,
+            self.window_context,
+        )
+
+
+#: A step's load as the sums its time depends on, in :class:`StepLoad`'s field order (what
+#: the simulator passes :meth:`EnginePerf.step_seconds` instead of building a StepLoad).
+LoadSums = tuple[int, int, int, float, float, float, float]
+
 
 def _pairs(new: int, before: int, cap: int | None) -> float:
     """Causal (query, key) pairs of ``new`` tokens after ``before`` cached, keys <= cap."""
@@ -280,6 +298,11 @@ def _pairs(new: int, before: int, cap: int | None) -> float:
         return float(new * cap)
     under = cap - before  # queries whose key count is still below the cap
     return under * before + under * (under + 1) / 2 + (new - under) * cap
+
+
+def _total(compute: float, memory: float, link: float, overhead: float) -> float:
+    """The roofline rule's sum: compute and memory traffic overlap, the rest adds."""
+    return overhead + max(compute, memory) + link
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +316,7 @@ class StepTerms:
 
     @property
     def total(self) -> float:
-        return self.overhead + max(self.compute, self.memory) + self.link
+        return _total(self.compute, self.memory, self.link, self.overhead)
 
     @property
     def bound(self) -> str:
@@ -352,32 +375,38 @@ class EnginePerf:
         self, load: StepLoad, *, bandwidth_share: float = 1.0, compute_share: float = 1.0
     ) -> StepTerms:
         """The terms of one step's time (see the module note for the rule)."""
+        return StepTerms(*self._terms(load.sums, bandwidth_share, compute_share))
+
+    def _terms(
+        self, load: LoadSums, bandwidth_share: float, compute_share: float
+    ) -> tuple[float, float, float, float]:
+        """(compute, memory, link, overhead) of a step: the one place the roofline rule's
+        terms are computed (:meth:`terms`, :meth:`step_seconds`)."""
+        tokens, seqs, sampled, pairs, window_pairs, context, window_context = load
         c = self.cost
         flops = (
-            c.linear_flops_per_token * load.tokens
-            + c.head_flops_per_sample * load.sampled
-            + c.attn_flops_per_pair * load.pairs
-            + c.attn_flops_per_window_pair * load.window_pairs
+            c.linear_flops_per_token * tokens
+            + c.head_flops_per_sample * sampled
+            + c.attn_flops_per_pair * pairs
+            + c.attn_flops_per_window_pair * window_pairs
         )
         data = (
-            c.weight_read_bytes(load.tokens)
-            + c.kv_bytes_per_token * (load.context + load.tokens)
-            + c.kv_window_bytes_per_token * (load.window_context + load.tokens)
+            c.weight_read_bytes(tokens)
+            + c.kv_bytes_per_token * (context + tokens)
+            + c.kv_window_bytes_per_token * (window_context + tokens)
         )
         pp = c.pipeline_parallel
         cal = self.calibration
         link = (
-            c.allreduce_bytes_per_token * load.tokens / self.hardware.link_bandwidth * pp
+            c.allreduce_bytes_per_token * tokens / self.hardware.link_bandwidth * pp
             if c.allreduce_bytes_per_token and self.hardware.link_bandwidth
             else 0.0
         )
-        return StepTerms(
-            compute=flops * self._c_compute / max(compute_share, 1e-6) * pp,
-            memory=data * self._c_memory / max(bandwidth_share, 1e-6) * pp,
-            link=link,
-            overhead=cal.step_overhead_s
-            + cal.token_overhead_s * load.tokens
-            + cal.seq_overhead_s * load.seqs,
+        return (
+            flops * self._c_compute / max(compute_share, 1e-6) * pp,
+            data * self._c_memory / max(bandwidth_share, 1e-6) * pp,
+            link,
+            cal.step_overhead_s + cal.token_overhead_s * tokens + cal.seq_overhead_s * seqs,
         )
 
     def step_time(
@@ -385,7 +414,16 @@ class EnginePerf:
     ) -> float:
         """Seconds one step of ``load`` takes (``bandwidth_share``: 1/n with n replicas
         stepping on the card at once; ``compute_share``: a further compute split)."""
-        return self.terms(load, bandwidth_share=bandwidth_share, compute_share=compute_share).total
+        return self.step_seconds(
+            load.sums, bandwidth_share=bandwidth_share, compute_share=compute_share
+        )
+
+    def step_seconds(
+        self, load: LoadSums, *, bandwidth_share: float = 1.0, compute_share: float = 1.0
+    ) -> float:
+        """:meth:`step_time` of a load given as its sums (the simulator's hot path builds
+        no :class:`StepLoad` or :class:`StepTerms` per step; the arithmetic is the same)."""
+        return _total(*self._terms(load, bandwidth_share, compute_share))
 
     def decode_step_time(
         self,
@@ -400,16 +438,19 @@ class EnginePerf:
             return 0.0
         w = self.cost.window
         win = context if w is None else min(context, float(w))
-        load = StepLoad(
-            batch,
-            batch,
-            batch,
-            batch * (context + 1),
-            batch * (win + 1),
-            batch * context,
-            batch * win,
+        return self.step_seconds(
+            (
+                batch,
+                batch,
+                batch,
+                batch * (context + 1),
+                batch * (win + 1),
+                batch * context,
+                batch * win,
+            ),
+            bandwidth_share=bandwidth_share,
+            compute_share=compute_share,
         )
-        return self.step_time(load, bandwidth_share=bandwidth_share, compute_share=compute_share)
 
 
 def engine_perf(

@@ -27,6 +27,12 @@ from fleetserve.plan.gpus import gpu_type
 from fleetserve.plan.memory import BLOCK_SIZE, CPU_BLOCK_SIZE
 from fleetserve.plan.result import PlanResult
 from fleetserve.plan.sizing import model_config_for
+from fleetserve.sim.columns import (
+    failure_message,
+    failure_status,
+    failure_type,
+    summarize_columns,
+)
 from fleetserve.sim.engine import SimRequest
 from fleetserve.sim.fleet import ModelSetup, ReplicaSetup, StreamRun
 from fleetserve.sim.workload import StreamSpec, TracePoint, WorkloadSpec
@@ -115,16 +121,53 @@ def _synthetic(
     arrivals = None if closed else stream.load.arrivals(seed)
     duration = stream.duration_s or (None if stream.num_requests else default_duration)
     limit = (stream.num_requests or 0) + stream.warmup if stream.num_requests else None
+    draws = _draws(stream, rng)
     for n in itertools.count():
         if limit is not None and n >= limit:
             return
         t = -1.0 if arrivals is None else next(arrivals)
         if duration is not None and t > duration:
             return
-        group = int(rng.integers(stream.prefix_groups)) if stream.prefix_groups else -1
+        group, prompt, output = next(draws)
         prefix = stream.prefix_len if group >= 0 else 0
-        prompt = prefix + stream.input_len.sample(rng)
-        yield t, prompt, stream.output_len.sample(rng), group, prefix, n < stream.warmup
+        yield t, prefix + prompt, output, group, prefix, n < stream.warmup
+
+
+#: Requests whose integer draws :func:`_draws` makes in one numpy call.
+DRAW_BLOCK = 4096
+
+
+def _draws(stream: StreamSpec, rng: np.random.Generator) -> Iterator[tuple[int, int, int]]:
+    """Each request's (shared-prefix group or -1, prompt tokens after the prefix, output
+    tokens), drawn from ``rng`` in that order, request after request.
+
+    When every draw is an integer one (groups, fixed and uniform lengths), a block of
+    requests is drawn in one call with per-element bounds: numpy's bounded integers
+    consume the generator element by element exactly as one call per value does (tests
+    check it), so the lengths are the same as :meth:`LengthDistribution.sample`'s, a few
+    times cheaper. A normal length draws floats in between: one request at a time then.
+    """
+    lengths = (stream.input_len, stream.output_len)
+    groups = stream.prefix_groups
+    if any(d.kind not in ("fixed", "uniform") for d in lengths):
+        while True:
+            group = int(rng.integers(groups)) if groups else -1
+            yield group, stream.input_len.sample(rng), stream.output_len.sample(rng)
+    bounds = ([(0, groups)] if groups else []) + [
+        (d.low, d.high + 1) for d in lengths if d.kind == "uniform"
+    ]
+    if not bounds:
+        yield from itertools.repeat((-1, stream.input_len.low, stream.output_len.low))
+    low = np.tile([b[0] for b in bounds], DRAW_BLOCK)
+    high = np.tile([b[1] for b in bounds], DRAW_BLOCK)
+    while True:
+        block = rng.integers(low, high).reshape(DRAW_BLOCK, len(bounds)).T.tolist()
+        cols = iter(block)
+        yield from zip(
+            next(cols) if groups else itertools.repeat(-1),
+            *(next(cols) if d.kind == "uniform" else itertools.repeat(d.low) for d in lengths),
+            strict=False,  # the constants repeat forever
+        )
 
 
 def _closed_with_duration(
@@ -208,10 +251,10 @@ def to_record(req: SimRequest, label: str) -> RequestRecord:
         tokens_in=req.prompt,
         tokens_out=req.done,
         chunks=req.done,
-        status=200 if ok else (503 if req.failed == "http_error" else None),
+        status=200 if ok else failure_status(req.failed),
         ok=ok,
-        error_type=None if ok else (req.failed or "timeout"),
-        error=None if ok else f"simulated: {req.failed or 'timeout'}",
+        error_type=None if ok else failure_type(req.failed),
+        error=None if ok else failure_message(req.failed),
         finish_reason="length" if ok else None,
     )
 
@@ -230,6 +273,10 @@ def reports(
         points = []
         records: list[dict[str, Any]] = []
         for s in (s for s in streams if s.model == model):
+            if s.columns is not None:
+                # No records kept: the same summary from the columns (sim.columns).
+                points.append(summarize_columns(s.label, s.x, s.columns))
+                continue
             recs = [to_record(r, s.label) for r in sorted(s.done, key=lambda r: r.id)]
             points.append(summarize(s.label, s.x, recs, None))
             if keep_records:

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from fleetserve.errors import UsageError
 from fleetserve.perf.calibration import add_calibration_argument
+from fleetserve.sim.sampling import DEFAULT_SAMPLE, NO_STREAM
 
 
 def register(subparsers: Any) -> None:
@@ -49,6 +50,25 @@ def register(subparsers: Any) -> None:
         "--host-cpus", type=int, help="CPU host to plan a pool-less spec on (default: this one)"
     )
     p.add_argument("--host-memory-gb", type=float, help="its RAM (GiB; default: this host's)")
+    p.add_argument(
+        "--sample-replicas",
+        type=int,
+        nargs="?",
+        const=DEFAULT_SAMPLE,
+        metavar="N",
+        help=f"simulate N replicas (default {DEFAULT_SAMPLE}) of each model whose replicas are "
+        "alike, with their share of its traffic, and scale the counts: much faster on large "
+        "fleets, latency percentiles within a few %% (fleetserve.sim.sampling says when it "
+        "applies); --workload only",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes simulating the fleet's independent parts (models on cards of their "
+        "own) at once; the same result (default 1)",
+    )
     p.add_argument("--output", type=Path, metavar="FILE", help="bench-format JSON report")
     p.add_argument("--label", default="simulated", help="run label in the reports")
     p.set_defaults(handler=_run)
@@ -81,6 +101,15 @@ def _run(args: argparse.Namespace) -> int:
     from fleetserve.sim.workload import load_workload  # noqa: PLC0415
     from fleetserve.spec import load_spec  # noqa: PLC0415
 
+    if args.sample_replicas is not None and not args.workload:
+        raise UsageError("--sample-replicas applies to --workload runs (a trace replays as is)")
+    if args.sample_replicas is not None and args.sample_replicas < 1:
+        raise UsageError(
+            f"--sample-replicas {args.sample_replicas}: a sample needs at least 1 replica",
+            hint=f"--sample-replicas {DEFAULT_SAMPLE}",
+        )
+    if args.workers < 1:
+        raise UsageError(f"--workers {args.workers}: at least 1 process", hint="--workers 1")
     spec = load_spec(args.spec)
     plan = _plan(spec, args)
     if not plan.replicas:
@@ -97,6 +126,8 @@ def _run(args: argparse.Namespace) -> int:
             request_overhead_s=overhead,
             cold_start_s=args.cold_start,
             label=args.label,
+            sample_replicas=args.sample_replicas,
+            workers=args.workers,
         )
     else:
         traces = []
@@ -135,6 +166,16 @@ def _run(args: argparse.Namespace) -> int:
         f"{outcome.requests:,} requests, {outcome.steps:,} engine steps, "
         f"{outcome.preemptions:,} preemptions"
     )
+    whole: dict[str, list[str]] = {}
+    for s in outcome.sampling.values():
+        if s.sampled:
+            console.print(f"{s.model}: {s.describe()}")
+        elif s.reason != NO_STREAM:
+            whole.setdefault(s.reason, []).append(s.model)
+    for reason, names in whole.items():
+        console.print(f"simulated whole ({reason}): {', '.join(names)}")
+    if outcome.sampled:
+        console.print(f"{outcome.simulated_requests:,} requests simulated (sampled replicas)")
     if args.output:
         many = len(outcome.reports) > 1
         for model, report in outcome.reports.items():

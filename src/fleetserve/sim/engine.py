@@ -47,7 +47,12 @@ import heapq
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from fleetserve.perf.model import EnginePerf, StepLoad, _pairs
+from fleetserve.perf.model import EnginePerf, LoadSums, _pairs
+
+#: ``SimRequest.failed`` of a request the model or engine turned away (an HTTP 503) ...
+REJECTED = "http_error"
+#: ... and of one still queued or running when the simulation stopped.
+TIMEOUT = "timeout"
 
 
 @dataclass(slots=True, eq=False)
@@ -112,6 +117,7 @@ class EngineSim:
         "_k",
         "_prefill",
         "_sched",
+        "_shares",
         "_t0",
         "_tau",
         "_timeline",
@@ -126,6 +132,7 @@ class EngineSim:
         "max_seqs",
         "max_tokens",
         "model",
+        "ongoing",
         "perf",
         "preemptions",
         "steps",
@@ -178,13 +185,19 @@ class EngineSim:
         self.finished: list[SimRequest] = []
         self.steps = 0
         self.preemptions = 0
+        self.ongoing = 0
+        """Requests running or waiting: routers read it for every request, so it is a
+        count kept where requests enter (:meth:`submit`) and leave (finished or rejected),
+        not a sum of the three collections."""
+        self._shares: dict[int, tuple[float, float]] = {}
+        """``Hardware.shares`` by busy engines on the card (memoised: it is pure)."""
 
     # ------------------------------------------------------------------ views
 
     @property
     def load(self) -> int:
         """Ongoing requests (running + waiting), what routers compare."""
-        return len(self._dec) + len(self._prefill) + len(self.waiting)
+        return self.ongoing
 
     @property
     def running(self) -> list[SimRequest]:
@@ -205,6 +218,7 @@ class EngineSim:
         req.replica = self
         req.left = req.prompt
         self.waiting.append(req)
+        self.ongoing += 1
         if not self.busy:
             return self._start(now)
         if self._k > 1 and len(self._dec) < self.max_seqs:
@@ -236,43 +250,51 @@ class EngineSim:
             self.card.busy -= 1
 
     def _start(self, now: float) -> float | None:
-        if not self._dec and not self._prefill and not self.waiting:
+        dec = self._dec
+        if not dec and not self._prefill and not self.waiting:
             self._idle()
             return None
+        card = self.card
         if not self.busy:
             self.busy = True
-            self.card.busy += 1
+            card.busy += 1
         self.version += 1
-        share, compute = self.perf.hardware.shares(self.card.busy)
+        shares = self._shares.get(card.busy)
+        if shares is None:
+            shares = self._shares[card.busy] = self.perf.hardware.shares(card.busy)
+        share, compute = shares
         run = self._plan_run()
-        n = len(self._dec)
         if run > 1:
+            n = len(dec)
             ctx = (self._dec_ctx + n * self.S) / n + (run - 1) / 2
-            self._tau = self.perf.decode_step_time(
+            self._tau = tau = self.perf.decode_step_time(
                 n, ctx, bandwidth_share=share, compute_share=compute
             )
             self._k = run
             self._t0 = now
-            self._end = now + run * self._tau
+            self._end = end = now + run * tau
             self.steps += run
-            return self._end
+            return end
         self._k = 0
         self._t0 = now
         load = self._schedule()
         while load is None:  # nothing fits: the head needs more KV than the whole cache
-            if self._dec or self._prefill or not self.waiting:
+            if dec or self._prefill or not self.waiting:
                 self._idle()
                 return None
             r = self.waiting.popleft()
-            r.failed, r.end = "http_error", now
+            r.failed, r.end = REJECTED, now
+            self.ongoing -= 1
             self.finished.append(r)
             load = self._schedule() if self.waiting else None
             if load is None and not self.waiting:
                 self._idle()
                 return None
         self.steps += 1
-        self._end = now + self.perf.step_time(load, bandwidth_share=share, compute_share=compute)
-        return self._end
+        self._end = end = now + self.perf.step_seconds(
+            load, bandwidth_share=share, compute_share=compute
+        )
+        return end
 
     def _plan_run(self) -> int:
         """Decode steps that will certainly be identical from now (0/1: step singly)."""
@@ -325,7 +347,7 @@ class EngineSim:
         self.preemptions += 1
         return victim
 
-    def _schedule(self) -> StepLoad | None:
+    def _schedule(self) -> LoadSums | None:
         budget = self.max_tokens
         # Decoding sequences: one token each, one new block per block_size steps.
         n = len(self._dec)
@@ -390,7 +412,7 @@ class EngineSim:
             wpairs += _pairs(chunk, c, w)
             ctx += c
             wctx += c if w is None or c < w else w
-        return StepLoad(tokens, seqs, sampled, pairs, wpairs, ctx, wctx)
+        return tokens, seqs, sampled, pairs, wpairs, ctx, wctx
 
     def _finish_step(self, now: float) -> None:
         tau = now - self._t0 if self._t0 < now else 0.0
@@ -459,6 +481,7 @@ class EngineSim:
 
     def _finish(self, r: SimRequest, now: float) -> None:
         r.end = now
+        self.ongoing -= 1
         if r.group >= 0 and r.prefix >= self.block_size:
             if r.group in self._cache:
                 self._cache.move_to_end(r.group)

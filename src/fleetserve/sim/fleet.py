@@ -24,6 +24,9 @@ waiting requests against their targets, averaged over ``look_back_period_s``), w
 Serve's ``upscale_delay_s`` / ``downscale_delay_s`` and ``min``/``max``; a new replica takes
 its place from the plan's ``max`` scenario and serves after ``cold_start_s``; a removed one
 stops taking requests and finishes those it holds.
+
+Finished requests go to their stream: as objects when the run keeps records, else as
+columns of numbers (:mod:`fleetserve.sim.columns`: a fleet-hour finishes tens of millions).
 """
 
 from __future__ import annotations
@@ -32,15 +35,16 @@ import heapq
 import math
 import random
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any
 
 from fleetserve.perf.model import EnginePerf
 from fleetserve.serve.control.autoscaling import LoadSignals, ScalingTargets, desired_replicas
 from fleetserve.serve.routing.index import PrefixIndex
 from fleetserve.serve.routing.policy import PrefixParams, ReplicaView, rank_replicas
-from fleetserve.sim.engine import Card, EngineSim, SimRequest
+from fleetserve.sim.columns import FinishedColumns
+from fleetserve.sim.engine import REJECTED, TIMEOUT, Card, EngineSim, SimRequest
 from fleetserve.spec import ReplicaSpec, RoutingSpec
 
 #: Characters per prompt token when turning a shared prefix into router blocks (the
@@ -85,6 +89,14 @@ class StreamRun:
     """(send time or -1 for closed loop, prompt, output, group, prefix tokens, warmup)."""
     concurrency: int | None = None
     done: list[SimRequest] = field(default_factory=list)
+    """Finished requests (records are built from them) ..."""
+    columns: FinishedColumns | None = None
+    """... or, when the run keeps no records, their numbers only (:mod:`.columns`)."""
+
+    @property
+    def finished(self) -> int:
+        """Requests finished (or failed) so far."""
+        return len(self.columns) if self.columns is not None else len(self.done)
 
 
 class _Deployment:
@@ -94,7 +106,9 @@ class _Deployment:
         "_rr",
         "_samples",
         "_scale_since",
+        "cap",
         "engines",
+        "least_loaded",
         "name",
         "pending",
         "queue",
@@ -110,6 +124,9 @@ class _Deployment:
         self.pending = 0
         self.queue: deque[SimRequest] = deque()
         r = setup.routing
+        self.cap = setup.replica_spec.max_ongoing_requests
+        self.least_loaded = r.policy == "prefix"
+        """A request without a shared prefix takes the least-loaded replica (module note)."""
         self._params = PrefixParams(r.load_factor, r.load_weight, r.adapter_weight)
         self._index = PrefixIndex()
         self._rr = 0
@@ -131,7 +148,9 @@ class FleetSimulation:
         cold_start_s: float = 60.0,
         autoscale_period_s: float = 1.0,
         horizon_s: float | None = None,
+        columns: bool = False,
     ) -> None:
+        """``columns``: keep finished requests as columns, not objects (no records)."""
         self._rng = random.Random(seed)
         self._overhead = request_overhead_s
         self._keep_itl = keep_itl
@@ -149,12 +168,28 @@ class FleetSimulation:
                     dep.spare.append(rs)
             self._deps[m.name] = dep
         self.streams = streams
-        self._heap: list[tuple[float, int, int, object, int]] = []
+        for s in streams:
+            if columns and s.columns is None:
+                s.columns = FinishedColumns()
+        # Where each stream's finished requests go, by stream id (hot path: one call).
+        self._sinks: list[Callable[[SimRequest], None]] = [
+            s.columns.add if s.columns is not None else s.done.append for s in streams
+        ]
+        # (time, sequence, kind, object, engine version): the object is a request, an
+        # engine, None or a (deployment, replica) pair by kind (see run()).
+        self._heap: list[tuple[float, int, int, Any, int]] = []
         self._seq = 0
         self._next_id = 0
         self.now = 0.0
         self.replica_seconds: dict[str, float] = {m.name: 0.0 for m in models}
         self.scale_events: list[tuple[float, str, int]] = []
+        self.stopped_at_horizon = False
+        """Whether the run stopped at the horizon with events left (see run())."""
+
+    @property
+    def deployments(self) -> dict[str, _Deployment]:
+        """Each model's router, queue and engines (those running at the end)."""
+        return self._deps
 
     # ------------------------------------------------------------------ plumbing
 
@@ -205,8 +240,8 @@ class FleetSimulation:
         engine = self._choose(dep, req)
         if engine is None:
             if len(dep.queue) >= dep.setup.replica_spec.max_queued_requests:
-                req.failed, req.end = "http_error", now
-                self.streams[req.stream].done.append(req)
+                req.failed, req.end = REJECTED, now
+                self._sinks[req.stream](req)
                 self._after_done(req, now)
                 return
             dep.queue.append(req)
@@ -219,7 +254,9 @@ class FleetSimulation:
             self._push(t, 1, engine, engine.version)
 
     def _choose(self, dep: _Deployment, req: SimRequest) -> EngineSim | None:
-        cap = dep.setup.replica_spec.max_ongoing_requests
+        cap = dep.cap
+        if dep.least_loaded and (req.group < 0 or req.prefix <= 0):
+            return _least_loaded(dep.engines, cap)
         engines = [e for e in dep.engines if e.active and e.load < cap]
         if not engines:
             return None
@@ -232,15 +269,13 @@ class FleetSimulation:
         elif policy == "round_robin":
             dep._rr += 1
             chosen = engines[dep._rr % len(engines)]
-        elif req.group >= 0 and req.prefix > 0:
+        else:  # prefix, a request with a shared prefix (those without: _least_loaded)
             blocks = _prefix_blocks(req.group, req.prefix, dep.setup.routing.block_chars)
             views = [ReplicaView(e.id, e.load, cap, e.kv_usage) for e in engines]
             order = rank_replicas(blocks, views, dep._index, dep._params).order
             by_id = {e.id: e for e in engines}
             chosen = by_id[order[0]]
             dep._index.add(chosen.id, blocks)
-        else:
-            chosen = min(engines, key=lambda e: (e.load, e.kv_usage))
         return chosen
 
     # ------------------------------------------------------------------ completion
@@ -329,36 +364,46 @@ class FleetSimulation:
                 self._send_next(stream, 0.0)
         if any(d.setup.replica_spec.max > d.setup.replica_spec.min for d in self._deps.values()):
             self._push(self._tick, 2, None)
+        # The loop runs a few times per request: what it looks up per event is bound here.
         heap = self._heap
         deps = self._deps
+        streams = self.streams
+        sinks = self._sinks
+        stream_deps = [deps[s.model] for s in streams]
+        closed = [s.concurrency is not None for s in streams]
+        pop, push = heapq.heappop, heapq.heappush
         horizon = self._horizon if self._horizon is not None else math.inf
         live_requests = True
         while heap:
-            t, _, kind, obj, version = heapq.heappop(heap)
+            t, _, kind, obj, version = pop(heap)
             if t > horizon:
+                self.stopped_at_horizon = True
                 break
             self.now = t
             if kind == 1:
-                engine = cast(EngineSim, obj)
+                engine: EngineSim = obj
                 if engine.version != version:
-                    continue
+                    continue  # a run cut short for a newcomer: its new end is queued
                 nxt = engine.complete(t)
                 if nxt is not None:
-                    self._push(nxt, 1, engine, engine.version)
-                if engine.finished:
+                    self._seq += 1
+                    push(heap, (nxt, self._seq, 1, engine, engine.version))
+                finished = engine.finished
+                if finished:
+                    for req in finished:
+                        sinks[req.stream](req)
+                        if closed[req.stream]:
+                            self._send_next(streams[req.stream], t)
+                    finished.clear()
                     dep = deps[engine.model]
-                    for req in engine.finished:
-                        self.streams[req.stream].done.append(req)
-                        self._after_done(req, t)
-                    engine.finished.clear()
                     if dep.queue:
                         self._drain_queue(dep, t)
             elif kind == 0:
-                arrived = cast(SimRequest, obj)
-                stream = self.streams[arrived.stream]
-                if stream.concurrency is None:
-                    self._send_next(stream, t)
-                self._route(deps[stream.model], arrived, t)
+                arrived: SimRequest = obj
+                sid = arrived.stream
+                if not closed[sid]:
+                    self._send_next(streams[sid], t)
+                self._route(stream_deps[sid], arrived, t)
             elif kind == 2:
                 self._autoscale(t)
                 live_requests = any(e.load for d in deps.values() for e in d.engines) or any(
@@ -367,7 +412,7 @@ class FleetSimulation:
                 if heap or live_requests:
                     self._push(t + self._tick, 2, None)
             else:
-                ready, rs = cast(tuple[_Deployment, ReplicaSetup], obj)
+                ready, rs = obj
                 ready.pending -= 1
                 ready.engines.append(self._engine(ready.name, rs))
                 self._drain_queue(ready, t)
@@ -375,15 +420,37 @@ class FleetSimulation:
 
     def _time_out_rest(self) -> None:
         """Requests still queued or running when the simulation stopped fail as timeouts."""
-        seen: set[int] = {r.id for s in self.streams for r in s.done}
         for dep in self._deps.values():
             left = list(dep.queue)
             for e in dep.engines:
                 left += list(e.running) + list(e.waiting)
             for req in left:
-                if req.id not in seen:
-                    req.failed, req.end = "timeout", self.now
-                    self.streams[req.stream].done.append(req)
+                if req.end < 0:  # not finished nor failed (it would be in no queue then)
+                    req.failed, req.end = TIMEOUT, self.now
+                    self._sinks[req.stream](req)
+
+
+def _least_loaded(engines: list[EngineSim], cap: int) -> EngineSim | None:
+    """The active engine with the fewest ongoing requests below ``cap``, then the lowest KV
+    usage, the first of equals: ``min(key=(load, kv_usage))`` over the engines with room,
+    in one pass, without building their list, reading KV usage only to break a tie (the
+    router's commonest call)."""
+    best: EngineSim | None = None
+    best_kv: float | None = None
+    low = cap
+    for e in engines:
+        if not e.active:
+            continue
+        n = e.ongoing
+        if n < low:
+            best, low, best_kv = e, n, None
+        elif n == low and best is not None:
+            if best_kv is None:
+                best_kv = best.kv_usage
+            kv = e.kv_usage
+            if kv < best_kv:
+                best, best_kv = e, kv
+    return best
 
 
 _BLOCKS: dict[tuple[int, int, int], list[int]] = {}

@@ -1,5 +1,11 @@
 """Simulate a planned fleet under a workload file or recorded bench runs (the pure core of
-``fleetserve simulate``)."""
+``fleetserve simulate``).
+
+How a workload run is carried out is decided here, in this order: a sample of each model's
+replicas where asked for and valid (:mod:`.sampling`, statistically equivalent, reported);
+then, for a run without records, the fleet's independent parts one after another or in
+``workers`` processes (:mod:`.parts`, the same result); else the whole fleet at once.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +13,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fleetserve.bench.report import BenchReport
-from fleetserve.errors import SpecError
-from fleetserve.sim.build import reports, trace_stream, workload_streams
+from fleetserve.errors import SpecError, UsageError
+from fleetserve.sim.build import reports, trace_stream
 from fleetserve.sim.fleet import FleetSimulation, ModelSetup, StreamRun
-from fleetserve.sim.workload import WorkloadSpec, trace_points
+from fleetserve.sim.parts import (
+    Part,
+    PartResult,
+    Settings,
+    result_of,
+    simulate_part,
+    simulate_parts,
+    split,
+)
+from fleetserve.sim.sampling import Sampling, plan_sampling, sampled_inputs, scale_point
+from fleetserve.sim.workload import StreamSpec, WorkloadSpec, trace_points
 
 #: Requests per run below which simulated reports keep every record and inter-token gap
 #: (what bench stores); above it only the summaries (a fleet-hour has millions).
@@ -23,19 +39,30 @@ class SimOutcome:
 
     reports: dict[str, BenchReport]
     requests: int = 0
+    """The fleet's requests (sampled models: scaled, see :mod:`.sampling`); so are steps
+    and preemptions."""
     steps: int = 0
     preemptions: int = 0
     sim_seconds: float = 0.0
     scale_events: list[tuple[float, str, int]] = field(default_factory=list)
+    simulated_requests: int = 0
+    """Requests actually simulated (fewer than ``requests`` when models were sampled)."""
+    sampling: dict[str, Sampling] = field(default_factory=dict)
+    """Per model, whether it was sampled and why not (empty: sampling not asked for)."""
+
+    @property
+    def sampled(self) -> bool:
+        """Whether any model was simulated from a sample of its replicas."""
+        return any(s.sampled for s in self.sampling.values())
 
 
-def _check_models(models: Sequence[ModelSetup], streams: Sequence[StreamRun]) -> None:
+def _check_models(models: Sequence[ModelSetup], streams: Sequence[tuple[str, str]]) -> None:
+    """``streams``: (label, model) of each stream."""
     names = {m.name for m in models}
-    for s in streams:
-        if s.model not in names:
+    for label, model in streams:
+        if model not in names:
             raise SpecError(
-                f"workload: stream '{s.label}' names model '{s.model}', which the fleet "
-                "does not serve",
+                f"workload: stream '{label}' names model '{model}', which the fleet does not serve",
                 hint=f"fleet models: {', '.join(sorted(names))}",
             )
 
@@ -48,60 +75,94 @@ def simulate_workload(
     cold_start_s: float = 60.0,
     records: bool | None = None,
     label: str = "simulated",
+    sample_replicas: int | None = None,
+    workers: int = 1,
 ) -> SimOutcome:
-    """All of a workload's streams at once against the fleet."""
-    sim: FleetSimulation | None = None
+    """All of a workload's streams at once against the fleet.
 
-    def clock() -> float:
-        return sim.now if sim is not None else 0.0
-
-    streams = workload_streams(workload, clock)
-    _check_models(models, streams)
-    horizon = workload.duration_s + 600.0 if workload.duration_s else None
+    ``sample_replicas``: simulate at most that many replicas of each model where that is
+    valid, with their share of its traffic (:mod:`fleetserve.sim.sampling`; None: every
+    replica). Records, when kept, are then the sample's. A run without records simulates
+    the fleet's independent parts one after another, or ``workers`` processes at once
+    (:mod:`fleetserve.sim.parts`; the same result).
+    """
+    _check_models(models, [(s.point_label, s.model) for s in workload.streams])
+    if workers < 1:
+        raise UsageError(f"--workers {workers}: at least 1 process", hint="--workers 1")
+    sampling: dict[str, Sampling] = {}
+    fleet_x = [s.load.x_value for s in workload.streams]
+    if sample_replicas is not None:
+        sampling = plan_sampling(models, workload, sample_replicas)
+        models, workload = sampled_inputs(models, workload, sampling)
     keep = records if records is not None else _small(workload)
-    sim = FleetSimulation(
-        list(models),
-        streams,
-        request_overhead_s=request_overhead_s,
-        seed=workload.seed,
-        keep_itl=keep,
-        cold_start_s=cold_start_s,
-        horizon_s=horizon,
+    settings = Settings(
+        request_overhead_s,
+        cold_start_s,
+        workload.duration_s + 600.0 if workload.duration_s else None,
+        label,
     )
-    sim.run()
-    out = SimOutcome(
-        reports(
-            streams,
-            label=label,
-            workload="simulated workload",
-            seed=workload.seed,
-            keep_records=keep,
-        ),
-        sim_seconds=sim.now,
-        scale_events=sim.scale_events,
-    )
-    _count(out, sim)
+    parts = None if keep else split(models, workload)
+    results = None
+    if parts is not None:
+        weights = [sum(_expected(workload.streams[i], workload) for i in p.streams) for p in parts]
+        results = simulate_parts(parts, workload, settings, workers=workers, weights=weights)
+    if results is None or any(r.stopped_at_horizon for r in results):
+        # The whole fleet at once: records kept, autoscaling, or a part reached the
+        # horizon (sim.parts' note says why).
+        whole = Part(tuple(models), tuple(range(len(workload.streams))))
+        results = [simulate_part(whole, workload, settings, keep=keep)]
+    out = SimOutcome(reports={}, sampling=sampling)
+    by_model = {r: part for part in results for r in part.reports}
+    for model in dict.fromkeys(s.model for s in workload.streams):
+        out.reports[model] = by_model[model].reports[model]
+    for part in results:
+        _add_counts(out, part)
+        out.sim_seconds = max(out.sim_seconds, part.now)  # the last event anywhere
+        out.scale_events += part.scale_events
+    if out.sampled:
+        _scale(out, workload, fleet_x)
     return out
 
 
+def _scale(out: SimOutcome, workload: WorkloadSpec, fleet_x: Sequence[float]) -> None:
+    """Sampled models' reports as the fleet's (:func:`scale_point`), marked as such."""
+    for model, report in out.reports.items():
+        s = out.sampling[model]
+        if not s.sampled:
+            continue
+        xs = [x for st, x in zip(workload.streams, fleet_x, strict=True) if st.model == model]
+        report.points = [scale_point(p, s, x) for p, x in zip(report.points, xs, strict=True)]
+        report.run = report.run.model_copy(
+            update={"workload": f"{report.run.workload}; {s.describe()}"}
+        )
+
+
+def _expected(s: StreamSpec, workload: WorkloadSpec) -> float:
+    """Requests a stream will send, about (RECORDS_LIMIT when unbounded)."""
+    if s.num_requests:
+        return s.num_requests + s.warmup
+    if s.load.rate and (s.duration_s or workload.duration_s):
+        return s.load.rate * (s.duration_s or workload.duration_s or 0.0)
+    return RECORDS_LIMIT
+
+
 def _small(workload: WorkloadSpec) -> bool:
-    total = 0.0
-    for s in workload.streams:
-        if s.num_requests:
-            total += s.num_requests + s.warmup
-        elif s.load.rate and (s.duration_s or workload.duration_s):
-            total += s.load.rate * (s.duration_s or workload.duration_s or 0.0)
-        else:
-            total += RECORDS_LIMIT
-    return total < RECORDS_LIMIT
+    return sum(_expected(s, workload) for s in workload.streams) < RECORDS_LIMIT
 
 
-def _count(out: SimOutcome, sim: FleetSimulation) -> None:
-    out.requests += sum(len(s.done) for s in sim.streams)
-    for dep in sim._deps.values():
-        for e in dep.engines:
-            out.steps += e.steps
-            out.preemptions += e.preemptions
+def _add_counts(out: SimOutcome, part: PartResult) -> None:
+    """Add what a simulated part did to ``out``'s counts (sampled models' scaled to the
+    fleet's)."""
+    for model, n in part.finished.items():
+        s = out.sampling.get(model)
+        f = s.scale if s is not None else 1.0
+        out.simulated_requests += n
+        out.requests += round(n * f)
+        out.steps += round(part.steps.get(model, 0) * f)
+        out.preemptions += round(part.preemptions.get(model, 0) * f)
+    for model in part.steps.keys() - part.finished.keys():  # models without a stream
+        out.steps += part.steps[model]
+        out.preemptions += part.preemptions[model]
 
 
 def simulate_traces(
@@ -123,7 +184,7 @@ def simulate_traces(
             trace_stream(points[i], len(all_streams) + k)
             for k, points in enumerate(p for p in per_trace if i < len(p))
         ]
-        _check_models(models, streams)
+        _check_models(models, [(s.label, s.model) for s in streams])
         # Stream ids index the simulation's own list: renumber for this round.
         local = [
             StreamRun(j, s.model, s.label, s.x, s.source, s.concurrency)
@@ -133,7 +194,7 @@ def simulate_traces(
             list(models), local, request_overhead_s=request_overhead_s, keep_itl=True
         )
         sim.run()
-        _count(out, sim)
+        _add_counts(out, result_of(sim, {}))
         out.sim_seconds += sim.now
         all_streams += local
     names = ", ".join(r.run.label for r, _ in traces)
