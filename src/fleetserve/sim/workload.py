@@ -135,7 +135,11 @@ def trace_points(report: BenchReport, model: str | None = None) -> list[TracePoi
     by_point: dict[str, list[dict[str, Any]]] = {}
     for rec in report.records:
         by_point.setdefault(str(rec.get("point")), []).append(rec)
-    outs = [int(r["tokens_out"]) for r in report.records if r.get("tokens_out")]
+    # The server's own counts (``usage``) first: they are what the engine computed. The
+    # client's re-tokenisation of the streamed text differs from them where the text does
+    # not round-trip (dummy weights' random tokens: 116-135 for 128 generated, H100 runs),
+    # and replaying those lengths desynchronises streams the real run kept in step.
+    outs = [int(r.get("usage_out") or r["tokens_out"]) for r in report.records if _out(r)]
     fallback_out = round(sum(outs) / len(outs)) if outs else 128
     points: list[TracePoint] = []
     for summary in report.points:
@@ -145,8 +149,8 @@ def trace_points(report: BenchReport, model: str | None = None) -> list[TracePoi
         origin = min(float(r.get("scheduled") or 0.0) for r in recs)
         requests = [
             TraceRequest(
-                tokens_in=int(r.get("tokens_in") or r.get("usage_in") or 1),
-                tokens_out=int(r.get("tokens_out") or r.get("usage_out") or fallback_out),
+                tokens_in=int(r.get("usage_in") or r.get("tokens_in") or 1),
+                tokens_out=int(r.get("usage_out") or r.get("tokens_out") or fallback_out),
                 scheduled=float(r.get("scheduled") or 0.0) - origin,
                 warmup=bool(r.get("warmup")),
                 group=int(r["group"]) if r.get("group") is not None else -1,
@@ -167,3 +171,7 @@ def trace_points(report: BenchReport, model: str | None = None) -> list[TracePoi
     if not points:
         raise InputFileError(f"{report.run.label}: the bench report has no request records")
     return points
+
+
+def _out(record: dict[str, Any]) -> bool:
+    return bool(record.get("usage_out") or record.get("tokens_out"))
