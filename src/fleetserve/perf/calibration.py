@@ -66,6 +66,14 @@ class Calibration(BaseModel):
         description="Serving latency a request adds before its first token besides the "
         "engine (HTTP, routing, tokenization, detokenization) (s).",
     )
+    admission_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=10,
+        description="Time a replica's serving loop spends taking in one request (s): "
+        "requests that reach a replica together enter its engine one after another, and "
+        "first tokens produced meanwhile leave when the loop is free.",
+    )
     fit: FitInfo = Field(default_factory=FitInfo, description="Provenance of the fit.")
 
     @classmethod

@@ -41,6 +41,7 @@ PARAMS: tuple[tuple[str, float, float], ...] = (
     ("step_overhead_s", 1e-5, 5.0),
     ("seq_overhead_s", 1e-7, 1.0),
     ("request_overhead_s", 1e-4, 10.0),
+    ("admission_s", 1e-5, 0.5),
 )
 METRICS: tuple[tuple[str, float], ...] = (
     ("output_throughput", 1.0),
@@ -113,7 +114,16 @@ def fit(
     if not runs:
         raise UsageError("plan calibrate: give at least one bench report")
     measured = {(model or report.run.model): report for report, model in runs}
-    x0 = np.array([math.log(getattr(start, name)) for name, _, _ in PARAMS])
+    # A constant the start leaves at 0 (admission) starts mid-range (log scale): at its
+    # lower bound it would change no replay, and the search would never move it.
+    x0 = np.array(
+        [
+            math.log(getattr(start, n))
+            if getattr(start, n) > 0
+            else (math.log(lo) + math.log(hi)) / 2
+            for n, lo, hi in PARAMS
+        ]
+    )
     lo = np.array([math.log(b) for _, b, _ in PARAMS])
     hi = np.array([math.log(b) for _, _, b in PARAMS])
     x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)

@@ -122,6 +122,8 @@ class EngineSim:
         "_tau",
         "_timeline",
         "active",
+        "admission_s",
+        "admit_free",
         "block_size",
         "busy",
         "card",
@@ -157,6 +159,9 @@ class EngineSim:
         self.model = model
         self.perf = perf
         self.card = card
+        self.admission_s = perf.calibration.admission_s
+        self.admit_free = 0.0
+        """When the replica's serving loop is done taking in the requests sent to it."""
         self.max_seqs = max_num_seqs
         self.max_tokens = max(max_num_batched_tokens, max_num_seqs)
         self.kv_blocks = max(1, kv_blocks)
@@ -213,12 +218,25 @@ class EngineSim:
 
     # ------------------------------------------------------------------ input
 
+    def admit(self, req: SimRequest, now: float) -> float:
+        """Count ``req`` as this replica's from ``now`` and return when its serving loop,
+        one request at a time, hands it to the engine (:meth:`enter` then)."""
+        req.replica = self
+        self.ongoing += 1
+        start = now if now > self.admit_free else self.admit_free
+        self.admit_free = start + self.admission_s
+        return self.admit_free
+
     def submit(self, req: SimRequest, now: float) -> float | None:
         """Queue ``req``; returns a new event time when the engine must (re)schedule."""
         req.replica = self
+        self.ongoing += 1
+        return self.enter(req, now)
+
+    def enter(self, req: SimRequest, now: float) -> float | None:
+        """Queue an admitted ``req`` in the engine (as :meth:`submit`)."""
         req.left = req.prompt
         self.waiting.append(req)
-        self.ongoing += 1
         if not self.busy:
             return self._start(now)
         if self._k > 1 and len(self._dec) < self.max_seqs:
@@ -425,7 +443,8 @@ class EngineSim:
             self._prefill.remove(r)
             r.done += 1
             if r.first < 0:
-                r.first = now
+                # the loop still taking in requests sends the first token after them
+                r.first = now if now >= self.admit_free else self.admit_free
             r.last = now
             if r.done >= r.output:
                 self._blocks_free += r.blocks

@@ -1,8 +1,10 @@
 """The discrete-event simulation of a fleet: clients, routers, engines, autoscaling.
 
-Design note. One heap of timed events, four kinds: a request arriving at its model's router
+Design note. One heap of timed events, five kinds: a request arriving at its model's router
 (after the calibrated serving overhead), an engine's step (or run of decode steps,
-:mod:`fleetserve.sim.engine`) ending, an autoscaling tick, a new replica becoming ready.
+:mod:`fleetserve.sim.engine`) ending, an autoscaling tick, a new replica becoming ready, and
+a request entering its replica's engine once the replica's serving loop, which takes
+requests in one at a time (``Calibration.admission_s``), has taken it in.
 Engines reschedule themselves; a stale engine event (the engine cut its run short for a
 newcomer) is recognised by its version and skipped. Each open-loop stream keeps exactly one
 pending arrival in the heap and each closed-loop stream sends its next request when one
@@ -37,7 +39,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from fleetserve.perf.model import EnginePerf
 from fleetserve.serve.control.autoscaling import LoadSignals, ScalingTargets, desired_replicas
@@ -249,6 +251,10 @@ class FleetSimulation:
         self._submit(engine, req, now)
 
     def _submit(self, engine: EngineSim, req: SimRequest, now: float) -> None:
+        if engine.admission_s > 0:
+            # the replica's serving loop takes requests in one at a time (kind 4: enter)
+            self._push(engine.admit(req, now), 4, req)
+            return
         t = engine.submit(req, now)
         if t is not None:
             self._push(t, 1, engine, engine.version)
@@ -404,6 +410,13 @@ class FleetSimulation:
                 if not closed[sid]:
                     self._send_next(streams[sid], t)
                 self._route(stream_deps[sid], arrived, t)
+            elif kind == 4:
+                entering: SimRequest = obj
+                engine = cast(EngineSim, entering.replica)
+                nxt = engine.enter(entering, t)
+                if nxt is not None:
+                    self._seq += 1
+                    push(heap, (nxt, self._seq, 1, engine, engine.version))
             elif kind == 2:
                 self._autoscale(t)
                 live_requests = any(e.load for d in deps.values() for e in d.engines) or any(

@@ -5,8 +5,8 @@ sizes served at once by one ``fleetserve serve`` on an H100 (vLLM 0.26.0, compil
 HAMi: every engine may use the whole card's SMs), each swept alone with ``fleetserve
 bench`` (c = 1, 4, 16; 512-token prompts, 128 output tokens) while the others idled, then
 the 4B and the 12B driven at the same time. The configs are the published text configs the
-runs served (weight-free, ``load_format: dummy``). Calibrated on the 4B alone, the
-simulator predicts the 1B and the 12B alone and the 12B beside the busy 4B.
+runs served (weight-free, ``load_format: dummy``). Calibrated on the 1B alone, the
+simulator predicts the 4B and the 12B alone and the 12B beside the busy 4B.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def served():  # type: ignore[no-untyped-def]
     )
     start = Calibration.default(cpu=False)
     models = model_setups(spec, plan, start, base_dir=RUNS)
-    cal = fit(models, [(BenchReport.load(RUNS / "gemma-3-4b.json"), None)], start=start)
+    cal = fit(models, [(BenchReport.load(RUNS / "gemma-3-1b.json"), None)], start=start)
     return with_calibration(models, cal), cal
 
 
@@ -78,32 +78,32 @@ def _errors(served, *names: str) -> dict[tuple[str, str, str], float]:  # type: 
 def test_a_one_size_calibration_keeps_the_cards_efficiencies_physical(served) -> None:  # type: ignore[no-untyped-def]
     # Runs of one size cannot tell a step's fixed overhead from its weight reads, nor a
     # request's serving latency from its prefill: without the prior on a card's
-    # efficiencies the 4B's runs fitted compute 0.28 and 23 ms per request, the 12B's
-    # 2.5 ms per step, and each predicted the other sizes 20-80 % off.
+    # efficiencies the 1B's runs fitted compute 0.17, the 4B's 0.28, the 12B's 2.5 ms per
+    # step, and each predicted the other sizes 20-80 % off.
     _, cal = served
     assert 0.6 <= cal.bandwidth_efficiency <= 0.9
     assert 0.4 <= cal.compute_efficiency <= 0.8
     assert cal.step_overhead_s < 0.002
 
 
-def test_calibrated_on_the_4b_it_predicts_the_12b_and_the_1b(served) -> None:  # type: ignore[no-untyped-def]
+def test_a_burst_enters_the_engine_one_request_at_a_time(served) -> None:  # type: ignore[no-untyped-def]
+    # At c = 4 the four requests of a burst got their first tokens together ~18 ms after
+    # one alone would (1B: 43 against 26 ms), though their prefill is ~1 ms of the card:
+    # the replica takes them in one after another. Only an admission time fits that.
+    _, cal = served
+    assert 0.005 <= cal.admission_s <= 0.03
+
+
+def test_calibrated_on_the_1b_it_predicts_the_4b_and_the_12b(served) -> None:  # type: ignore[no-untyped-def]
     # measured one after the other: each replayed on its own
-    errors = _errors(served, "gemma-3-12b") | _errors(served, "gemma-3-1b")
-    for model in ("gemma-3-12b", "gemma-3-1b"):
-        for point in ("c=1", "c=4", "c=16"):
-            for metric in ("output_throughput", "tpot.p50"):
-                err = errors[(model, point, metric)]
-                assert abs(err) <= GOALS[metric], (model, point, metric, errors)
-    # TTFT: the 12B holds at c = 4 and 16 and the 1B at c = 1 and 16. The misses are the
-    # serving path's: at c = 1 the 12B's TTFT is 36 ms where the fit's per-request
-    # latency plus its prefill gives 47; at c = 4 every size's four requests arrive
-    # together and their first tokens come ~20 ms later than one alone, all at once (the
-    # replica's loop admitting them), which the simulator does not model yet.
-    for model, points in (("gemma-3-12b", ("c=4", "c=16")), ("gemma-3-1b", ("c=1", "c=16"))):
-        for point in points:
-            for metric in ("ttft.p50", "ttft.p90"):
-                err = errors[(model, point, metric)]
-                assert abs(err) <= GOALS[metric], (model, point, metric, errors)
+    errors = _errors(served, "gemma-3-4b") | _errors(served, "gemma-3-12b")
+    for (model, point, metric), err in errors.items():
+        if model == "gemma-3-12b" and point == "c=1" and metric.startswith("ttft"):
+            # +29 / +20 %: the 12B's TTFT alone is 10 ms above the 1B's where 512
+            # tokens of its prefill take ~19 ms at the fitted efficiency - a floor the
+            # compute model does not have
+            continue
+        assert abs(err) <= GOALS[metric], (model, point, metric, errors)
 
 
 def test_the_12b_beside_a_busy_4b_shares_the_card(served) -> None:  # type: ignore[no-untyped-def]
@@ -112,6 +112,6 @@ def test_the_12b_beside_a_busy_4b_shares_the_card(served) -> None:  # type: igno
     for metric in ("tpot.p50", "ttft.p50", "ttft.p90"):
         err = errors[("gemma-3-12b", "c=1", metric)]
         assert abs(err) <= GOALS[metric], (metric, errors)
-    # its throughput comes out 11.5 % high, the small 4B's 26 % (its steps wait for the
+    # its throughput comes out 11 % high, the small 4B's 27 % (its steps wait for the
     # 12B's more than an even time-slice says)
     assert abs(errors[("gemma-3-12b", "c=1", "output_throughput")]) <= 0.15, errors
