@@ -33,7 +33,7 @@ from fleetserve.bench.report import BenchReport
 from fleetserve.host import HostFacts
 from fleetserve.perf.calibration import Calibration
 from fleetserve.plan.local import plan_local
-from fleetserve.sim.build import model_setups
+from fleetserve.sim.build import model_setups, uncapped
 from fleetserve.sim.calibrate import fit, prediction_errors, with_calibration
 from fleetserve.sim.run import simulate_traces
 from fleetserve.spec import default_fleet, load_spec
@@ -73,10 +73,8 @@ def main() -> None:
     )
     args = ap.parse_args()
     spec, plan, cpu = _fleet(args.spec)
-    if args.uncapped:
-        plan = plan.model_copy(
-            update={"replicas": [r.model_copy(update={"cores_percent": 0}) for r in plan.replicas]}
-        )
+    if args.uncapped:  # as `fleetserve simulate --uncapped`
+        plan = uncapped(plan)
     start = Calibration.default(cpu=cpu)
     base = args.spec.parent if args.spec else None
     models = (

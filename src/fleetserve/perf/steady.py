@@ -165,7 +165,8 @@ def estimate(
         prefill_steps = math.ceil(p / room)
         slots = max(1, math.floor(seqs))
         wait = 0.5 * _erlang_c_wait(slots, lam, (d + 1.0) * tau)
-        ttft = perf.calibration.request_overhead_s + tau / 2 + prefill_steps * tau + wait
+        serving = perf.calibration.request_overhead_s + perf.calibration.admission_s
+        ttft = serving + tau / 2 + prefill_steps * tau + wait
     load = _mixed_load(perf, served * tau, traffic)
     return Estimate(
         rate=served,

@@ -301,3 +301,13 @@ def reports(
             records=records,
         )
     return out
+
+
+def uncapped(plan: PlanResult) -> PlanResult:
+    """``plan`` as served without HAMi (``fleetserve serve`` on a GPU host): no replica's
+    compute is capped to its gpucores, 0 as the local plan writes it - each gets the
+    whole card, time-sliced with the replicas stepping beside it; the slices still size
+    memory."""
+    return plan.model_copy(
+        update={"replicas": [r.model_copy(update={"cores_percent": 0}) for r in plan.replicas]}
+    )

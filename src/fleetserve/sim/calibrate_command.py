@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetserve.errors import UsageError
+from fleetserve.sim.command import add_uncapped_argument
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-cpus", type=int, help="CPU host of a pool-less spec (default: this one)")
     p.add_argument("--host-memory-gb", type=float, help="its RAM (GiB)")
     p.add_argument("--note", default="", help="free text kept in the file (host load, version)")
+    add_uncapped_argument(p)
     p.set_defaults(cold_start=60.0)
     return p
 
@@ -41,7 +43,12 @@ def run(argv: list[str]) -> int:
     from fleetserve.bench.report import BenchReport  # noqa: PLC0415
     from fleetserve.perf.calibration import Calibration  # noqa: PLC0415
     from fleetserve.sim.build import model_setups  # noqa: PLC0415
-    from fleetserve.sim.calibrate import fit, prediction_errors, with_calibration  # noqa: PLC0415
+    from fleetserve.sim.calibrate import (  # noqa: PLC0415
+        PARAMS,
+        fit,
+        prediction_errors,
+        with_calibration,
+    )
     from fleetserve.sim.command import _plan  # noqa: PLC0415
     from fleetserve.sim.run import simulate_traces  # noqa: PLC0415
     from fleetserve.spec import default_fleet, load_spec  # noqa: PLC0415
@@ -76,16 +83,5 @@ def run(argv: list[str]) -> int:
         table.add_row(model, point, metric, f"{a:.1f}", f"{b:.1f}", f"{b / a - 1:+.1%}")
     console = Console()
     console.print(table)
-    console.print(
-        ", ".join(
-            f"{k} {getattr(cal, k):.4g}"
-            for k in (
-                "compute_efficiency",
-                "bandwidth_efficiency",
-                "step_overhead_s",
-                "seq_overhead_s",
-                "request_overhead_s",
-            )
-        )
-    )
+    console.print(", ".join(f"{k} {getattr(cal, k):.4g}" for k, _, _ in PARAMS))
     return 0

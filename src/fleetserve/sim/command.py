@@ -50,6 +50,7 @@ def register(subparsers: Any) -> None:
         "--host-cpus", type=int, help="CPU host to plan a pool-less spec on (default: this one)"
     )
     p.add_argument("--host-memory-gb", type=float, help="its RAM (GiB; default: this host's)")
+    add_uncapped_argument(p)
     p.add_argument(
         "--sample-replicas",
         type=int,
@@ -74,12 +75,28 @@ def register(subparsers: Any) -> None:
     p.set_defaults(handler=_run)
 
 
+def add_uncapped_argument(p: argparse.ArgumentParser) -> None:
+    """``--uncapped`` of ``simulate`` and ``plan calibrate``."""
+    p.add_argument(
+        "--uncapped",
+        action="store_true",
+        help="the replicas run without HAMi core limits (fleetserve serve on a GPU host): "
+        "each may use the whole card's compute, time-sliced with the replicas stepping "
+        "beside it; the plan's slices size only memory",
+    )
+
+
 def _plan(spec: Any, args: argparse.Namespace) -> Any:
     if spec.pools:
         from fleetserve.plan.planner import plan_fleet  # noqa: PLC0415
 
         scale = any(m.replicas.max > m.replicas.min for m in spec.models)
-        return plan_fleet(spec, scenario="max" if scale else "min")
+        plan = plan_fleet(spec, scenario="max" if scale else "min")
+        if getattr(args, "uncapped", False):
+            from fleetserve.sim.build import uncapped  # noqa: PLC0415
+
+            plan = uncapped(plan)
+        return plan
     from fleetserve.host import HostFacts, probe  # noqa: PLC0415
     from fleetserve.plan.local import plan_local  # noqa: PLC0415
 

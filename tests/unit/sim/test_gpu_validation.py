@@ -18,7 +18,7 @@ import pytest
 from fleetserve.bench.report import BenchReport
 from fleetserve.perf import Calibration
 from fleetserve.plan.planner import plan_fleet
-from fleetserve.sim.build import model_setups
+from fleetserve.sim.build import model_setups, uncapped
 from fleetserve.sim.calibrate import fit, prediction_errors, with_calibration
 from fleetserve.sim.run import simulate_traces
 from fleetserve.spec import FleetSpec
@@ -54,9 +54,7 @@ def served():  # type: ignore[no-untyped-def]
     plan = plan_fleet(spec, scenario="min")
     # no HAMi on the host that ran them: the placements carry no gpucores cap (0, as
     # fleetserve serve's local plan writes it), the plan's slices only size memory
-    plan = plan.model_copy(
-        update={"replicas": [r.model_copy(update={"cores_percent": 0}) for r in plan.replicas]}
-    )
+    plan = uncapped(plan)
     start = Calibration.default(cpu=False)
     models = model_setups(spec, plan, start, base_dir=RUNS)
     cal = fit(models, [(BenchReport.load(RUNS / "gemma-3-1b.json"), None)], start=start)
@@ -115,3 +113,51 @@ def test_the_12b_beside_a_busy_4b_shares_the_card(served) -> None:  # type: igno
     # its throughput comes out 11 % high, the small 4B's 27 % (its steps wait for the
     # 12B's more than an even time-slice says)
     assert abs(errors[("gemma-3-12b", "c=1", "output_throughput")]) <= 0.15, errors
+
+
+def test_the_cli_calibrates_and_replays_runs_served_without_hami(tmp_path: Path) -> None:
+    # the user's path: plan calibrate on one size, simulate another, both --uncapped
+    import yaml  # noqa: PLC0415
+
+    from fleetserve.cli import main  # noqa: PLC0415
+
+    spec = _spec().model_dump(mode="json", exclude_defaults=True)
+    for m in spec["models"]:  # sources relative to the spec file, as a user writes them
+        if (RUNS / m["source"]).is_dir():
+            m["source"] = str(RUNS / m["source"])
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    cal = tmp_path / "cal.json"
+    one_b = f"{RUNS / 'gemma-3-1b.json'}=gemma-3-1b"
+    assert (
+        main(["plan", "calibrate", one_b, "--spec", str(path), "--uncapped", "--output", str(cal)])
+        == 0
+    )
+    out = tmp_path / "sim.json"
+    four_b = f"{RUNS / 'gemma-3-4b.json'}=gemma-3-4b"
+    args = [
+        str(path),
+        "--uncapped",
+        "--trace",
+        four_b,
+        "--calibration",
+        str(cal),
+        "--output",
+        str(out),
+    ]
+    assert main(["simulate", *args]) == 0
+    simulated = BenchReport.load(out)
+    measured = BenchReport.load(RUNS / "gemma-3-4b.json")
+    for _, point, metric, a, b in prediction_errors(
+        {"gemma-3-4b": measured}, {"gemma-3-4b": simulated}
+    ):
+        assert abs(b / a - 1) <= GOALS[metric], (point, metric, a, b)
+    capped = tmp_path / "capped.json"
+    args = [str(path), "--trace", four_b, "--calibration", str(cal), "--output", str(capped)]
+    assert main(["simulate", *args]) == 0
+    # the HAMi plan's 19 % cores cap the 4B: its TTFT under load is far longer capped
+    slow = {p.label: p.ttft.p50 for p in BenchReport.load(capped).points}
+    fast = {p.label: p.ttft.p50 for p in simulated.points}
+    assert slow["c=4"] is not None
+    assert fast["c=4"] is not None
+    assert slow["c=4"] > 1.3 * fast["c=4"]
