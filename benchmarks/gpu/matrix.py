@@ -686,7 +686,8 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
             bench(srv, name, str(a.model), 8, 16, out, f"{target}-warmup")
             for c in a.conc:
                 n = a.prompts or min(4096, max(64, 16 * c))
-                prof = a.profile_s if c == min(a.conc) else 0
+                profiled = a.profile_conc if a.profile_conc is not None else [min(a.conc)]
+                prof = a.profile_s if c in profiled else 0
                 row = bench(srv, name, str(a.model), c, n, out, target, profile_s=prof)
                 rows.append({"target": target, **row})
                 # written as it goes: a phase cut by the device's time limit keeps its rows
@@ -1258,6 +1259,13 @@ def main() -> None:
         type=int,
         default=0,
         help="py-spy the serving processes this long at the lowest concurrency (0: no)",
+    )
+    o.add_argument(
+        "--profile-conc",
+        type=int,
+        nargs="+",
+        help="the concurrencies --profile-s samples (default: the lowest; the 270M's "
+        "c = 256 cell is where the replica's CPU per token binds)",
     )
     p = sub.add_parser("pack")
     p.add_argument("--models", type=Path, nargs="+", required=True)
