@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from fleetserve.bench.report import BenchReport
-from fleetserve.host import HostFacts
 from fleetserve.perf.calibration import Calibration
-from fleetserve.plan.local import plan_local
-from fleetserve.sim.build import model_setups, uncapped
+from fleetserve.sim.build import model_setups
 from fleetserve.sim.calibrate import fit, prediction_errors, with_calibration
+from fleetserve.sim.command import simulation_plan
 from fleetserve.sim.run import simulate_traces
 from fleetserve.spec import default_fleet, load_spec
 
@@ -44,18 +42,6 @@ GOALS = {"output_throughput": 0.10, "tpot.p50": 0.10, "ttft.p50": 0.20, "ttft.p9
 def _run(item: str) -> tuple[Path, BenchReport, str | None]:
     path, _, model = item.partition("=")
     return Path(path), BenchReport.load(Path(path)), model or None
-
-
-def _fleet(spec_path: Path | None) -> tuple[Any, Any, bool]:
-    """(spec, plan, cpu): a spec with pools is planned on them (the card's FLOP/s and
-    bandwidth come from the GPU catalogue); none, the built-in fleet on the 2-CPU host."""
-    if spec_path is None:
-        spec = default_fleet()
-        return spec, plan_local(spec, HostFacts(cpus=2, memory_mb=23 * 1024)), True
-    from fleetserve.plan.planner import plan_fleet  # noqa: PLC0415
-
-    spec = load_spec(spec_path)
-    return spec, plan_fleet(spec, scenario="min"), not spec.pools
 
 
 def main() -> None:
@@ -72,9 +58,12 @@ def main() -> None:
         "cores_percent 0), the plan's slices only set memory",
     )
     args = ap.parse_args()
-    spec, plan, cpu = _fleet(args.spec)
-    if args.uncapped:  # as `fleetserve simulate --uncapped`
-        plan = uncapped(plan)
+    # planned as `fleetserve simulate` plans (a spec without pools: the 2-CPU, 23 GiB host
+    # the CPU fixtures ran on)
+    spec = load_spec(args.spec) if args.spec else default_fleet()
+    host = argparse.Namespace(host_cpus=2, host_memory_gb=23, uncapped=args.uncapped)
+    plan = simulation_plan(spec, host)
+    cpu = not any(r.gpus for r in plan.replicas)
     start = Calibration.default(cpu=cpu)
     base = args.spec.parent if args.spec else None
     models = (

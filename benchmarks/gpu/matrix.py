@@ -816,7 +816,10 @@ def phase_pack(a: argparse.Namespace) -> None:
             alone += [
                 r
                 for r in json.loads(f.read_text())
-                if r.get("mode") == "alone" and "tok_s" in r and r["tag"] not in seen
+                if r.get("mode") == "alone"
+                and "tok_s" in r
+                and r["tag"] not in seen
+                and r.get("conc") == a.conc  # the same work: an earlier pack's own load
             ]
         summary: dict[str, Any] = {
             "alone_tok_s": {r["tag"]: r["tok_s"] for r in alone},

@@ -116,16 +116,12 @@ def fit(
     measured = {(model or report.run.model): report for report, model in runs}
     # A constant the start leaves at 0 (admission) starts mid-range (log scale): at its
     # lower bound it would change no replay, and the search would never move it.
-    x0 = np.array(
-        [
-            math.log(getattr(start, n))
-            if getattr(start, n) > 0
-            else (math.log(lo) + math.log(hi)) / 2
-            for n, lo, hi in PARAMS
-        ]
-    )
     lo = np.array([math.log(b) for _, b, _ in PARAMS])
     hi = np.array([math.log(b) for _, _, b in PARAMS])
+    values = [getattr(start, name) for name, _, _ in PARAMS]
+    x0 = np.array(
+        [math.log(v) if v > 0 else mid for v, mid in zip(values, (lo + hi) / 2, strict=True)]
+    )
     x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
 
     def calibration(x: np.ndarray) -> Calibration:

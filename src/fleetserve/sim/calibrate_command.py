@@ -49,13 +49,13 @@ def run(argv: list[str]) -> int:
         prediction_errors,
         with_calibration,
     )
-    from fleetserve.sim.command import _plan  # noqa: PLC0415
+    from fleetserve.sim.command import simulation_plan  # noqa: PLC0415
     from fleetserve.sim.run import simulate_traces  # noqa: PLC0415
     from fleetserve.spec import default_fleet, load_spec  # noqa: PLC0415
 
     args = build_parser().parse_args(argv)
     spec = load_spec(args.spec) if args.spec else default_fleet()
-    plan = _plan(spec, args)
+    plan = simulation_plan(spec, args)
     if not plan.replicas:
         raise UsageError("plan calibrate: the spec's plan places no replica")
     cpu = not any(r.gpus for r in plan.replicas)

@@ -86,13 +86,16 @@ def add_uncapped_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _plan(spec: Any, args: argparse.Namespace) -> Any:
+def simulation_plan(spec: Any, args: argparse.Namespace) -> Any:
+    """The plan ``simulate`` and ``plan calibrate`` replay: a spec with pools planned on
+    them (``args.uncapped``: as served without HAMi), else on this host or the one
+    ``args.host_cpus`` / ``args.host_memory_gb`` describe."""
     if spec.pools:
         from fleetserve.plan.planner import plan_fleet  # noqa: PLC0415
 
         scale = any(m.replicas.max > m.replicas.min for m in spec.models)
         plan = plan_fleet(spec, scenario="max" if scale else "min")
-        if getattr(args, "uncapped", False):
+        if args.uncapped:
             from fleetserve.sim.build import uncapped  # noqa: PLC0415
 
             plan = uncapped(plan)
@@ -128,7 +131,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise UsageError(f"--workers {args.workers}: at least 1 process", hint="--workers 1")
     spec = load_spec(args.spec)
-    plan = _plan(spec, args)
+    plan = simulation_plan(spec, args)
     if not plan.replicas:
         raise UsageError(f"{args.spec}: the plan places no replica; see fleetserve plan")
     cal = Calibration.load(args.calibration) if args.calibration else None

@@ -444,7 +444,7 @@ class EngineSim:
             r.done += 1
             if r.first < 0:
                 # the loop still taking in requests sends the first token after them
-                r.first = now if now >= self.admit_free else self.admit_free
+                r.first = max(now, self.admit_free)
             r.last = now
             if r.done >= r.output:
                 self._blocks_free += r.blocks

@@ -139,7 +139,7 @@ def trace_points(report: BenchReport, model: str | None = None) -> list[TracePoi
     # client's re-tokenisation of the streamed text differs from them where the text does
     # not round-trip (dummy weights' random tokens: 116-135 for 128 generated, H100 runs),
     # and replaying those lengths desynchronises streams the real run kept in step.
-    outs = [int(r.get("usage_out") or r["tokens_out"]) for r in report.records if _out(r)]
+    outs = [n for r in report.records if (n := _count(r, "out"))]
     fallback_out = round(sum(outs) / len(outs)) if outs else 128
     points: list[TracePoint] = []
     for summary in report.points:
@@ -149,8 +149,8 @@ def trace_points(report: BenchReport, model: str | None = None) -> list[TracePoi
         origin = min(float(r.get("scheduled") or 0.0) for r in recs)
         requests = [
             TraceRequest(
-                tokens_in=int(r.get("usage_in") or r.get("tokens_in") or 1),
-                tokens_out=int(r.get("usage_out") or r.get("tokens_out") or fallback_out),
+                tokens_in=_count(r, "in") or 1,
+                tokens_out=_count(r, "out") or fallback_out,
                 scheduled=float(r.get("scheduled") or 0.0) - origin,
                 warmup=bool(r.get("warmup")),
                 group=int(r["group"]) if r.get("group") is not None else -1,
@@ -173,5 +173,7 @@ def trace_points(report: BenchReport, model: str | None = None) -> list[TracePoi
     return points
 
 
-def _out(record: dict[str, Any]) -> bool:
-    return bool(record.get("usage_out") or record.get("tokens_out"))
+def _count(record: dict[str, Any], side: str) -> int:
+    """A record's ``in``/``out`` tokens: the server's ``usage`` count, else the client's
+    (see :func:`trace_points`); 0 when it has neither."""
+    return int(record.get(f"usage_{side}") or record.get(f"tokens_{side}") or 0)
