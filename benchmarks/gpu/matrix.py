@@ -20,9 +20,10 @@ Design note. Three phases, each one command that fits the device's 10-minute cal
   others and the co-located run).
 * ``prefix``: two replicas of one model, ``routing.policy`` prefix then pow2, on a
   multi-turn shared-prefix workload sized from the KV cache the replicas report: the
-  conversations' working set is 1.4x one replica's cache, so pow2 (every conversation on
-  both replicas) overflows each cache and prefix routing (half the conversations each)
-  does not.
+  conversations' working set is 1.3x one replica's cache (``--working-set``; what a
+  cached conversation takes is the plan's per-sequence figure: Gemma 3's sliding-window
+  layers hold only their window), so pow2 (every conversation on both replicas)
+  overflows each cache and prefix routing (half the conversations each) does not.
 
 Run on the GPU host with the carried site on PYTHONPATH (docs/benchmarks.md, "GPU"):
 
@@ -664,7 +665,14 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
     name = a.name or a.model.name
     spec = write_spec(
         out / "fleet.yaml",
-        [model_entry(a.model, name, max_model_len=a.max_model_len, concurrency=max(a.conc))],
+        [
+            model_entry(
+                a.model,
+                name,
+                max_model_len=a.max_model_len,
+                concurrency=a.spec_concurrency or max(a.conc),
+            )
+        ],
         8200,
     )
     plan = plan_of(spec)
@@ -1064,24 +1072,38 @@ def client(a: argparse.Namespace) -> None:
     bench(a.url, name, str(a.model), a.conc, a.prompts, a.out, f"together-{name}")
 
 
+@dataclass(frozen=True)
+class ConversationShape:
+    """Words per part of a conversation (scaled down together until the last prompt fits).
+
+    The default is a long-context chat: a long system prompt (a document, an agent's
+    tools) shared by ``group`` users, then short turns. Each turn's prompt extends the
+    previous one by a reply and a user message (a tenth of it), so a replica that still
+    caches the conversation prefills only that tenth: the case prefix routing is for.
+    """
+
+    system_words: int = 600
+    user_words: int = 40
+    reply_words: int = 20
+    turns: int = 6
+    group: int = 2
+
+
 def conversations(
-    tokens_budget: int,
+    tokens_budget: float,
     count: Any,
+    cache_cost: Any,
     max_prompt: int,
     seed: int = 0,
-    *,
-    system_words: int = 700,
-    user_words: int = 300,
-    reply_words: int = 60,
-    turns: int = 6,
-    group: int = 2,
+    shape: ConversationShape = ConversationShape(),
 ) -> tuple[list[str], int, int]:
-    """Multi-turn conversations in turn-major order: users in groups of ``group`` share a
-    system prompt, each turn adds a user message and (in the next turn's prompt) a reply.
-    Sized with the served tokenizer (``count``: text -> tokens): every prompt fits
-    ``max_prompt`` tokens and the users' final prompts - the working set a KV cache must
-    hold for every turn to hit - add up to about ``tokens_budget``. Returns the prompts,
-    the users and one user's final prompt length."""
+    """Multi-turn conversations in turn-major order: users in groups of ``shape.group``
+    share a system prompt, each turn adds a user message and (in the next turn's prompt) a
+    reply. Sized with the served tokenizer (``count``: text -> tokens): every prompt fits
+    ``max_prompt`` tokens, and the users' final prompts take about ``tokens_budget`` of the
+    KV cache, each ``cache_cost(tokens)`` (the units vLLM's "GPU KV cache size" counts: a
+    sliding-window layer keeps only its window, so a long prompt costs less than its
+    length on Gemma 3). Returns the prompts, the users and one user's final prompt length."""
     rng = random.Random(seed)
     vocab = [f"w{i}" for i in range(5000)]
 
@@ -1089,22 +1111,24 @@ def conversations(
         return " ".join(rng.choice(vocab) for _ in range(n))
 
     def one_user(scale: float) -> int:
-        text = words(int(system_words * scale))
-        for _ in range(turns):
-            text += f"User: {words(int(user_words * scale))}\nAssistant:"
-            text += f" {words(int(reply_words * scale))}\n"
+        text = words(int(shape.system_words * scale))
+        for _ in range(shape.turns):
+            text += f"User: {words(int(shape.user_words * scale))}\nAssistant:"
+            text += f" {words(int(shape.reply_words * scale))}\n"
         return int(count(text))
 
     scale = 1.0
     while one_user(scale) > max_prompt and scale > 0.05:
-        scale *= 0.8
+        scale *= 0.9
     per_user = one_user(scale)
-    users = max(2, round(tokens_budget / per_user))
-    sys_n, user_n, reply_n = (int(n * scale) for n in (system_words, user_words, reply_words))
-    systems = [words(sys_n) for _ in range((users + group - 1) // group)]
-    history = [f"System: {systems[u // group]}\n" for u in range(users)]
+    users = max(2, round(tokens_budget / cache_cost(per_user)))
+    sys_n, user_n, reply_n = (
+        max(1, int(n * scale)) for n in (shape.system_words, shape.user_words, shape.reply_words)
+    )
+    systems = [words(sys_n) for _ in range((users + shape.group - 1) // shape.group)]
+    history = [f"System: {systems[u // shape.group]}\n" for u in range(users)]
     prompts: list[str] = []
-    for _ in range(turns):
+    for _ in range(shape.turns):
         for u in range(users):
             history[u] += f"User: {words(user_n)}\nAssistant:"
             prompts.append(history[u])
@@ -1112,25 +1136,55 @@ def conversations(
     return prompts, users, per_user
 
 
+def cache_cost_of(model_dir: Path) -> Any:
+    """tokens -> what one cached sequence of that length takes of vLLM's "GPU KV cache
+    size" (whose tokens count every layer): the plan's own per-sequence figure without
+    tokens in flight, so Gemma 3's sliding-window layers hold only their window."""
+    from fleetserve.plan.architecture import load_model_config  # noqa: PLC0415
+    from fleetserve.plan.memory import (  # noqa: PLC0415
+        kv_bytes_per_sequence,
+        kv_bytes_per_token,
+    )
+
+    config = load_model_config(model_dir)
+    per_token = kv_bytes_per_token(config)
+    return lambda tokens: kv_bytes_per_sequence(config, tokens, in_flight_tokens=1) / per_token
+
+
 @functools.cache
 def prefix_workload(
-    model_dir: Path, kv_tokens: int, max_prompt: int, out: Path, seed: int = 0
+    model_dir: Path,
+    kv_tokens: int,
+    max_prompt: int,
+    out: Path,
+    seed: int = 0,
+    working_set: float = 1.3,
+    shape: ConversationShape = ConversationShape(),
 ) -> tuple[Path, int, int]:
-    """The multi-turn conversations for one replica's KV cache (``kv_tokens``), tokenised
-    and written once per run and shared by every policy (seeded: the same prompts; another
-    ``seed``, the same shapes with other words - a warm-up that leaves no useful prefix):
-    (the dataset file, users, requests)."""
+    """The multi-turn conversations for one replica's KV cache (``kv_tokens``) whose final
+    prompts take ``working_set`` x that cache: above 1, pow2 (every conversation on both
+    replicas) overflows each cache and prefix routing (half the conversations each) does
+    not. Tokenised and written once per run and shared by every policy (seeded: the same
+    prompts; another ``seed``, the same shapes with other words - a warm-up that leaves no
+    useful prefix): (the dataset file, users, requests)."""
     from transformers import AutoTokenizer  # noqa: PLC0415 - the host has it
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    cost = cache_cost_of(model_dir)
     prompts, users, per_user = conversations(
-        int(1.4 * kv_tokens), lambda text: len(tokenizer(text)["input_ids"]), max_prompt, seed
+        working_set * kv_tokens,
+        lambda text: len(tokenizer(text)["input_ids"]),
+        cost,
+        max_prompt,
+        seed,
+        shape,
     )
-    data = out / f"conversations-{model_dir.name}-{kv_tokens}-s{seed}.jsonl"
+    data = out / f"conversations-{model_dir.name}-{kv_tokens}-w{working_set}-s{seed}.jsonl"
     data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     log(
-        f"prefix workload: KV {kv_tokens} tokens/replica -> {users} users, {len(prompts)} "
-        f"requests, one user's final prompt {per_user} tokens"
+        f"prefix workload: KV {kv_tokens} tokens/replica, working set {working_set}x -> "
+        f"{users} users, {len(prompts)} requests, one user's final prompt {per_user} "
+        f"tokens taking {cost(per_user):.0f} of the cache"
     )
     return data, users, len(prompts)
 
@@ -1145,11 +1199,17 @@ def prefix_run(
     *,
     seed: int = 0,
     conc: int = 0,
+    working_set: float = 0.0,
 ) -> dict[str, Any]:
     """The multi-turn shared-prefix workload (:func:`prefix_workload`) against model
-    ``name`` of ``srv``, at ``conc`` (default ``--prefix-conc``) streams."""
+    ``name`` of ``srv``, at ``conc`` (default ``--prefix-conc``) streams, its working set
+    ``working_set`` (default the first of ``--working-set``) x the cache."""
     max_prompt = a.prefix_max_model_len - a.output_len - 64
-    data, users, requests = prefix_workload(model_dir, kv_tokens, max_prompt, a.out, seed)
+    working_set = working_set or a.working_set[0]
+    shape = ConversationShape(a.system_words, a.user_words, a.reply_words, a.turns)
+    data, users, requests = prefix_workload(
+        model_dir, kv_tokens, max_prompt, a.out, seed, working_set, shape
+    )
     extra = [
         "--dataset-name",
         "custom",
@@ -1165,6 +1225,7 @@ def prefix_run(
     before = engine_counters()
     row = bench(srv, name, str(model_dir), conc, requests, a.out, tag, extra)
     row["users"], row["requests"], row["kv_tokens"] = users, requests, kv_tokens
+    row["working_set"] = working_set
     if before:
         # Ray's agent exports what the engines recorded up to its last report (every few
         # seconds): wait one out so the run's last steps are counted
@@ -1174,9 +1235,17 @@ def prefix_run(
     return row
 
 
+def hit_rate(row: dict[str, Any]) -> str:
+    """The run's prefix-cache hit rate over its engines ("n/a" without counters)."""
+    engines = row.get("engines") or {}
+    hits = sum(e.get("prefix_cache_hits", 0.0) for e in engines.values())
+    queries = sum(e.get("prefix_cache_queries", 0.0) for e in engines.values())
+    return f"{hits / queries:.0%}" if queries else "n/a"
+
+
 def print_prefix(results: dict[str, dict[str, Any]]) -> None:
-    """prefix against pow2 for each measured concurrency (keys ``prefix``/``pow2`` or
-    ``prefix-c<n>``/``pow2-c<n>``)."""
+    """prefix against pow2 for each measured run (keys ``prefix``/``pow2``, or with the
+    concurrency and working set: ``prefix-c<n>-w<x>``/``pow2-c<n>-w<x>``)."""
     for key, p in results.items():
         q = results.get(key.replace("prefix", "pow2", 1), {})
         if not key.startswith("prefix") or "tok_s" not in p or "tok_s" not in q:
@@ -1185,7 +1254,7 @@ def print_prefix(results: dict[str, dict[str, Any]]) -> None:
             f"\n{key}/pow2: TTFT p50 {p['ttft_p50_ms']:.1f}/{q['ttft_p50_ms']:.1f} ms = "
             f"{p['ttft_p50_ms'] / q['ttft_p50_ms']:.3f}x; "
             f"tok/s {p['tok_s']:.0f}/{q['tok_s']:.0f} = "
-            f"{p['tok_s'] / q['tok_s']:.3f}x",
+            f"{p['tok_s'] / q['tok_s']:.3f}x; prefix-cache hits {hit_rate(p)}/{hit_rate(q)}",
             flush=True,
         )
 
@@ -1216,11 +1285,13 @@ def phase_prefix(a: argparse.Namespace) -> None:
                 # first measured run of the fourth GPU session), and its prefix cache
                 # starts full of prefixes no measured request shares
                 prefix_run(a, srv, "g", a.model, a.kv_tokens, f"warmup-{policy}", seed=1)
-            for conc in a.prefix_concs or [a.prefix_conc]:
-                tag = f"prefix-{policy}" + (f"-c{conc}" if a.prefix_concs else "")
-                results[tag.removeprefix("prefix-")] = prefix_run(
-                    a, srv, "g", a.model, a.kv_tokens, tag, conc=conc
-                )
+            for ws in a.working_set:
+                for conc in a.prefix_concs or [a.prefix_conc]:
+                    tag = f"prefix-{policy}" + (f"-c{conc}" if a.prefix_concs else "")
+                    tag += f"-w{ws}" if len(a.working_set) > 1 else ""
+                    results[tag.removeprefix("prefix-")] = prefix_run(
+                        a, srv, "g", a.model, a.kv_tokens, tag, conc=conc, working_set=ws
+                    )
         finally:
             stop(srv)
     (out / "prefix.json").write_text(json.dumps(results, indent=1))
@@ -1256,6 +1327,14 @@ def main() -> None:
         help="more `vllm serve` options for the baseline (e.g. '--api-server-count 2')",
     )
     o.add_argument("--max-model-len", type=int, default=4096)
+    o.add_argument(
+        "--spec-concurrency",
+        type=int,
+        default=0,
+        help="the spec's concurrency, which sizes both servers' KV cache and max_num_seqs "
+        "(default the highest --conc; less when that cache does not fit the card: the "
+        "client's extra streams then queue in the server)",
+    )
     o.add_argument("--fleet-first", action="store_true")
     o.add_argument(
         "--profile-s",
@@ -1350,6 +1429,19 @@ def main() -> None:
         s_.add_argument("--prefix-max-model-len", type=int, default=8192)
         s_.add_argument("--output-len", type=int, default=32)
         s_.add_argument("--kv-tokens", type=int, default=0)
+        s_.add_argument(
+            "--working-set",
+            type=float,
+            nargs="+",
+            default=[1.3],
+            help="the conversations' final prompts take this many times one replica's "
+            "KV cache (several: a run per value)",
+        )
+        shape = ConversationShape()
+        s_.add_argument("--system-words", type=int, default=shape.system_words)
+        s_.add_argument("--user-words", type=int, default=shape.user_words)
+        s_.add_argument("--reply-words", type=int, default=shape.reply_words)
+        s_.add_argument("--turns", type=int, default=shape.turns)
         s_.add_argument(
             "--counter-wait-s",
             type=float,
