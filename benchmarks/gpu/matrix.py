@@ -100,9 +100,11 @@ def start(
     out: Path,
     timeout: float,
     sweep: bool = True,
+    log_line: bytes = b"",
 ) -> Server:
-    """Start a server in its own session and wait for ``ready``; one that dies or stays
-    unready is stopped (``sweep``: as :func:`stop`) and ends the phase."""
+    """Start a server in its own session and wait for ``ready`` (and, when given, for
+    ``log_line`` in its output); one that dies or stays unready is stopped (``sweep``: as
+    :func:`stop`) and ends the phase."""
     log_path = out / f"{name}.log"
     f = log_path.open("wb")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -114,7 +116,7 @@ def start(
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-3000:]
             raise SystemExit(f"{name} exited with {proc.returncode} during start:\n{tail}")
-        if _get(url + ready):
+        if _get(url + ready) and (not log_line or log_line in log_path.read_bytes()):
             log(f"{name} ready in {time.monotonic() - t0:.0f} s")
             return Server(name, proc, url, log_path)
         time.sleep(1)
@@ -536,7 +538,19 @@ def start_fleet(spec: Path, port: int, out: Path, name: str = "fleetserve") -> S
     argv += ["--metrics-export-port", str(METRICS_PORT)]
     # a dry run of a phase here: MATRIX_FLEET_ARGS="--engine fake"
     argv += shlex.split(os.environ.get("MATRIX_FLEET_ARGS", ""))
-    return start(name, argv, f"http://127.0.0.1:{port}", "/ready", out, timeout=540)
+    # /ready answers 200 once every model has a running replica (a load balancer's
+    # readiness); a measurement needs every replica, which the CLI's ready line waits for:
+    # the prefix pair of the fifth and sixth GPU sessions was measured with its second
+    # replica still compiling (it joined mid-run, or after it)
+    return start(
+        name,
+        argv,
+        f"http://127.0.0.1:{port}",
+        "/ready",
+        out,
+        timeout=540,
+        log_line=b"fleetserve: ready - ",
+    )
 
 
 def running_fleet(port: int, names: list[str]) -> Server | None:
