@@ -1240,10 +1240,12 @@ def prefix_run(
     row = bench(srv, name, str(model_dir), conc, requests, a.out, tag, extra)
     row["users"], row["requests"], row["kv_tokens"] = users, requests, kv_tokens
     row["working_set"] = working_set
+    # Ray's agent exports what the engines recorded up to its last report (every few
+    # seconds): wait one out so the run's last steps are counted - also after a run whose
+    # start found no counters yet (a fresh fleet's warm-up), or the next run's baseline
+    # misses this one's last steps (the sixth session's pow2 rows counted some warm-up)
+    time.sleep(a.counter_wait_s)
     if before:
-        # Ray's agent exports what the engines recorded up to its last report (every few
-        # seconds): wait one out so the run's last steps are counted
-        time.sleep(a.counter_wait_s)
         row["engines"] = counter_delta(before, engine_counters())
         log(f"{tag}: prefix cache per engine {json.dumps(row['engines'])}")
     return row
