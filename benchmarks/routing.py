@@ -310,11 +310,10 @@ def served(arm: str, args: argparse.Namespace, address: str) -> Iterator[str]:
                 raise RuntimeError(f"serve run exited {proc.returncode}; see {log.name}")
             if time.monotonic() - start > args.start_timeout:
                 raise RuntimeError(f"not ready after {args.start_timeout} s; see {log.name}")
-            try:
-                if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+            # /ready answers once one replica runs (a load balancer's readiness); an arm is
+            # measured with both (on the GPU host the second replica once joined mid-run)
+            if _ready(url) and _all_running("fleetserve"):
+                break
             time.sleep(2)
         print(f"[{arm}] ready in {time.monotonic() - start:.1f} s", file=sys.stderr)
         yield url
@@ -327,6 +326,22 @@ def served(arm: str, args: argparse.Namespace, address: str) -> Iterator[str]:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(30)
         log.close()
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/ready", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _all_running(app: str) -> bool:
+    """Every deployment of Serve application ``app`` at its target replica count."""
+    from ray import serve  # noqa: PLC0415
+    from ray.serve.schema import ApplicationStatus  # noqa: PLC0415
+
+    status = serve.status().applications.get(app)
+    return status is not None and status.status == ApplicationStatus.RUNNING
 
 
 WORKLOADS = {"shared": run_shared, "unique": run_unique}

@@ -1151,18 +1151,14 @@ def conversations(
 
 
 def cache_cost_of(model_dir: Path) -> Any:
-    """tokens -> what one cached sequence of that length takes of vLLM's "GPU KV cache
-    size" (whose tokens count every layer): the plan's own per-sequence figure without
-    tokens in flight, so Gemma 3's sliding-window layers hold only their window."""
+    """tokens -> what one cached prompt of that length takes of vLLM's "GPU KV cache size"
+    (whose tokens count every layer): its length over the plan's cache span, so Gemma 3's
+    sliding-window layers hold only their window."""
     from fleetserve.plan.architecture import load_model_config  # noqa: PLC0415
-    from fleetserve.plan.memory import (  # noqa: PLC0415
-        kv_bytes_per_sequence,
-        kv_bytes_per_token,
-    )
+    from fleetserve.plan.memory import cache_span  # noqa: PLC0415
 
     config = load_model_config(model_dir)
-    per_token = kv_bytes_per_token(config)
-    return lambda tokens: kv_bytes_per_sequence(config, tokens, in_flight_tokens=1) / per_token
+    return lambda tokens: tokens / cache_span(config, tokens)
 
 
 @functools.cache

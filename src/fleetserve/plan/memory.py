@@ -77,6 +77,7 @@ __all__ = [
     "MiB",
     "ModelConfig",
     "ReplicaMemory",
+    "cache_span",
     "compile_peak_bytes",
     "cuda_graph_captures",
     "estimate_replica",
@@ -290,6 +291,28 @@ def kv_bytes_per_sequence(
         held = min(config.chunk_size + in_flight_tokens, tokens)
         total += config.chunked_layers * math.ceil(held / block_size) * block
     return total
+
+
+def cache_span(config: ModelConfig, tokens: int, *, tensor_parallel: int = 1) -> float:
+    """Tokens of cached ``tokens``-token prompts that one token of vLLM's KV-cache size
+    holds (at least 1).
+
+    vLLM states its cache in tokens that fill every layer ("GPU KV cache size") and admits a
+    sequence by what it needs in flight (:func:`kv_bytes_per_sequence`). What stays cached
+    for a later request to hit is less: the whole prefix in full-attention layers, only the
+    last window in sliding-window ones (vLLM frees the blocks that left the window first,
+    and evicts freed blocks oldest first). So a Gemma 3 cache (five sliding layers of six,
+    window 1,024) holds about 2.7x its token count of 4k-token conversations: on the H100,
+    two replicas of the 4B at 86 % prefix-cache hits with conversations of 1.3x one cache
+    by this measure, and one replica alone 38 % (docs/benchmarks.md, GPU).
+    """
+    if tokens <= 0:
+        return 1.0
+    per_token = kv_bytes_per_token(config, tensor_parallel=tensor_parallel)
+    held = kv_bytes_per_sequence(
+        config, tokens, tensor_parallel=tensor_parallel, in_flight_tokens=1
+    )
+    return max(1.0, per_token * tokens / held)
 
 
 def activation_bytes(

@@ -13,6 +13,7 @@ from fleetserve.plan.memory import (
     CUDA_CONTEXT_BYTES,
     GiB,
     MiB,
+    cache_span,
     estimate_replica,
     kv_bytes_per_sequence,
     kv_bytes_per_token,
@@ -134,6 +135,23 @@ def test_sliding_window_layers_hold_only_the_window() -> None:
     # Mistral v0.1 slides on every layer; v0.3 does not
     assert load_model_config("mistral-7b-v0.1").sliding_layers == 32
     assert load_model_config("mistral-7b-v0.3").sliding_window is None
+
+
+def test_cache_span_counts_only_the_window_of_sliding_layers() -> None:
+    """vLLM's "GPU KV cache size" counts tokens in every layer; a cached Gemma 3 prompt
+    keeps its whole prefix only in the global layers (1 of 6), so the cache holds several
+    times its token count of long prompts - and exactly its count of short ones."""
+    gemma = load_model_config("gemma-3-4b")
+    per_layer = kv_bytes_per_token(gemma) // gemma.num_layers
+    held = gemma.full_layers * 4096 + gemma.sliding_layers * (1024 + 16)  # window + 1 block
+    assert cache_span(gemma, 4096) == pytest.approx(gemma.num_layers * 4096 / held)
+    assert held * per_layer == kv_bytes_per_sequence(gemma, 4096, in_flight_tokens=1)
+    assert 2.6 < cache_span(gemma, 4096) < 2.9
+    assert cache_span(gemma, 512) == 1.0  # within the window: every layer holds it all
+    assert cache_span(gemma, 32768) > cache_span(gemma, 4096)
+    # no sliding layers: one cached token per token, never below 1 (block rounding)
+    assert cache_span(load_model_config("llama-3.1-8b"), 4000) == 1.0
+    assert cache_span(gemma, 0) == 1.0
 
 
 def test_qwen_sliding_window_is_off_when_use_sliding_window_is_false() -> None:

@@ -7,7 +7,13 @@ import json
 
 from fleetserve.engine.protocol import EngineRequest, EngineStats
 from fleetserve.serve.routing.index import AdapterIndex, PrefixIndex
-from fleetserve.serve.routing.ledger import CacheLedger
+from fleetserve.serve.routing.ledger import (
+    CHARS_PER_TOKEN,
+    LEDGER_MAX_BLOCKS,
+    REPORT_MAX_BLOCKS,
+    CacheLedger,
+    model_cache_span,
+)
 from fleetserve.serve.routing.policy import (
     PrefixParams,
     ReplicaView,
@@ -116,6 +122,46 @@ def test_a_new_router_rebuilds_its_view_from_reports() -> None:
     index.merge("a", report["blocks"])
     blocks = request_blocks(request.body, 64)
     assert index.match(blocks, ["a"]) == {"a": len(blocks)}
+
+
+def test_ledger_capacity_is_the_cache_a_router_should_see() -> None:
+    # vLLM's token count x the model's span (sliding windows), in prompt blocks
+    ledger = CacheLedger(block_chars=64, span=2.5)
+    ledger.set_kv_capacity_tokens(64_000)
+    assert ledger.capacity == int(64_000 * 2.5 * CHARS_PER_TOKEN) // 64
+    assert ledger.capacity > REPORT_MAX_BLOCKS  # a GPU-sized cache outgrows one report
+    ledger.set_kv_capacity_tokens(10**9)
+    assert ledger.capacity == LEDGER_MAX_BLOCKS
+    # the span comes from the model's config; an unreadable one gives the plain count
+    assert 2.6 < model_cache_span("gemma-3-4b", 4096) < 2.9
+    assert model_cache_span("llama-3.1-8b", 4096) == 1.0
+    assert model_cache_span("/nowhere/model", 4096) == 1.0
+
+
+def test_a_partial_report_refreshes_the_view_instead_of_replacing_it() -> None:
+    """A big cache's report carries only its newest blocks: the router keeps the older
+    ones it knows (within the capacity), so long-idle conversations keep their replica."""
+    ledger = CacheLedger(block_chars=8, capacity_blocks=10 * REPORT_MAX_BLOCKS)
+    old = EngineRequest("POST", "/v1/completions", json.dumps({"prompt": "x" * 800}).encode())
+    ledger.observe(old)  # 100 blocks, then many newer ones
+    chars = 8 * (REPORT_MAX_BLOCKS + 50)
+    new = EngineRequest("POST", "/v1/completions", json.dumps({"prompt": "y" * chars}).encode())
+    ledger.observe(new)
+    report = ledger.report(EngineStats(), {})
+    assert len(report["blocks"]) == REPORT_MAX_BLOCKS
+    assert report["complete"] is False
+    index = PrefixIndex()
+    index.set_capacity("a", report["capacity_blocks"])
+    old_blocks = request_blocks(old.body, 8)
+    index.add("a", old_blocks)  # this router routed the old conversation there
+    index.merge("a", report["blocks"], complete=report["complete"])
+    assert index.match(old_blocks, ["a"]) == {"a": len(old_blocks)}
+    # a complete report is the authority: what it lacks, the replica no longer holds
+    index.merge("a", report["blocks"][-10:], complete=True)
+    assert index.match(old_blocks, ["a"]) == {"a": 0}
+    small = CacheLedger(block_chars=64)
+    small.observe(old)
+    assert small.report(EngineStats(), {})["complete"] is True
 
 
 def test_dropped_replica_is_forgotten() -> None:

@@ -22,7 +22,7 @@ from fleetserve.engine.factory import create_engine
 from fleetserve.engine.protocol import EngineRequest, ResponseHead
 from fleetserve.engine.signals import KV_CAPACITY_TOKENS, engine_signals
 from fleetserve.serve.replica.relay import RelaySender, RelayTicket, relay_stream
-from fleetserve.serve.routing.ledger import CacheLedger
+from fleetserve.serve.routing.ledger import CacheLedger, model_cache_span
 
 
 @serve.deployment(
@@ -38,7 +38,10 @@ class ModelServer:
         self._config = EngineConfig.model_validate(engine)
         self._engine = create_engine(self._config)
         # The prompt blocks this replica served, reported to the routers (routing.ledger).
-        self._ledger = CacheLedger(block_chars)
+        self._ledger = CacheLedger(
+            block_chars,
+            span=model_cache_span(self._config.model_path, self._config.settings.max_model_len),
+        )
         # Connections to the ingresses' stream relays, made on their first stream.
         self._relay = RelaySender(ray.get_runtime_context().get_node_id())
         await self._engine.start()

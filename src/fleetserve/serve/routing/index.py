@@ -60,16 +60,21 @@ class PrefixIndex:
                 self._owners.setdefault(h, set()).add(replica)
         self._evict(replica)
 
-    def merge(self, replica: str, reported: Sequence[int]) -> None:
-        """A replica's report of the blocks it holds (oldest first) replaces our view.
+    def merge(self, replica: str, reported: Sequence[int], complete: bool = True) -> None:
+        """A replica's report of the blocks it holds (oldest first).
 
-        The replica is the authority on what it still caches; only the blocks this router
-        added since its previous report (the report lags by a period) are kept on top.
+        ``complete`` (the report is all the replica's ledger holds): it replaces our view -
+        the replica is the authority on what it still caches. Otherwise (a big cache's
+        report carries only its newest blocks) those blocks are refreshed in our view and
+        the older ones kept, to leave by the capacity's LRU as the replica's do. Either
+        way the blocks this router added since the previous report (the report lags by a
+        period) go on top.
         """
         pending = self._pending.pop(replica, [])
-        old = self._blocks.pop(replica, OrderedDict())
-        for h in old:
-            self._forget(h, replica)
+        if complete:
+            old = self._blocks.pop(replica, OrderedDict())
+            for h in old:
+                self._forget(h, replica)
         self._insert(replica, reported)
         self._insert(replica, pending)
         self._pending[replica] = []

@@ -8,6 +8,15 @@ to every router of the deployment (``RunningReplica.routing_stats``): no router 
 calls a replica on the request path, a router that restarts rebuilds its view from the
 next reports, and a replica that restarts reports an empty cache under its new id.
 
+The bound is the engine's cache as a router should see it: vLLM's token count
+(``kv_capacity_tokens``, every layer full) times the model's cache span - on a model with
+sliding-window layers a cached conversation keeps only its last window there, so the cache
+holds several times its token count of long prompts (:func:`fleetserve.plan.memory.cache_span`;
+Gemma 3 about 2.7x at 4k tokens) - capped by :data:`LEDGER_MAX_BLOCKS`. A report carries the
+newest :data:`REPORT_MAX_BLOCKS` blocks (the broadcast stays small on big caches) and says
+whether that is all of them (``complete``); a router then replaces its view with it, else
+refreshes those blocks in its own view, which its routing decisions keep (index.py).
+
 It also keeps the model ids it served most recently (``models``, oldest first): for a LoRA
 adapter that is the adapter vLLM loaded on this replica (routers prefer replicas that hold
 the adapter a request names; they know which id is the base model).
@@ -15,16 +24,25 @@ the adapter a request names; they know which id is the base model).
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleetserve.engine.protocol import EngineRequest, EngineStats
+from fleetserve.errors import FleetServeError
+from fleetserve.plan.architecture import load_model_config
+from fleetserve.plan.memory import cache_span
 from fleetserve.serve.routing.index import DEFAULT_CAPACITY_BLOCKS
 from fleetserve.serve.routing.prefix import request_key
 
+logger = logging.getLogger(__name__)
+
 #: Most block hashes one report carries (the newest; bounds the broadcast size).
 REPORT_MAX_BLOCKS = 4096
+#: Most blocks a ledger (and a router's view of one replica) keeps: about 4M prompt
+#: characters, a 12B model's whole cache on an H200 (the view costs ~100 bytes a block).
+LEDGER_MAX_BLOCKS = 65536
 #: Most model ids (base and adapters) a report carries, most recently served last.
 REPORT_MAX_MODELS = 256
 #: Characters per token assumed when converting the engine's KV capacity into blocks.
@@ -34,9 +52,17 @@ CHARS_PER_TOKEN = 4
 class CacheLedger:
     """The prompt blocks one replica has served recently (an LRU)."""
 
-    def __init__(self, block_chars: int, capacity_blocks: int = DEFAULT_CAPACITY_BLOCKS) -> None:
+    def __init__(
+        self,
+        block_chars: int,
+        capacity_blocks: int = DEFAULT_CAPACITY_BLOCKS,
+        span: float = 1.0,
+    ) -> None:
+        """``span``: prompt tokens one token of the engine's KV capacity holds
+        (:func:`model_cache_span`)."""
         self.block_chars = block_chars
         self.capacity = capacity_blocks
+        self.span = span
         self._lru: OrderedDict[int, None] = OrderedDict()
         self._models: OrderedDict[str, None] = OrderedDict()
         self.served = 0
@@ -60,8 +86,8 @@ class CacheLedger:
 
     def set_kv_capacity_tokens(self, tokens: int) -> None:
         """Bound the ledger by the engine's KV cache (tokens) once it is known."""
-        blocks = max(1, tokens * CHARS_PER_TOKEN // self.block_chars)
-        self.capacity = min(blocks, REPORT_MAX_BLOCKS)
+        blocks = max(1, int(tokens * self.span * CHARS_PER_TOKEN) // self.block_chars)
+        self.capacity = min(blocks, LEDGER_MAX_BLOCKS)
         while len(self._lru) > self.capacity:
             self._lru.popitem(last=False)
 
@@ -79,6 +105,7 @@ class CacheLedger:
         blocks = list(self._lru)[-REPORT_MAX_BLOCKS:]
         out: dict[str, Any] = {
             "blocks": blocks,
+            "complete": len(blocks) == len(self._lru),
             "models": list(self._models),
             "capacity_blocks": self.capacity,
             "served": self.served,
@@ -89,3 +116,14 @@ class CacheLedger:
             out["adapters"] = list(adapters)
         out.update(signals)
         return out
+
+
+def model_cache_span(model_path: str, max_model_len: int) -> float:
+    """The ledger's span for a replica of ``model_path`` (conversations up to
+    ``max_model_len`` tokens); 1.0 when its config cannot be read (the fake engine, a repo id
+    outside the catalogue): the view is then smaller than the cache, never larger."""
+    try:
+        return cache_span(load_model_config(model_path), max_model_len)
+    except (FleetServeError, OSError, ValueError) as exc:
+        logger.debug("no cache span for %s: %s", model_path, exc)
+        return 1.0

@@ -246,7 +246,7 @@ class FleetRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         capacity = stats.get("capacity_blocks")
         if isinstance(capacity, int):
             self._index.set_capacity(rid, capacity)
-        self._index.merge(rid, blocks)
+        self._index.merge(rid, blocks, complete=stats.get("complete", True) is not False)
         # The engine's own list of loaded adapters when the replica sent it, else the
         # model ids it served recently (the base's among them is no adapter).
         held = stats.get("adapters", stats.get("models"))
