@@ -256,6 +256,11 @@ class EngineSim:
         """Apply the step (or run) ending at ``now``; start the next. Returns its end
         time, or None when the engine goes idle."""
         if self._k > 0:
+            # The run's KV growth: a block per block_size tokens of every decoding sequence
+            # (a single step takes its own in _schedule). _plan_run kept it within the free
+            # blocks; untaken, each finished sequence gave back blocks it never took and
+            # the cache grew with every run.
+            self._blocks_free -= len(self._dec) * self._k / self.block_size
             self._apply_decode(self._k, now, self._tau)
             self._k = 0
         else:
