@@ -14,7 +14,15 @@ Design note - what is modelled (vLLM V1's scheduler, vllm/v1/core/sched/schedule
   cached skips those tokens (whole blocks, never the whole prompt: vLLM recomputes at least
   the last token); groups stay cached in LRU order while the blocks no running request uses
   can hold them;
-* a prefill chunk that completes its prompt samples the first token in that step.
+* a prefill chunk that completes its prompt samples the first token in that step;
+* windowed layers (Gemma 3's sliding five of six, Llama 4's chunked three of four) hold only
+  their window of a sequence: vLLM frees the blocks that leave it. A block here is
+  ``block_size`` tokens in every layer (vLLM's "GPU KV cache size" unit), so a sequence of
+  ``c`` tokens holds ``(f c + (1 - f) min(c, window)) / block_size`` blocks, ``f`` the share of
+  a token's K/V bytes in the full-attention layers; a prefill chunk also holds its own
+  tokens in the windowed layers while it is computed. A decoding sequence below the window
+  grows by a whole block per ``block_size`` steps, one past it by ``f`` of one (it crosses
+  at a known step: runs of decode steps end there, so their growth stays exact).
 
 **Speed: runs of decode steps.** A step-per-event simulator spends almost all its events in
 long stretches where the batch is only decoding and nothing changes but context lengths.
@@ -44,6 +52,7 @@ on a GPU its compute time-slices the same way (``Hardware.shares``).
 from __future__ import annotations
 
 import heapq
+import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -89,6 +98,8 @@ class SimRequest:
     """Engine decode-step counter when this request started decoding."""
     done0: int = 0
     ctx0: int = 0
+    cross: int = -1
+    """Decode step at which its context reaches the window (-1: none pending)."""
     mark: int = 0
     """Index in the engine's step timeline where it started decoding (ITL)."""
 
@@ -108,12 +119,15 @@ class EngineSim:
 
     __slots__ = (
         "S",
+        "_below",
         "_blocks_free",
         "_cache",
+        "_cross_heap",
         "_dec",
         "_dec_ctx",
         "_end",
         "_finish_heap",
+        "_full",
         "_k",
         "_prefill",
         "_sched",
@@ -140,6 +154,7 @@ class EngineSim:
         "steps",
         "version",
         "waiting",
+        "window",
     )
 
     def __init__(
@@ -177,7 +192,21 @@ class EngineSim:
         self._finish_heap: list[tuple[int, int, SimRequest]] = []
         self.S = 0
         self._blocks_free = float(self.kv_blocks)
-        self._cache: OrderedDict[int, int] = OrderedDict()  # group -> cached prefix blocks
+        self._cache: OrderedDict[int, int] = OrderedDict()  # group -> cached prefix tokens
+        cost = perf.cost
+        windowed = cost.kv_window_bytes_per_token
+        self.window: int | None = cost.window if cost.window is not None and windowed else None
+        """Tokens a windowed layer holds of a sequence (None: every layer holds them all)."""
+        self._full = (
+            cost.kv_bytes_per_token / (cost.kv_bytes_per_token + windowed)
+            if self.window is not None
+            else 1.0
+        )
+        """Share of a token's K/V bytes in the full-attention layers."""
+        self._below = 0
+        """Decoding sequences whose context is still below the window."""
+        self._cross_heap: list[tuple[int, int, SimRequest]] = []
+        """(decode step at which it reaches the window, id, request) of those sequences."""
         self.busy = False
         self.active = True
         """False once autoscaling removed it (it drains, takes no new requests)."""
@@ -215,6 +244,38 @@ class EngineSim:
     def _dec_blocks(self) -> float:
         n = len(self._dec)
         return (self._dec_ctx + n * self.S) / self.block_size + 0.5 * n
+
+    def _held(self, ctx: float) -> float:
+        """Blocks a sequence of ``ctx`` computed tokens holds (see the module note)."""
+        w = self.window
+        if w is None:
+            return ctx / self.block_size
+        f = self._full
+        return (f * ctx + (1.0 - f) * (ctx if ctx < w else w)) / self.block_size
+
+    def _growth(self) -> float:
+        """Blocks one decode step of the decoding set adds."""
+        n = len(self._dec)
+        if self.window is None:
+            return n / self.block_size
+        f = self._full
+        return (f * n + (1.0 - f) * self._below) / self.block_size
+
+    def _cached_blocks(self, tokens: int) -> int:
+        """Whole blocks a cached prefix of ``tokens`` (whole blocks of tokens) holds."""
+        return (
+            math.ceil(self._held(tokens)) if self.window is not None else tokens // self.block_size
+        )
+
+    def cached_blocks(self) -> int:
+        """Blocks the shared prefixes cached now hold."""
+        return sum(self._cached_blocks(t) for t in self._cache.values())
+
+    def _uncross(self, r: SimRequest) -> None:
+        """``r`` leaves the decoding set below the window."""
+        if r.cross >= 0:
+            r.cross = -1
+            self._below -= 1
 
     # ------------------------------------------------------------------ input
 
@@ -260,7 +321,7 @@ class EngineSim:
             # (a single step takes its own in _schedule). _plan_run kept it within the free
             # blocks; untaken, each finished sequence gave back blocks it never took and
             # the cache grew with every run.
-            self._blocks_free -= len(self._dec) * self._k / self.block_size
+            self._blocks_free -= self._growth() * self._k
             self._apply_decode(self._k, now, self._tau)
             self._k = 0
         else:
@@ -325,22 +386,39 @@ class EngineSim:
         if not n or self._prefill or (self.waiting and n < self.max_seqs):
             return 0
         k = self._finish_heap[0][0] - self.S
-        by_kv = int(self._blocks_free * self.block_size / n)
+        heap = self._cross_heap
+        while heap and heap[0][2].cross != heap[0][0]:
+            heapq.heappop(heap)  # stale: finished, preempted or crossed since
+        if heap:
+            k = min(k, heap[0][0] - self.S)  # the growth changes there
+        growth = self._growth()
+        by_kv = int(self._blocks_free / growth) if growth > 0 else k
         return min(k, by_kv)
 
     def _take(self, blocks: float) -> bool:
         """Reserve ``blocks`` KV blocks (dropping cached prefixes LRU-first if needed)."""
         if blocks > self._blocks_free:
             while self._cache and blocks > self._blocks_free:
-                _, held = self._cache.popitem(last=False)
-                self._blocks_free += held
+                _, tokens = self._cache.popitem(last=False)
+                self._blocks_free += self._cached_blocks(tokens)
             if blocks > self._blocks_free:
                 return False
         self._blocks_free -= blocks
         return True
 
     def _alloc(self, req: SimRequest, tokens: int) -> bool:
-        need = -(-(req.ctx + tokens) // self.block_size) - req.blocks
+        end = req.ctx + tokens
+        w = self.window
+        if w is None:
+            need = -(-end // self.block_size) - req.blocks
+        else:
+            # the chunk's own tokens in the windowed layers, besides the window before it
+            held = self._full * end + (1.0 - self._full) * min(end, w - 1 + tokens)
+            need = math.ceil(held / self.block_size) - req.blocks
+            if need < 0:  # blocks that left the window are freed first
+                self._blocks_free -= need
+                req.blocks += need
+                return True
         if need <= 0:
             return True
         if not self._take(need):
@@ -358,7 +436,8 @@ class EngineSim:
             done = victim.done0 + self.S - victim.base
             ctx = victim.ctx0 + self.S - victim.base
             self._dec_ctx -= victim.ctx0 - victim.base
-            self._blocks_free += ctx / self.block_size + 0.5
+            self._blocks_free += self._held(ctx) + 0.5
+            self._uncross(victim)
             victim.done = done
             victim.base = -1  # its heap entry is stale now
         else:
@@ -374,7 +453,7 @@ class EngineSim:
         budget = self.max_tokens
         # Decoding sequences: one token each, one new block per block_size steps.
         n = len(self._dec)
-        while n and not self._take(n / self.block_size):
+        while n and not self._take(self._growth()):
             self._preempt_last()
             n = len(self._dec)
         budget -= n
@@ -405,7 +484,7 @@ class EngineSim:
                     if hit is not None:
                         self._cache.move_to_end(r.group)
                         whole = (r.prompt - 1) // self.block_size * self.block_size
-                        cached = min(hit * self.block_size, whole)
+                        cached = min(hit, whole)
                         r.ctx = cached
                         r.left = r.prompt - cached
                 chunk = min(r.left, budget)
@@ -457,9 +536,13 @@ class EngineSim:
                 self._finish(r, now)
                 continue
             # Joins the decoding set: its blocks move into the aggregate count.
-            self._blocks_free += r.blocks - (r.ctx / self.block_size + 0.5)
+            self._blocks_free += r.blocks - (self._held(r.ctx) + 0.5)
             r.blocks = 0
             r.base, r.done0, r.ctx0 = self.S, r.done, r.ctx
+            if self.window is not None and r.ctx < self.window:
+                r.cross = self.S + self.window - r.ctx
+                self._below += 1
+                heapq.heappush(self._cross_heap, (r.cross, r.id, r))
             r.mark = len(self._timeline)
             self._dec[r.id] = r
             self._dec_ctx += r.ctx - self.S
@@ -474,6 +557,12 @@ class EngineSim:
         self.S += k
         if self.keep_itl:
             self._timeline.append((self.S, now, tau))
+        cross = self._cross_heap
+        while cross and cross[0][0] <= self.S:
+            at, _, r = heapq.heappop(cross)
+            if r.cross == at:  # else stale: it left the decoding set
+                r.cross = -1
+                self._below -= 1
         heap = self._finish_heap
         while heap and heap[0][0] <= self.S:
             at, _, r = heapq.heappop(heap)
@@ -483,7 +572,8 @@ class EngineSim:
             self._dec_ctx -= r.ctx0 - r.base
             r.done = r.done0 + self.S - r.base
             r.ctx = r.ctx0 + self.S - r.base
-            self._blocks_free += r.ctx / self.block_size + 0.5
+            self._blocks_free += self._held(r.ctx) + 0.5
+            self._uncross(r)
             r.last = now
             if self.keep_itl:
                 r.itl = self._gaps(r)
@@ -510,8 +600,9 @@ class EngineSim:
             if r.group in self._cache:
                 self._cache.move_to_end(r.group)
             else:  # the prefix's blocks stay cached (one copy per group) while room lasts
-                held = r.prefix // self.block_size
+                tokens = r.prefix // self.block_size * self.block_size
+                held = self._cached_blocks(tokens)
                 if self._blocks_free >= held:
-                    self._cache[r.group] = held
+                    self._cache[r.group] = tokens
                     self._blocks_free -= held
         self.finished.append(r)
