@@ -136,23 +136,35 @@ def variant(model: ModelSpec, config: ModelConfig, tp: int, seqs: int) -> ModelS
 
 def kv_sequences(sizing: Sizing, card_mb: int, config: ModelConfig, model: ModelSpec) -> float:
     """Sequences of the traffic's mean context the replica's KV cache holds: a slice's
-    planned KV, or all a whole card's engine has beyond the rest."""
+    planned KV, or all a whole card's engine has beyond the rest.
+
+    A running sequence holds what it occupies, not vLLM's admission figure: windowed
+    layers keep only their window of it (vLLM frees the blocks that leave it at the next
+    step), so a Gemma 3 sequence of 8k tokens takes about a quarter of 8k tokens in every
+    layer. The tokens in flight (a step's prefill chunks) take their own blocks in the
+    windowed layers on top, once per replica. The simulator counts blocks the same way
+    (``sim/engine.py``)."""
     assert model.traffic is not None
     memory = sizing.memory
     kv = memory.kv_cache
     if sizing.whole:
         usable = math.floor(sizing.engine.gpu_memory_utilization * card_mb * CUDA_VISIBLE_FRACTION)
         kv = max(kv, usable * MiB - memory.non_kv)
-    context = model.traffic.prompt_tokens.mean + model.traffic.output_tokens.mean // 2
-    one = kv_bytes_per_sequence(
-        config,
-        max(1, context),
-        model.dtype,
-        model.kv_cache_dtype,
-        tensor_parallel=model.tensor_parallel,
-        in_flight_tokens=sizing.engine.max_num_batched_tokens * ASYNC_BATCHES,
-    )
-    return kv / one
+    context = max(1, int(model.traffic.prompt_tokens.mean + model.traffic.output_tokens.mean // 2))
+
+    def held(in_flight: int) -> int:
+        return kv_bytes_per_sequence(
+            config,
+            context,
+            model.dtype,
+            model.kv_cache_dtype,
+            tensor_parallel=model.tensor_parallel,
+            in_flight_tokens=in_flight,
+        )
+
+    one = held(1)
+    in_flight = held(sizing.engine.max_num_batched_tokens * ASYNC_BATCHES) - one
+    return max(0, kv - in_flight) / one
 
 
 def price_per_replica(option: Option, shapes: dict[str, PoolShape], priced: bool) -> float:

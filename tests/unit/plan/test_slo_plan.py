@@ -256,3 +256,50 @@ def test_a_tighter_slo_never_lowers_the_cost(field: str) -> None:
         result = plan(fleet(rate=10, **kwargs))
         costs.append(_cost(result) if result.feasible else float("inf"))
     assert costs == sorted(costs)
+
+
+def test_a_running_gemma_sequence_holds_its_window_not_its_length() -> None:
+    """The KV cache's sequences for a long-context Gemma 3 workload: the global layers
+    (1 in 6) hold the whole context, the sliding ones their 1,024 tokens, plus the steps'
+    chunks in flight once - more than twice what vLLM's admission figure (every token in
+    every layer up to the chunks in flight) gives, here on a quarter of an H100; a model
+    without windows is unchanged."""
+    from fleetserve.plan.architecture import load_model_config  # noqa: PLC0415
+    from fleetserve.plan.gpus import gpu_type  # noqa: PLC0415
+    from fleetserve.plan.memory import kv_bytes_per_sequence  # noqa: PLC0415
+    from fleetserve.plan.sizing import Sizing, size_replica  # noqa: PLC0415
+    from fleetserve.plan.traffic import kv_sequences  # noqa: PLC0415
+
+    def seqs(config_name: str) -> tuple[float, float]:
+        spec = parse_spec(
+            {
+                "models": [
+                    {
+                        "name": "summarise",
+                        "config": config_name,
+                        "max_model_len": 16384,
+                        "concurrency": 4,
+                        "max_num_seqs": 16,
+                        "traffic": {
+                            "rate": 1,
+                            "prompt_tokens": {"mean": 8000, "p99": 12000},
+                            "output_tokens": {"mean": 300, "p99": 600},
+                        },
+                    }
+                ],
+                "pools": pools(),
+            }
+        )
+        model = spec.models[0]
+        config = load_model_config(config_name)
+        sizing = size_replica(model, config, gpu_type("H100-80GB"), 81559 // 4)
+        assert isinstance(sizing, Sizing)
+        admission = sizing.memory.kv_cache / kv_bytes_per_sequence(
+            config, 8150, in_flight_tokens=sizing.engine.max_num_batched_tokens * 2
+        )
+        return kv_sequences(sizing, 81559, config, model), admission
+
+    held, admitted = seqs("gemma-3-4b")
+    assert 2.0 < held / admitted < 3.0
+    held, admitted = seqs("qwen2.5-0.5b")
+    assert held == pytest.approx(admitted, rel=0.01)
