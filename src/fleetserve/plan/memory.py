@@ -5,10 +5,14 @@ Design note. vLLM sizes its KV cache at start-up as (vllm/v1/worker/gpu_worker.p
 
     kv_cache = gpu_memory_utilization * card_total
                - weights - peak_activation - non_torch (cuBLAS workspaces, NCCL)
-               - cuda_graph_estimate            (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS)
 
-where ``card_total`` is what CUDA reports and the engine's CUDA context, made before vLLM's
-start-up snapshot, is outside the product (but on the card).
+where ``card_total`` is what CUDA reports. Two terms are outside the product but on the
+card: the engine's CUDA context, made before vLLM's start-up snapshot, and the CUDA graphs,
+captured after the KV cache is allocated (vLLM 0.26 logs their size and suggests a smaller
+``--kv-cache-memory`` "to fit into requested memory"; subtracting an estimate first is
+``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``, off by default). Measured: vLLM's KV cache is
+that difference to 0.01 GiB on nine compiled engines of two card types, graphs (0.08-0.28
+GiB) not subtracted (tests/unit/plan/test_vllm_gpu_figures.py).
 
 So a replica that must hold ``concurrency`` sequences of ``max_model_len`` tokens needs
 
@@ -16,7 +20,7 @@ So a replica that must hold ``concurrency`` sequences of ``max_model_len`` token
     + non_torch + cuda_graphs + cuda_context
 
 and that sum (per card under tensor parallelism) is its slice; ``gpu_memory_utilization``
-covers the sum less the context (:attr:`ReplicaMemory.budget`). Each term:
+covers the sum less the context and the graphs (:attr:`ReplicaMemory.budget`). Each term:
 
 * weights: parameters counted from the architecture (embeddings, attention with GQA and
   biases, dense or MoE MLP, norms, untied LM head, a vision tower if the config has one),
@@ -387,8 +391,10 @@ class ReplicaMemory:
     @property
     def budget(self) -> int:
         """Bytes vLLM's ``gpu_memory_utilization`` x card must cover: :attr:`total` less
-        the CUDA context, which exists before vLLM's start-up snapshot."""
-        return self.total - self.cuda_context
+        the CUDA context, which exists before vLLM's start-up snapshot, and less the CUDA
+        graphs, which vLLM captures after it has sized the KV cache from that budget (see
+        the module note)."""
+        return self.total - self.cuda_context - self.cuda_graphs
 
     @property
     def total_mb(self) -> int:

@@ -159,11 +159,21 @@ def test_gpu_host_short_of_ram_names_the_machine_not_a_crash() -> None:
 def test_gpu_host_card_is_planned_at_its_nominal_memory() -> None:
     """The probe reads CUDA's figure (143,155 MiB on an H200); the plan takes the card's
     nominal one (nvidia-smi's 143,771) and applies CUDA's share once: each engine's fraction
-    times CUDA's figure is what the plan gave it, less the CUDA context vLLM's budget does
-    not hold."""
+    times CUDA's figure is what the plan gave it, less what vLLM's budget does not hold:
+    the CUDA context (made before its snapshot) and the CUDA graphs (captured after it
+    sized the KV cache)."""
     spec = parse_spec({"models": [{"name": "a", "source": "x", "config": "gemma-3-4b"}]})
     result = plan_local(spec, LocalHost(cpus=16, memory_mb=128_000, gpu_memory_mb=[143_155]))
     assert result.pools[0].card_memory_mb == 143_771
     (replica,) = result.replicas
-    budget = replica.need_mb - CUDA_CONTEXT_BYTES // MiB
+    e = replica.engine
+    graphs = estimate_replica(
+        load_model_config("gemma-3-4b"),
+        max_model_len=e.max_model_len,
+        concurrency=e.kv_cache_tokens // e.max_model_len,
+        max_num_seqs=e.max_num_seqs,
+        max_num_batched_tokens=e.max_num_batched_tokens,
+    ).cuda_graphs
+    assert graphs > 0
+    budget = replica.need_mb - (CUDA_CONTEXT_BYTES + graphs) / MiB
     assert replica.engine.gpu_memory_utilization * 143_155 == pytest.approx(budget, 0.002)

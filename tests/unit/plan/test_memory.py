@@ -173,8 +173,10 @@ def test_estimate_scales_with_concurrency_and_context() -> None:
         + small.cuda_graphs
         + small.cuda_context
     )
-    # vLLM's budget holds all but the CUDA context, made before its start-up snapshot
-    assert small.budget == small.total - CUDA_CONTEXT_BYTES
+    # vLLM's budget holds all but the CUDA context, made before its start-up snapshot, and
+    # the CUDA graphs, captured after the KV cache is sized from the budget
+    assert small.budget == small.total - CUDA_CONTEXT_BYTES - small.cuda_graphs
+    assert small.cuda_graphs > 0
 
 
 def test_tensor_parallel_splits_weights_and_kv_per_card() -> None:

@@ -10,7 +10,7 @@ import pytest
 from fleetserve.errors import SpecError
 from fleetserve.plan import plan_fleet
 from fleetserve.plan.checks import expected_replicas, plan_violations
-from fleetserve.plan.memory import CUDA_CONTEXT_BYTES, MiB
+from fleetserve.plan.memory import CUDA_CONTEXT_BYTES, MiB, estimate_replica, load_model_config
 from fleetserve.plan.packer import pack_heuristic
 from fleetserve.plan.planner import build_problem, resolve_pool, volume_bound
 from fleetserve.plan.problem import check_packing, gpus_used
@@ -75,9 +75,16 @@ def test_slice_settings_follow_from_the_memory_model() -> None:
     assert 21_000 < r.need_mb < 23_000
     assert r.memory_mb == r.need_mb + max(256, -(-r.need_mb * 5 // 100))
     # a fraction of the memory CUDA reports (nvidia-smi's minus the driver's share)
-    # less the engine's CUDA context, which vLLM's budget does not hold
+    # less what vLLM's budget does not hold: the engine's CUDA context and its CUDA graphs
     visible = 49140 * CUDA_VISIBLE_FRACTION
-    budget = r.need_mb - CUDA_CONTEXT_BYTES // MiB
+    graphs = estimate_replica(
+        load_model_config("llama-3-8b"),
+        max_model_len=8192,
+        concurrency=4,
+        max_num_seqs=r.engine.max_num_seqs,
+        max_num_batched_tokens=r.engine.max_num_batched_tokens,
+    ).cuda_graphs
+    budget = r.need_mb - (CUDA_CONTEXT_BYTES + graphs) / MiB
     assert r.engine.gpu_memory_utilization == pytest.approx(budget / visible, abs=1e-4)
     assert r.engine.gpu_memory_utilization * visible >= budget
     assert r.engine.gpu_memory_utilization * 49140 <= r.memory_mb

@@ -13,9 +13,10 @@ logged, e.g. for the 12B of the four-model pack::
         memory.
 
 The prediction is what vLLM computes with the model's terms in place of its measured ones:
-``gpu_memory_utilization x CUDA's card figure - (weights + activation + non-torch + CUDA
-graphs)``; every run below started with a cold torch.compile cache, as a new pod does,
-except the one marked warm.
+``gpu_memory_utilization x CUDA's card figure - (weights + activation + non-torch)``; the
+CUDA graphs are captured after the KV cache is sized, outside that budget (above: 46.61 -
+22.62 - 1.9 - 0.22 = 21.87, the 0.17 GiB of graphs not subtracted). Every run below
+started with a cold torch.compile cache, as a new pod does, except the one marked warm.
 """
 
 from __future__ import annotations
@@ -71,11 +72,45 @@ def predicted_kv(
 def test_kv_cache_within_5_percent_of_what_vllm_logged(
     run: str, name: str, util: float, seqs: int, mml: int, conc: int, logged: float
 ) -> None:
-    """Within 5 %, or 0.11 GiB on the smallest caches: vLLM's own figures do not agree to
-    better (the pack's 270M logged 1.18 GiB of non-KV terms but a KV cache of 0.97 GiB from
-    a 2.04 GiB budget, i.e. 1.07 GiB of non-KV; the model says 1.17: -10.6 %, the one run
-    outside 5 %)."""
+    """Within 5 %, or 0.11 GiB on the smallest caches (the pack's 270M logged 1.18 GiB of
+    non-KV terms and a KV cache of 0.97 GiB from a 2.04 GiB budget: its 0.11 GiB of CUDA
+    graphs are outside the budget, which the model once counted inside, -10.6 %)."""
     predicted = predicted_kv(name, util, seqs, mml, conc)
+    assert abs(predicted - logged) <= max(0.05 * logged, 0.11), (run, predicted, logged)
+
+
+#: Recorded on 2026-12-06 with the same build on one H100 (CUDA reports 81,079 MiB): the
+#: four-model pack through one ``fleetserve serve`` (concurrency 8, 2,048 batched tokens),
+#: compiled (cold compile cache) and, in an earlier session, every engine enforce_eager.
+H100 = 81_079 * MiB
+H100_RUNS = [
+    ("H100 pack, compiled: 270M", "gemma-3-270m", 0.0219, False, 0.66),
+    ("H100 pack, compiled: 1B", "gemma-3-1b", 0.0456, False, 0.86),
+    ("H100 pack, compiled: 4B", "gemma-3-4b", 0.1726, False, 4.35),
+    ("H100 pack, compiled: 12B", "gemma-3-12b", 0.4646, False, 12.04),
+    ("H100 pack, eager: 270M", "gemma-3-270m", 0.0177, True, 0.57),
+    ("H100 pack, eager: 1B", "gemma-3-1b", 0.0388, True, 0.76),
+    ("H100 pack, eager: 4B", "gemma-3-4b", 0.1576, True, 4.24),
+    ("H100 pack, eager: 12B", "gemma-3-12b", 0.4423, True, 11.90),
+]
+
+
+@pytest.mark.parametrize(("run", "name", "util", "eager", "logged"), H100_RUNS)
+def test_kv_cache_on_an_h100_within_5_percent_of_what_vllm_logged(
+    run: str, name: str, util: float, eager: bool, logged: float
+) -> None:
+    """The same rule on the other card; the 1B is within the 0.11 GiB floor only (+8 %,
+    +7 %): vLLM logs 0.07 GiB more weights for it than its parameters and RoPE caches, on
+    both cards."""
+    memory = estimate_replica(
+        load_model_config(str(CONFIGS / f"{name}.json")),
+        max_model_len=4096,
+        concurrency=8,
+        max_num_seqs=8,
+        max_num_batched_tokens=2048,
+        enforce_eager=eager,
+    )
+    predicted = (util * H100 - (memory.budget - memory.kv_cache)) / GiB
     assert abs(predicted - logged) <= max(0.05 * logged, 0.11), (run, predicted, logged)
 
 
