@@ -93,12 +93,12 @@ def test_index_matches_leading_blocks_per_replica() -> None:
 
 def test_index_is_bounded_by_capacity_lru() -> None:
     index = PrefixIndex(default_capacity=4)
-    index.add("a", [1, 2, 3, 4])
+    index.add("a", [1, 2, 3, 4])  # a prompt: its head (1) the most recent, its tail (4) the least
     index.add("a", [1])  # refresh 1
-    index.add("a", [5])  # evicts 2, the least recent
+    index.add("a", [5])  # evicts 4, the least recent: the first prompt's tail
     assert index.size("a") == 4
-    assert index.match([1], ["a"]) == {"a": 1}
-    assert index.match([2], ["a"]) == {"a": 0}
+    assert index.match([1, 2, 3, 4], ["a"]) == {"a": 3}
+    assert index.match([4], ["a"]) == {"a": 0}
 
 
 def test_replica_report_replaces_the_view_but_keeps_newer_routing() -> None:
@@ -361,3 +361,26 @@ def test_ledger_reports_models_served_and_engine_adapters() -> None:
     assert report["models"] == ["sql", "m", "chat"]  # most recently served last
     assert "adapters" not in report
     assert ledger.report(EngineStats(), {}, adapters=("chat",))["adapters"] == ["chat"]
+
+
+def test_a_full_view_drops_conversation_tails_first_never_their_heads() -> None:
+    """When the capacity binds, the least recent conversation loses its last blocks (as
+    vLLM evicts a finished request's blocks tail first), so it still matches as far as it
+    is kept; losing its first block instead would leave the rest unmatchable dead weight."""
+    first = body([*turn(2), {"role": "user", "content": "a " * 200}])
+    a = request_blocks(first, 64)
+    b = [
+        h ^ 1 for h in request_blocks(body([*turn(1), {"role": "user", "content": "b " * 400}]), 64)
+    ]
+    capacity = len(a) + len(b) - 5
+    index = PrefixIndex()
+    index.set_capacity("r", capacity)
+    index.add("r", a)
+    index.add("r", b)  # no block shared with a
+    assert index.match(a, ["r"]) == {"r": len(a) - 5}
+    assert index.match(b, ["r"]) == {"r": len(b)}
+    # the replica's own ledger keeps the same order: its report (oldest first) ends with
+    # the head of what it served last
+    ledger = CacheLedger(block_chars=64, capacity_blocks=capacity)
+    ledger.observe(EngineRequest("POST", "/v1/chat/completions", first))
+    assert ledger.report(EngineStats(), {})["blocks"][-1] == a[0]

@@ -44,11 +44,16 @@ class PrefixIndex:
         self._evict(replica)
 
     def add(self, replica: str, hashes: Sequence[int]) -> None:
-        """``replica`` now holds ``hashes`` (most recently used), by a routing decision."""
+        """``replica`` now holds ``hashes`` (most recently used), by a routing decision.
+
+        Last block first, as the replica's ledger records them: the head of the prompt is
+        the most recent, so the capacity's LRU drops tails first (vLLM evicts a request's
+        blocks tail first too) and never leaves a conversation without its head."""
+        newest_last = list(reversed(hashes))
         pending = self._pending.setdefault(replica, [])
-        pending.extend(hashes)
+        pending.extend(newest_last)
         del pending[: -self._capacity.get(replica, self._default_capacity)]
-        self._insert(replica, hashes)
+        self._insert(replica, newest_last)
 
     def _insert(self, replica: str, hashes: Sequence[int]) -> None:
         lru = self._blocks.setdefault(replica, OrderedDict())

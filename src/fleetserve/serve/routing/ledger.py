@@ -12,10 +12,12 @@ The bound is the engine's cache as a router should see it: vLLM's token count
 (``kv_capacity_tokens``, every layer full) times the model's cache span - on a model with
 sliding-window layers a cached conversation keeps only its last window there, so the cache
 holds several times its token count of long prompts (:func:`fleetserve.plan.memory.cache_span`;
-Gemma 3 about 2.7x at 4k tokens) - capped by :data:`LEDGER_MAX_BLOCKS`. A report carries the
-newest :data:`REPORT_MAX_BLOCKS` blocks (the broadcast stays small on big caches) and says
-whether that is all of them (``complete``); a router then replaces its view with it, else
-refreshes those blocks in its own view, which its routing decisions keep (index.py).
+Gemma 3 about 2.7x at 4k tokens) - capped by :data:`LEDGER_MAX_BLOCKS`. A prompt's blocks
+enter last first, so a bound that binds drops conversations' tails, as vLLM evicts them,
+not their heads. A report carries the newest :data:`REPORT_MAX_BLOCKS` blocks (the
+broadcast stays small on big caches) and says whether that is all of them (``complete``);
+a router then replaces its view with it, else refreshes those blocks in its own view,
+which its routing decisions keep (index.py).
 
 It also keeps the model ids it served most recently (``models``, oldest first): for a LoRA
 adapter that is the adapter vLLM loaded on this replica (routers prefer replicas that hold
@@ -40,9 +42,9 @@ logger = logging.getLogger(__name__)
 
 #: Most block hashes one report carries (the newest; bounds the broadcast size).
 REPORT_MAX_BLOCKS = 4096
-#: Most blocks a ledger (and a router's view of one replica) keeps: about 4M prompt
-#: characters, a 12B model's whole cache on an H200 (the view costs ~100 bytes a block).
-LEDGER_MAX_BLOCKS = 65536
+#: Most blocks a ledger (and a router's view of one replica) keeps: about 2M prompt
+#: characters, ~500k tokens of conversations; a router's view of a full one takes ~13 MB.
+LEDGER_MAX_BLOCKS = 32768
 #: Most model ids (base and adapters) a report carries, most recently served last.
 REPORT_MAX_MODELS = 256
 #: Characters per token assumed when converting the engine's KV capacity into blocks.
@@ -71,7 +73,10 @@ class CacheLedger:
         """Record one request's prompt blocks (called when the replica takes it)."""
         self.served += 1
         key = request_key(request.body, self.block_chars)
-        for h in key.blocks:
+        # Last block first, so the prompt's head is the most recent and its tail leaves the
+        # LRU first, as vLLM frees a request's blocks tail first: a bound that binds cuts
+        # conversations short, never off at their head (the rest unmatchable).
+        for h in reversed(key.blocks):
             if h in self._lru:
                 self._lru.move_to_end(h)
             else:
