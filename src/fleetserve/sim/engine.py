@@ -245,13 +245,15 @@ class EngineSim:
         n = len(self._dec)
         return (self._dec_ctx + n * self.S) / self.block_size + 0.5 * n
 
-    def _held(self, ctx: float) -> float:
-        """Blocks a sequence of ``ctx`` computed tokens holds (see the module note)."""
+    def _held(self, ctx: float, chunk: int = 0) -> float:
+        """Blocks a sequence of ``ctx`` tokens holds (see the module note); ``chunk`` of
+        them in flight, which the windowed layers hold besides the window before them."""
         w = self.window
         if w is None:
             return ctx / self.block_size
         f = self._full
-        return (f * ctx + (1.0 - f) * (ctx if ctx < w else w)) / self.block_size
+        kept = w - 1 + chunk if chunk else w
+        return (f * ctx + (1.0 - f) * (ctx if ctx < kept else kept)) / self.block_size
 
     def _growth(self) -> float:
         """Blocks one decode step of the decoding set adds."""
@@ -263,9 +265,7 @@ class EngineSim:
 
     def _cached_blocks(self, tokens: int) -> int:
         """Whole blocks a cached prefix of ``tokens`` (whole blocks of tokens) holds."""
-        return (
-            math.ceil(self._held(tokens)) if self.window is not None else tokens // self.block_size
-        )
+        return math.ceil(self._held(tokens))
 
     def cached_blocks(self) -> int:
         """Blocks the shared prefixes cached now hold."""
@@ -407,19 +407,10 @@ class EngineSim:
         return True
 
     def _alloc(self, req: SimRequest, tokens: int) -> bool:
-        end = req.ctx + tokens
-        w = self.window
-        if w is None:
-            need = -(-end // self.block_size) - req.blocks
-        else:
-            # the chunk's own tokens in the windowed layers, besides the window before it
-            held = self._full * end + (1.0 - self._full) * min(end, w - 1 + tokens)
-            need = math.ceil(held / self.block_size) - req.blocks
-            if need < 0:  # blocks that left the window are freed first
-                self._blocks_free -= need
-                req.blocks += need
-                return True
-        if need <= 0:
+        need = math.ceil(self._held(req.ctx + tokens, tokens)) - req.blocks
+        if need <= 0:  # blocks that left the window are freed first
+            self._blocks_free -= need
+            req.blocks += need
             return True
         if not self._take(need):
             return False
