@@ -175,6 +175,63 @@ def _tree_cpu(root: int | None) -> dict[int, tuple[str, float]]:
     return out
 
 
+def _threads_cpu(pids: list[int]) -> dict[int, dict[int, tuple[str, float]]]:
+    """PID -> thread id -> (thread name, CPU seconds), from /proc. Whether a serving process
+    is CPU-bound is a question about its busiest thread (an event loop runs on one core),
+    not about the process's total: Ray's native threads (gRPC, its core worker's I/O) run
+    beside it on other cores."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, dict[int, tuple[str, float]]] = {}
+    for pid in pids:
+        threads: dict[int, tuple[str, float]] = {}
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    base = f"/proc/{pid}/task/{tid}"
+                    name = Path(f"{base}/comm").read_text().strip()
+                    # fields after the ")" of the command: utime, stime are the 12th, 13th
+                    fields = Path(f"{base}/stat").read_text().rpartition(")")[2].split()
+                    threads[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+        out[pid] = threads
+    return out
+
+
+def thread_split(
+    before: dict[int, dict[int, tuple[str, float]]],
+    after: dict[int, dict[int, tuple[str, float]]],
+    cmds: dict[int, str],
+    wall_s: float,
+) -> list[dict[str, Any]]:
+    """Per serving process: its busiest threads over the run, in cores (a thread near 1.0
+    is the process's ceiling), and its threads' total grouped by name."""
+    rows = []
+    for pid, threads in after.items():
+        used = []
+        for tid, (name, cpu) in threads.items():
+            used.append((name, tid == pid, cpu - before.get(pid, {}).get(tid, (name, 0.0))[1]))
+        total = sum(u[2] for u in used)
+        if total <= 0:
+            continue
+        by_name: dict[str, float] = {}
+        for name, _, cpu in used:
+            by_name[name] = by_name.get(name, 0.0) + cpu
+        top = sorted(used, key=lambda u: -u[2])[:6]
+        rows.append(
+            {
+                "cmd": cmds.get(pid, "")[:90],
+                "cores": round(total / wall_s, 3),
+                "threads": [
+                    {"name": n, "main": m, "cores": round(c / wall_s, 3)} for n, m, c in top
+                ],
+                "by_name_cores": {
+                    n: round(c / wall_s, 3)
+                    for n, c in sorted(by_name.items(), key=lambda x: -x[1])[:10]
+                },
+            }
+        )
+    return sorted(rows, key=lambda r: -r["cores"])
+
+
 def _is_engine(cmd: str) -> bool:
     """vLLM's engine processes: titled ``VLLM::<role>``, or still showing the
     ``spawn_main`` command line multiprocessing starts them with (a title is not always
@@ -397,6 +454,10 @@ def bench(
         ),
     ]
     cpu0 = _tree_cpu(pid)
+    # every process of the server's tree, engines included (is the engine core the one
+    # that is CPU-bound?)
+    serving_pids = list(cpu0)
+    threads0 = _threads_cpu(serving_pids)
     h0 = host_reading()
     t0 = time.monotonic()
     spies = profile_serving(pid, profile_s, out, f"{tag}-c{conc}", profile_engine_of)
@@ -405,6 +466,12 @@ def bench(
     for spy in spies:
         with contextlib.suppress(subprocess.TimeoutExpired):
             spy.wait(timeout=30)
+    threads = thread_split(
+        threads0,
+        _threads_cpu(serving_pids),
+        {p: cmd for p, (cmd, _) in cpu0.items()},
+        time.monotonic() - t0,
+    )
     wall = time.monotonic() - t0
     usage = host_usage(h0, host_reading())
     cpu1 = _tree_cpu(pid)
@@ -430,6 +497,7 @@ def bench(
         "serving_cpu_ms_per_token": 1000 * serving_s / tokens,
         "engine_cpu_ms_per_token": 1000 * engine_s / tokens,
         "busiest_processes_cpu_s": busiest,
+        "serving_threads": threads,
         "host": usage,
     }
     log(
@@ -440,6 +508,11 @@ def bench(
     )
     for u in usage["busiest"][:5]:
         log(f"    {u['cores']:6.2f} cores  nice {u['nice']:3d}  {u['cmd'][:90]}")
+    for t in threads[:4]:
+        tops = ", ".join(
+            f"{x['name']}{'*' if x['main'] else ''} {x['cores']:.2f}" for x in t["threads"][:4]
+        )
+        log(f"    threads of {t['cmd'][:40]} ({t['cores']:.2f} cores): {tops}")
     return row
 
 
@@ -706,8 +779,8 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
             srv = start_fleet(spec, 8200, out)
         try:
             bench(srv, name, str(a.model), 8, 16, out, f"{target}-warmup")
-            for c in a.conc:
-                n = a.prompts or min(4096, max(64, 16 * c))
+            for i, c in enumerate(a.conc):
+                n = a.prompts[min(i, len(a.prompts) - 1)] or min(4096, max(64, 16 * c))
                 profiled = a.profile_conc if a.profile_conc is not None else [min(a.conc)]
                 prof = a.profile_s if c in profiled else 0
                 row = bench(srv, name, str(a.model), c, n, out, target, profile_s=prof)
@@ -1331,7 +1404,11 @@ def main() -> None:
     o.add_argument("--name")
     o.add_argument("--conc", type=int, nargs="+", default=[1, 64, 256])
     o.add_argument(
-        "--prompts", type=int, default=0, help="per concurrency (default 16c in 64..4096)"
+        "--prompts",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="prompts per concurrency: one for all, or one per --conc (default 16c in 64..4096)",
     )
     o.add_argument(
         "--vllm-extra",
