@@ -542,11 +542,76 @@ def run_client(argv: list[str]) -> tuple[int, str]:
 # ----------------------------------------------------------------------------- fleetserve
 
 
-def write_spec(path: Path, models: list[dict[str, Any]], port: int) -> Path:
-    path.write_text(
-        yaml.safe_dump({"models": models, "server": {"host": "127.0.0.1", "port": port}})
-    )
+def write_spec(path: Path, models: list[dict[str, Any]], port: int, gpu_policy: str = "") -> Path:
+    """A fleet spec; ``gpu_policy`` ``spread`` puts a model's replicas on different cards
+    of the node (the default, binpack, fills one card first)."""
+    spec: dict[str, Any] = {"models": models, "server": {"host": "127.0.0.1", "port": port}}
+    if gpu_policy:
+        spec["policy"] = {"gpu": gpu_policy}
+    path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def card_processes() -> dict[int, list[int]]:
+    """PID -> the GPU indexes it holds memory on (``nvidia-smi``; {} without one)."""
+    try:
+        uuids = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+        apps = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    index = {}
+    for line in uuids.splitlines():
+        i, _, uuid = (x.strip() for x in line.partition(","))
+        index[uuid] = int(i)
+    held: dict[int, list[int]] = {}
+    for line in apps.splitlines():
+        pid, _, uuid = (x.strip() for x in line.partition(","))
+        if pid.isdigit() and uuid in index:
+            held.setdefault(int(pid), []).append(index[uuid])
+    return held
+
+
+def placement(root: int, out: Path, tag: str) -> list[dict[str, Any]]:
+    """Where the fleet's processes run: per process of the server's tree that sees or holds
+    a card, its title, ``CUDA_VISIBLE_DEVICES`` (what Ray gave it) and the cards it holds
+    memory on (what the driver says). Written to ``placement-<tag>.json``: the plan's
+    placement (whole cards, one node for a TP replica; a card each with ``spread``) is
+    checked against what Ray did, not against the spec."""
+    held = card_processes()
+    rows = []
+    for pid, (cmd, _) in sorted(_tree_cpu(root).items()):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        visible = next(
+            (
+                e.split(b"=", 1)[1].decode()
+                for e in environ
+                if e.startswith(b"CUDA_VISIBLE_DEVICES=")
+            ),
+            None,
+        )
+        if visible is None and pid not in held:
+            continue
+        rows.append({"pid": pid, "cmd": cmd[:80], "visible": visible, "holds": held.get(pid, [])})
+    (out / f"placement-{tag}.json").write_text(json.dumps(rows, indent=1))
+    for r in rows:
+        if r["holds"] or _is_engine(r["cmd"]) or "ServeReplica" in r["cmd"] or "Worker" in r["cmd"]:
+            log(f"    placement {tag}: {r['cmd'][:50]} visible={r['visible']} holds={r['holds']}")
+    return rows
 
 
 def model_entry(model_dir: Path, name: str, eager: bool = False, **fields: Any) -> dict[str, Any]:
@@ -758,6 +823,8 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
                 name,
                 max_model_len=a.max_model_len,
                 concurrency=a.spec_concurrency or max(a.conc),
+                # `vllm serve` gets the same --tensor-parallel-size from the plan's options
+                **({"tensor_parallel": a.tensor_parallel} if a.tensor_parallel > 1 else {}),
             )
         ],
         8200,
@@ -778,6 +845,7 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
         else:
             srv = start_fleet(spec, 8200, out)
         try:
+            placement(srv.pid, out, target)
             bench(srv, name, str(a.model), 8, 16, out, f"{target}-warmup")
             for i, c in enumerate(a.conc):
                 n = a.prompts[min(i, len(a.prompts) - 1)] or min(4096, max(64, 16 * c))
@@ -1344,6 +1412,203 @@ def print_prefix(results: dict[str, dict[str, Any]]) -> None:
         )
 
 
+# ----------------------------------------------------------------------------- failover
+
+
+@dataclass
+class Shot:
+    """One request of the failover client: when it was sent and answered, and how."""
+
+    sent: float
+    answered: float = 0.0
+    """When the status line came (a 503 must come at once, not after a hang)."""
+    ended: float = 0.0
+    status: int = 0
+    retry_after: str | None = None
+    first_token: bool = False
+    error: str = ""
+    """"" for a complete stream; else why it is not (an error event, a cut, an exception)."""
+
+
+def failover_client(
+    url: str, model: str, conc: int, run_s: float, max_tokens: int, shots: list[Shot]
+) -> None:
+    """``conc`` closed-loop streams of chat requests for ``run_s`` seconds; every request's
+    fate goes into ``shots`` (a 503 is answered and the stream moves on at once: the test is
+    that it comes at once)."""
+    import httpx  # noqa: PLC0415 - fleetserve's own dependency, in the carried site
+
+    deadline = time.monotonic() + run_s
+
+    def worker(w: int) -> None:
+        with httpx.Client(timeout=120) as client:
+            i = 0
+            while time.monotonic() < deadline:
+                i += 1
+                shot = Shot(sent=time.monotonic())
+                shots.append(shot)
+                body = {
+                    "model": model,
+                    "messages": [
+                        {"role": "user", "content": f"user {w} turn {i}: " + "tell " * 200}
+                    ],
+                    "max_tokens": max_tokens,
+                    "stream": True,
+                }
+                try:
+                    with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+                        shot.answered = time.monotonic()
+                        shot.status = r.status_code
+                        shot.retry_after = r.headers.get("retry-after")
+                        if r.status_code != 200:
+                            r.read()
+                            shot.error = f"status {r.status_code}"
+                            time.sleep(0.2)
+                            continue
+                        done = False
+                        for line in r.iter_lines():
+                            if line.startswith("data: ") and line != "data: [DONE]":
+                                if '"error"' in line:
+                                    shot.error = "error event"
+                                else:
+                                    shot.first_token = True
+                            done = done or line == "data: [DONE]"
+                        if not done and not shot.error:
+                            shot.error = "cut"
+                except Exception as e:  # a dropped connection is a result here
+                    shot.error = type(e).__name__
+                shot.ended = time.monotonic()
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(conc)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def kill_target(root: int) -> tuple[int, str, list[int]]:
+    """The process to kill for "one card's engine dies": the vLLM engine core holding the
+    highest-numbered card (with ``policy.gpu: spread`` the second replica's), else - a dry
+    run with the fake engine - the last model replica. (pid, title, cards it holds)."""
+    held = card_processes()
+    tree = _tree_cpu(root)
+    engines = [(max(held.get(p, [-1])), p, c) for p, (c, _) in tree.items() if "EngineCore" in c]
+    if engines:
+        _, pid, cmd = max(engines)
+        return pid, cmd[:60], held.get(pid, [])
+    replicas = [(p, c) for p, (c, _) in tree.items() if "ServeReplica" in c and "model-" in c]
+    if not replicas:
+        raise SystemExit("failover: no engine or model replica to kill")
+    pid, cmd = max(replicas)
+    return pid, cmd[:60], []
+
+
+def replicas_back(root: int, want: int) -> bool:
+    """``want`` engines running again (model replicas, in a fake-engine dry run)."""
+    tree = _tree_cpu(root)
+    engines = [p for p, (c, _) in tree.items() if _is_engine(c) and "EngineCore" in c]
+    if engines:
+        return len(engines) >= want
+    return sum("ServeReplica" in c and "model-" in c for c, _ in tree.values()) >= want
+
+
+def leftovers() -> list[str]:
+    """Engine or Ray processes still running after the fleet stopped, and cards still
+    held: what "nothing is left running after shutdown" checks."""
+    import psutil  # noqa: PLC0415
+
+    left = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if p.info["pid"] == os.getpid():
+            continue
+        if _is_engine(cmd) or any(k in cmd for k in ("ray::", "raylet", "gcs_server")):
+            left.append(f"{p.info['pid']} {cmd[:80]}")
+    left += [f"card {cards} held by {pid}" for pid, cards in card_processes().items()]
+    return left
+
+
+def phase_failover(a: argparse.Namespace) -> None:
+    """Issue #32's one-replica-per-card fault: two replicas of ``--model`` (``policy.gpu:
+    spread``: a card each on a host of two), a closed-loop client, and after
+    ``--kill-after-s`` the second card's engine core SIGKILLed. Reported: the requests in
+    flight at the kill and how they ended (those on the surviving card must complete), every
+    answer after it (200, or 503 with Retry-After within ``--at-once-s``: never a hang), when
+    both engines run again, and what is left running after the fleet stops."""
+    out = a.out
+    entry = model_entry(
+        a.model,
+        "g",
+        max_model_len=a.max_model_len,
+        concurrency=a.concurrency,
+        replicas={"min": 2, "max": 2},
+        routing={"policy": a.policy},
+    )
+    spec = write_spec(out / "fleet-failover.yaml", [entry], 8200, "spread")
+    srv = start_fleet(spec, 8200, out, name="fleet-failover")
+    shots: list[Shot] = []
+    result: dict[str, Any] = {}
+    try:
+        result["placement"] = placement(srv.pid, out, "failover")
+        client = threading.Thread(
+            target=failover_client,
+            args=(srv.url, "g", a.conc, a.run_s, a.max_tokens, shots),
+        )
+        client.start()
+        time.sleep(a.kill_after_s)
+        pid, title, cards = kill_target(srv.pid)
+        in_flight = [s for s in shots if not s.ended]
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        log(f"failover: killed {title} (pid {pid}, cards {cards}); {len(in_flight)} in flight")
+        back = None
+        while time.monotonic() - killed < a.run_s + 300:
+            if back is None and replicas_back(srv.pid, 2) and time.monotonic() - killed > 5:
+                back = time.monotonic() - killed
+                log(f"failover: both replicas running again {back:.0f} s after the kill")
+            if back is not None and not client.is_alive():
+                break
+            time.sleep(1)
+        client.join()
+        after = [s for s in shots if s.sent >= killed]
+        slow_refusals = [s for s in after if s.status == 503 and s.answered - s.sent > a.at_once_s]
+        by_status: dict[str, int] = {}
+        for s in after:
+            key = str(s.status) + (f" {s.error}" if s.error else "")
+            by_status[key] = by_status.get(key, 0) + 1
+        result.update(
+            {
+                "killed": {"pid": pid, "title": title, "cards": cards},
+                "in_flight": len(in_flight),
+                "in_flight_completed": sum(1 for s in in_flight if s.status == 200 and not s.error),
+                "in_flight_failed": [s.error or str(s.status) for s in in_flight if s.error],
+                "after_kill": by_status,
+                "refusals_without_retry_after": sum(
+                    1 for s in after if s.status == 503 and not s.retry_after
+                ),
+                "slowest_refusal_s": max(
+                    (s.answered - s.sent for s in after if s.status == 503), default=None
+                ),
+                "refusals_slower_than_at_once": len(slow_refusals),
+                "hung": sum(1 for s in shots if not s.ended),
+                "replicas_back_s": back,
+                "requests": len(shots),
+            }
+        )
+    finally:
+        stop(srv)
+    time.sleep(5)
+    result["left_after_stop"] = leftovers()
+    (out / "failover.json").write_text(json.dumps(result, indent=1))
+    log(
+        "failover: in flight {in_flight}, completed {in_flight_completed}, failed "
+        "{in_flight_failed}; after the kill {after_kill}; 503s without Retry-After "
+        "{refusals_without_retry_after}, slower than at once {refusals_slower_than_at_once} "
+        "(slowest {slowest_refusal_s}); hung {hung}; back after {replicas_back_s} s; left "
+        "after stop {left_after_stop}".format(**result)
+    )
+
+
 def phase_prefix(a: argparse.Namespace) -> None:
     out = a.out
     results = {}
@@ -1357,9 +1622,10 @@ def phase_prefix(a: argparse.Namespace) -> None:
             replicas={"min": 2, "max": 2},
             routing={"policy": policy},
         )
-        spec = write_spec(out / f"fleet-{policy}.yaml", [entry], 8200)
+        spec = write_spec(out / f"fleet-{policy}.yaml", [entry], 8200, getattr(a, "gpu_policy", ""))
         srv = start_fleet(spec, 8200, out, name=f"fleet-{policy}")
         try:
+            placement(srv.pid, out, policy)
             if not a.kv_tokens:
                 found = logged_kv([RAY_LOGS])
                 # the same workload for every policy
@@ -1426,6 +1692,13 @@ def main() -> None:
     )
     o.add_argument("--fleet-first", action="store_true")
     o.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        help="GPUs per replica (the spec's tensor_parallel; `vllm serve` gets the plan's "
+        "--tensor-parallel-size): issue #32's TP row on a host of several cards",
+    )
+    o.add_argument(
         "--profile-s",
         type=int,
         default=0,
@@ -1489,8 +1762,26 @@ def main() -> None:
         help="py-spy the driven model's engine processes (idle stacks included) this long "
         "in each alone and control run (0: no)",
     )
+    f = sub.add_parser("failover")
+    f.add_argument("--model", type=Path, required=True)
+    f.add_argument("--policy", default="prefix", help="the model's routing.policy")
+    f.add_argument("--conc", type=int, default=16, help="the client's streams")
+    f.add_argument("--concurrency", type=int, default=16, help="spec concurrency per replica")
+    f.add_argument("--max-model-len", type=int, default=4096)
+    f.add_argument("--max-tokens", type=int, default=128)
+    f.add_argument("--kill-after-s", type=float, default=20)
+    f.add_argument("--run-s", type=float, default=120, help="the client's whole run")
+    f.add_argument(
+        "--at-once-s", type=float, default=2.0, help="a 503 slower than this is not at once"
+    )
     x = sub.add_parser("prefix")
     x.add_argument("--model", type=Path, required=True)
+    x.add_argument(
+        "--gpu-policy",
+        choices=["spread", "binpack"],
+        default="",
+        help="the spec's policy.gpu (spread: a replica per card on a host of several)",
+    )
     x.add_argument("--policies", nargs="+", default=["prefix", "pow2"])
     x.add_argument(
         "--warmup",
@@ -1559,14 +1850,19 @@ def main() -> None:
     c.add_argument("--model", type=Path)
     c.add_argument("--conc", type=int)
     c.add_argument("--prompts", type=int)
-    for s in (o, p, x, m, c):
+    for s in (o, p, f, x, m, c):
         s.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     # vLLM's client once, before anything is timed (run_client runs it in this process)
     import vllm.benchmarks.serve  # noqa: F401, PLC0415
 
-    phases = {"overhead": phase_overhead, "pack": phase_pack, "prefix": phase_prefix}
+    phases = {
+        "overhead": phase_overhead,
+        "pack": phase_pack,
+        "prefix": phase_prefix,
+        "failover": phase_failover,
+    }
     phases |= {"sim": phase_sim, "_client": client}
     phases[a.phase](a)
 

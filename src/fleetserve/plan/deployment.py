@@ -19,7 +19,9 @@ Two targets, because Ray sees the cards differently:
   no HAMi, every engine sees whole cards, so vLLM gets the plan's fraction of the whole card
   and Ray reserves the plan's ``num_gpus`` - the replica's slice (engine budget plus margin)
   as a fraction of a card, the sum the packer kept at most 1 per card, so Ray co-locates
-  exactly the replicas the plan co-located; whole cards for tensor/pipeline parallelism;
+  the replicas the plan co-located - except that a fixed-count model whose replicas the
+  plan gave a card each reserves the whole card (:func:`_own_card_models`: Ray would
+  otherwise fill one card with them); whole cards for tensor/pipeline parallelism;
 * a pod per replica - KubeRay (:func:`pod_deployment`): the pod holds the replica's cards
   (one vGPU for a HAMi slice), so Ray reserves them whole (or one ``{GPU: 1}`` bundle per
   rank), pinned to the model's worker group by its custom resource; inside a HAMi slice vLLM
@@ -302,6 +304,7 @@ def node_deployment(spec: FleetSpec, plan: PlanResult) -> FleetDeployment:
     missing = [m.name for m in spec.models if m.name not in first]
     if missing:
         raise CapacityError(f"the plan placed no replica of {', '.join(missing)}")
+    own_cards = _own_card_models(spec, plan)
     return FleetDeployment(
         models={
             m.name: ModelDeployment(
@@ -311,7 +314,7 @@ def node_deployment(spec: FleetSpec, plan: PlanResult) -> FleetDeployment:
                 engine_args=dict(m.engine_args),
                 ray=RayOptions(
                     num_cpus=m.resources.cpu,
-                    num_gpus=first[m.name].num_gpus,
+                    num_gpus=1.0 if m.name in own_cards else first[m.name].num_gpus,
                     memory_bytes=_memory_bytes(m),
                 ),
                 serve=serve_options(spec, m),
@@ -319,6 +322,42 @@ def node_deployment(spec: FleetSpec, plan: PlanResult) -> FleetDeployment:
             for m in spec.models
         }
     )
+
+
+def _own_card_models(spec: FleetSpec, plan: PlanResult) -> set[str]:
+    """Models whose replicas Ray must give a card each: a fixed replica count (no
+    autoscaling), every replica on one card, and no other replica planned on that card.
+
+    Why. Ray reserves a slice as a fraction of *some* card of the node: it knows nothing of
+    the card the plan chose, and fills a card before it takes the next, so two replicas of
+    0.37 each land on one card whatever the plan said. For replicas that share a card in the
+    plan that is the same packing; for ones the plan put on cards of their own (``policy.gpu:
+    spread``, or a card too full for a neighbour) it is not - two replicas "one per card"
+    would share card 0 and leave card 1 idle. Reserving their whole card makes Ray's packing
+    the plan's: nothing else was planned there, and vLLM still gets the plan's fraction of
+    it. Autoscaled models keep their fraction: Ray places the replicas the plan did not
+    count in what their cards have left, which a whole-card reservation would take.
+    """
+    holders: dict[tuple[str, int, int], int] = {}
+    for r in plan.replicas:
+        for g in r.gpus:
+            holders[(r.pool, r.node, g)] = holders.get((r.pool, r.node, g), 0) + 1
+    own = set()
+    for m in spec.models:
+        replicas = [r for r in plan.replicas if r.model == m.name]
+        if (
+            m.replicas.min == m.replicas.max
+            and replicas
+            and all(
+                len(r.gpus) == 1
+                and r.num_gpus < 1
+                and len(r.spans) == 1
+                and holders[(r.pool, r.node, r.gpus[0])] == 1
+                for r in replicas
+            )
+        ):
+            own.add(m.name)
+    return own
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fleetserve.plan import LocalHost, plan_local
+from fleetserve.plan.local import local_deployment
 from fleetserve.plan.memory import CUDA_CONTEXT_BYTES, MiB, estimate_replica, load_model_config
 from fleetserve.spec import default_fleet, parse_spec
 
@@ -177,3 +178,41 @@ def test_gpu_host_card_is_planned_at_its_nominal_memory() -> None:
     assert graphs > 0
     budget = replica.need_mb - (CUDA_CONTEXT_BYTES + graphs) / MiB
     assert replica.engine.gpu_memory_utilization * 143_155 == pytest.approx(budget, 0.002)
+
+
+def _two_of(config: str, **fields: object) -> dict[str, object]:
+    return {
+        "name": "m",
+        "source": "x",
+        "config": config,
+        "max_model_len": 4096,
+        "concurrency": 16,
+        "replicas": {"min": 2, "max": 2},
+        **fields,
+    }
+
+
+def test_replicas_planned_on_cards_of_their_own_reserve_them_whole() -> None:
+    """Ray gives a fraction of *some* card and fills one card before the next: two replicas
+    of 0.37 that the plan spread over two cards would share card 0 (issue #32's "one replica
+    per card"). A fixed-count model whose every replica has its planned card to itself
+    reserves the whole card; vLLM still gets the plan's fraction."""
+    host = LocalHost(cpus=32, memory_mb=256_000, gpu_memory_mb=[143_771, 143_771])
+    spread = parse_spec({"models": [_two_of("gemma-3-12b")], "policy": {"gpu": "spread"}})
+    plan = plan_local(spread, host)
+    assert sorted(r.gpus[0] for r in plan.replicas) == [0, 1]
+    deployment = local_deployment(spread, host).models["m"]
+    assert deployment.ray.num_gpus == 1.0
+    assert deployment.engine.gpu_memory_utilization < 0.5
+    # packed on one card by the plan: Ray's fraction packs them the same way
+    packed = parse_spec({"models": [_two_of("gemma-3-12b")]})
+    assert {r.gpus[0] for r in plan_local(packed, host).replicas} == {0}
+    assert local_deployment(packed, host).models["m"].ray.num_gpus < 0.5
+    # autoscaled: replicas the plan did not count need what their cards have left
+    scaled = parse_spec(
+        {
+            "models": [_two_of("gemma-3-12b", replicas={"min": 2, "max": 4})],
+            "policy": {"gpu": "spread"},
+        }
+    )
+    assert local_deployment(scaled, host).models["m"].ray.num_gpus < 0.5
