@@ -11,7 +11,7 @@ like the one they ran on):
 GPU (``benchmarks/gpu/matrix.py pack --sim`` or ``sim`` writes the runs and the spec they
 were served by, on a pool of the host's card): calibrate on one model, predict the others
 alone and the runs measured at the same time together (``--together``, simulated as one
-fleet run):
+fleet run and scored over the time every one of them ran: ``sim.calibrate.overlap``):
 
     PYTHONPATH=src .venv/bin/python benchmarks/sim_validation.py --spec fleet-card.yaml --uncapped \
         --calibrate sim-gemma-3-4b.json=gemma-3-4b \
@@ -31,7 +31,7 @@ from pathlib import Path
 from fleetserve.bench.report import BenchReport
 from fleetserve.perf.calibration import Calibration
 from fleetserve.sim.build import model_setups
-from fleetserve.sim.calibrate import fit, prediction_errors, with_calibration
+from fleetserve.sim.calibrate import fit, overlap, prediction_errors, with_calibration
 from fleetserve.sim.command import simulation_plan
 from fleetserve.sim.run import simulate_traces
 from fleetserve.spec import default_fleet, load_spec
@@ -85,10 +85,15 @@ def main() -> None:
             [(report, model) for _, report, model in runs],
             request_overhead_s=cal.request_overhead_s,
         )
+        measured = {model or report.run.model: report for _, report, model in runs}
+        simulated = {name: sim.reports[name] for name in measured}
+        if kind == "together":
+            # scored while every engine of the group ran (sim.calibrate.overlap)
+            measured, simulated = overlap(measured), overlap(simulated)
         for path, report, model in runs:
             name = model or report.run.model
             for _, point, metric, a, b in prediction_errors(
-                {name: report}, {name: sim.reports[name]}
+                {name: measured[name]}, {name: simulated[name]}
             ):
                 err = b / a - 1
                 ok = "yes" if abs(err) <= GOALS[metric] else "no"

@@ -6,7 +6,8 @@ HAMi: every engine may use the whole card's SMs), each swept alone with ``fleets
 bench`` (c = 1, 4, 16; 512-token prompts, 128 output tokens) while the others idled, then
 the 4B and the 12B driven at the same time. The configs are the published text configs the
 runs served (weight-free, ``load_format: dummy``). Calibrated on the 1B alone, the
-simulator predicts the 4B and the 12B alone and the 12B beside the busy 4B.
+simulator predicts the 4B and the 12B alone; the pair, scored while both ran, shows where
+the co-location model falls short.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from fleetserve.bench.report import BenchReport
 from fleetserve.perf import Calibration
 from fleetserve.plan.planner import plan_fleet
 from fleetserve.sim.build import model_setups, uncapped
-from fleetserve.sim.calibrate import fit, prediction_errors, with_calibration
+from fleetserve.sim.calibrate import fit, overlap, prediction_errors, with_calibration
 from fleetserve.sim.run import simulate_traces
 from fleetserve.spec import FleetSpec
 
@@ -61,15 +62,18 @@ def served():  # type: ignore[no-untyped-def]
     return with_calibration(models, cal), cal
 
 
-def _errors(served, *names: str) -> dict[tuple[str, str, str], float]:  # type: ignore[no-untyped-def]
+def _errors(served, *names: str, together: bool = False) -> dict[tuple[str, str, str], float]:  # type: ignore[no-untyped-def]
     models, cal = served
     reports = {n: BenchReport.load(RUNS / f"{n}.json") for n in names}
     runs = [(r, r.run.model) for r in reports.values()]
     sim = simulate_traces(models, runs, request_overhead_s=cal.request_overhead_s)
-    measured = {r.run.model: r for r in reports.values()}
+    measured: dict[str, BenchReport] = {r.run.model: r for r in reports.values()}
+    simulated = sim.reports
+    if together:  # scored while both ran (sim.calibrate.overlap)
+        measured, simulated = overlap(measured), overlap(simulated)
     return {
         (model, point, metric): b / a - 1
-        for model, point, metric, a, b in prediction_errors(measured, sim.reports)
+        for model, point, metric, a, b in prediction_errors(measured, simulated)
     }
 
 
@@ -104,17 +108,21 @@ def test_calibrated_on_the_1b_it_predicts_the_4b_and_the_12b(served) -> None:  #
         assert abs(err) <= GOALS[metric], (model, point, metric, errors)
 
 
-def test_the_12b_beside_a_busy_4b_shares_the_card(served) -> None:  # type: ignore[no-untyped-def]
-    # measured at the same time, simulated as one run: both engines step on the card
-    errors = _errors(served, "together-gemma-3-4b", "together-gemma-3-12b")
-    for metric in ("tpot.p50", "ttft.p50", "ttft.p90"):
-        err = errors[("gemma-3-12b", "c=1", metric)]
-        assert abs(err) <= GOALS[metric], (metric, errors)
-    # its throughput comes out 11 % high, the 4B's 27 %: read request by request, both
-    # ran 2.2x slower while the other was busy, more than an even split of the card (the
-    # contexts' switching costs it ~a fifth); the 12B's p50s come from the 19 of its 32
-    # requests that ran after the 4B had finished (docs/benchmarks-log.md)
-    assert abs(errors[("gemma-3-12b", "c=1", "output_throughput")]) <= 0.15, errors
+def test_a_co_located_pair_is_scored_while_both_ran(served) -> None:  # type: ignore[no-untyped-def]
+    # The 4B and the 12B measured at the same time, simulated as one run. The 4B's run
+    # ended first: 19 of the 12B's 32 requests ran alone afterwards (TPOT 10.8 ms against
+    # 23.4 beside the 4B), so its whole-run p50s scored its speed alone (-3.9 %).
+    whole = _errors(served, "together-gemma-3-4b", "together-gemma-3-12b")
+    both = _errors(served, "together-gemma-3-4b", "together-gemma-3-12b", together=True)
+    assert abs(whole[("gemma-3-12b", "c=1", "tpot.p50")]) < 0.05
+    # Over the overlap the even split of the card (1/2 of its bandwidth and compute each)
+    # under-predicts both engines' steps, by 13-22 %: both ran 2.2x slower than alone,
+    # where the split gives ~1.8x (switching contexts costs the card about a fifth). The
+    # first tokens stay within the goal.
+    for model in ("gemma-3-4b", "gemma-3-12b"):
+        assert -0.25 <= both[(model, "c=1", "tpot.p50")] <= -0.10, both
+        for metric in ("ttft.p50", "ttft.p90"):
+            assert abs(both[(model, "c=1", metric)]) <= GOALS[metric], (model, metric, both)
 
 
 def test_the_cli_calibrates_and_replays_runs_served_without_hami(tmp_path: Path) -> None:

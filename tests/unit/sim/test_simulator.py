@@ -168,3 +168,48 @@ def test_a_replica_takes_a_burst_in_one_request_at_a_time(models) -> None:  # ty
     assert ttft.p50 is not None
     assert ttft_plain.p90 < 1000  # ms
     assert ttft.p50 >= 2000
+
+
+def _run_of(model: str, spans: list[tuple[float, float, float]]) -> BenchReport:
+    """A bench report of closed-loop requests at c = 1: (start, e2e, tpot) each, 11 tokens."""
+    from fleetserve.bench.metrics import summarize  # noqa: PLC0415
+    from fleetserve.bench.record import RequestRecord, record_to_json  # noqa: PLC0415
+    from fleetserve.bench.report import RunInfo  # noqa: PLC0415
+
+    records = [
+        RequestRecord(
+            id=i,
+            point="c=1",
+            start=start,
+            ttft=e2e - 10 * tpot,
+            e2e=e2e,
+            tokens_out=11,
+            ok=True,
+            status=200,
+        )
+        for i, (start, e2e, tpot) in enumerate(spans)
+    ]
+    fields = {n: None for n in RunInfo.model_fields if RunInfo.model_fields[n].is_required()}
+    run = RunInfo.model_construct(**{**fields, "model": model, "label": model})
+    return BenchReport.model_construct(
+        run=run,
+        points=[summarize("c=1", 1.0, records, None)],
+        records=[record_to_json(r) for r in records],
+    )
+
+
+def test_runs_measured_together_are_scored_while_every_one_of_them_ran() -> None:
+    from fleetserve.sim.calibrate import overlap  # noqa: PLC0415
+
+    # a short run slowed beside a long one, which then goes on alone at twice the speed
+    short = _run_of("a", [(float(t), 1.0, 0.08) for t in range(10)])
+    long = _run_of(
+        "b", [(2.0 * t, 2.0, 0.18) for t in range(5)] + [(10.0 + t, 1.0, 0.09) for t in range(10)]
+    )
+    assert long.points[0].tpot.p50 == pytest.approx(90.0)  # the whole run (ms): its speed alone
+    cut = overlap({"a": short, "b": long})
+    assert cut["b"].points[0].tpot.p50 == pytest.approx(180.0)  # while both ran
+    assert cut["b"].points[0].requests == 5
+    assert cut["a"].points[0].requests == 10  # the short run ran wholly inside the long one
+    # a run alone, or without records, is left as it is
+    assert overlap({"b": long})["b"] is long
