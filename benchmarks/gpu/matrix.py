@@ -1463,6 +1463,7 @@ def failover_client(
                         if r.status_code != 200:
                             r.read()
                             shot.error = f"status {r.status_code}"
+                            shot.ended = time.monotonic()
                             time.sleep(0.2)
                             continue
                         done = False
@@ -1504,12 +1505,26 @@ def kill_target(root: int) -> tuple[int, str, list[int]]:
 
 
 def replicas_back(root: int, want: int) -> bool:
-    """``want`` engines running again (model replicas, in a fake-engine dry run)."""
-    tree = _tree_cpu(root)
-    engines = [p for p, (c, _) in tree.items() if _is_engine(c) and "EngineCore" in c]
+    """``want`` engines running again (model replicas, in a fake-engine dry run). A killed
+    engine core stays in the tree as a zombie until its parent reaps it: not counted."""
+    import psutil  # noqa: PLC0415
+
+    try:
+        tree = psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return False
+    titles = []
+    for p in tree:
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            titles.append(" ".join(p.cmdline()) or p.name())
+        except psutil.Error:
+            continue
+    engines = sum("EngineCore" in t for t in titles)
     if engines:
-        return len(engines) >= want
-    return sum("ServeReplica" in c and "model-" in c for c, _ in tree.values()) >= want
+        return engines >= want
+    return sum("ServeReplica" in t and "model-" in t for t in titles) >= want
 
 
 def leftovers() -> list[str]:

@@ -92,14 +92,22 @@ class FakeEngine:
     def handle(self, request: EngineRequest) -> AsyncIterator[ResponseHead | bytes]:
         if self._bridge is None:
             raise EngineError(f"model '{self._config.name}': engine not started")
+        if not self._alive():
+            # as VllmEngine refuses a request once its engine core died
+            raise EngineError(f"model '{self._config.name}': its engine stopped; retry later")
         return self._bridge.handle(request)
 
     def mark_unhealthy(self) -> None:
-        """Fail health checks from now on, as a vLLM engine whose core died does."""
+        """Fail health checks and refuse requests from now on, as a vLLM engine whose core
+        died does."""
         self._healthy = False
 
+    def _alive(self) -> bool:
+        """Neither marked unhealthy nor (with ``core_process``) its core process gone."""
+        return self._healthy and (self._core is None or self._core.poll() is None)
+
     async def check_health(self) -> None:
-        if not self._healthy:
+        if not self._alive():
             raise EngineError(f"model '{self._config.name}': fake engine marked unhealthy")
 
     def stats(self) -> EngineStats:

@@ -79,3 +79,26 @@ def test_a_users_binding_and_multi_process_engines_keep_vllms(
     assert vllm_engine._claim_cores(config()) is None
     monkeypatch.delenv(cpu_binding.BIND_ENV)
     assert vllm_engine._claim_cores(config(tensor_parallel=2)) is None
+
+
+def test_a_replica_whose_engine_core_died_refuses_requests() -> None:
+    """vLLM's app answers 500 to every request once its engine core is dead; the replica
+    refuses them instead, so the ingress answers 503 + Retry-After as for a dead replica
+    (issue #32's failover run). AsyncLLM says so through ``errored``."""
+    import types  # noqa: PLC0415
+
+    from fleetserve.engine.asgi_bridge import AsgiBridge  # noqa: PLC0415
+    from fleetserve.engine.protocol import EngineRequest  # noqa: PLC0415
+    from fleetserve.engine.vllm_engine import VllmEngine  # noqa: PLC0415
+
+    async def app(scope: object, receive: object, send: object) -> None:  # never reached
+        raise AssertionError("the request reached vLLM's app")
+
+    engine = VllmEngine(config())
+    engine._bridge = AsgiBridge(app)  # started, as far as handle() is concerned
+    request = EngineRequest(method="POST", path="/v1/completions", body=b"{}")
+    engine._engine = types.SimpleNamespace(errored=False)
+    assert engine.handle(request) is not None
+    engine._engine = types.SimpleNamespace(errored=True)
+    with pytest.raises(EngineError, match="its engine stopped"):
+        engine.handle(request)

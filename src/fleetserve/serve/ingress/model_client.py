@@ -66,7 +66,12 @@ class LocalModelClient:
         self._engines = dict(engines)
 
     def open(self, model: str, request: EngineRequest) -> AsyncIterator[ResponseHead | bytes]:
-        return self._engines[model].handle(request)
+        try:
+            return self._engines[model].handle(request)
+        except EngineError as e:
+            # an engine that refuses the request: what a replica call failing is through
+            # Serve (HandleModelClient), a 503 + Retry-After
+            raise ModelUnavailableError(f"model '{model}' failed to answer; retry later") from e
 
     async def stats(self, model: str, timeout_s: float) -> EngineStats:
         return self._engines[model].stats()
