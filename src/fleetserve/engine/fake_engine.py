@@ -115,7 +115,11 @@ class FakeEngine:
         if b is None:
             return EngineStats()
         return EngineStats(
-            running=self.running, in_flight=b.in_flight, aborted=b.aborted, completed=b.completed
+            running=self.running,
+            in_flight=b.in_flight,
+            aborted=b.aborted,
+            completed=b.completed,
+            alive=self._alive(),
         )
 
     async def shutdown(self) -> None:

@@ -55,6 +55,9 @@ class EngineStats:
     aborted: int = 0
     completed: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    alive: bool = True
+    """False once the engine died under a replica that still runs (vLLM's engine core
+    gone): the routers stop choosing the replica until Serve replaces it."""
 
 
 @runtime_checkable

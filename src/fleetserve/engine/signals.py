@@ -22,6 +22,8 @@ PREFIX_HITS = "prefix_cache_hits"
 PREFIX_QUERIES = "prefix_cache_queries"
 TOKENS_PER_S = "generation_tokens_per_s"
 KV_CAPACITY_TOKENS = "kv_capacity_tokens"
+#: Key of a replica's routing report: its engine died (``EngineStats.alive`` is False).
+ENGINE_DOWN = "engine_down"
 
 
 class SignalsHolder:

@@ -212,17 +212,20 @@ class VllmEngine:
     def stats(self) -> EngineStats:
         bridge = self._bridge
         running = 0
+        alive = True
         if self._engine is not None:
-            running = unfinished_requests(self._engine)
+            alive = not self._engine.errored
+            running = unfinished_requests(self._engine) if alive else 0
         extra = dict(self._signals.values)
         if bridge is None:
-            return EngineStats(running=running, extra=extra)
+            return EngineStats(running=running, extra=extra, alive=alive)
         return EngineStats(
             running=running,
             in_flight=bridge.in_flight,
             aborted=bridge.aborted,
             completed=bridge.completed,
             extra=extra,
+            alive=alive,
         )
 
     async def _report_idle(self) -> None:

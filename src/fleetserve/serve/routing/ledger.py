@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleetserve.engine.protocol import EngineRequest, EngineStats
+from fleetserve.engine.signals import ENGINE_DOWN
 from fleetserve.errors import FleetServeError
 from fleetserve.plan.architecture import load_model_config
 from fleetserve.plan.memory import cache_span
@@ -116,6 +117,7 @@ class CacheLedger:
             "served": self.served,
             "running": stats.running,
             "in_flight": stats.in_flight,
+            ENGINE_DOWN: not stats.alive,
         }
         if adapters is not None:
             out["adapters"] = list(adapters)
