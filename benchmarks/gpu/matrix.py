@@ -154,7 +154,8 @@ def stop(server: Server, sig: int = signal.SIGINT, wait_s: float = 60, sweep: bo
 
 def _tree_cpu(root: int | None) -> dict[int, tuple[str, float]]:
     """PID -> (command line, CPU seconds) of ``root`` and its descendants: Ray's daemons,
-    Serve's actors and the engines all start under the server's process."""
+    Serve's actors and the engines all start under the server's process. Zombies are left
+    out (psutil raises on their command line)."""
     import psutil  # noqa: PLC0415 - on the GPU host's image
 
     if root is None:
@@ -552,32 +553,31 @@ def write_spec(path: Path, models: list[dict[str, Any]], port: int, gpu_policy: 
     return path
 
 
-def card_processes() -> dict[int, list[int]]:
-    """PID -> the GPU indexes it holds memory on (``nvidia-smi``; {} without one)."""
+def smi_query(query: str) -> list[list[str]] | None:
+    """``nvidia-smi --query-<query> --format=csv,noheader``: its rows, fields stripped;
+    None without a working nvidia-smi (a dry run here)."""
     try:
-        uuids = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-        apps = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-{query}", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=20,
             check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
+        return None
+    return [[f.strip() for f in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
+def card_processes() -> dict[int, list[int]]:
+    """PID -> the GPU indexes it holds memory on (``nvidia-smi``; {} without one)."""
+    cards = smi_query("gpu=index,uuid")
+    apps = smi_query("compute-apps=pid,gpu_uuid")
+    if cards is None or apps is None:
         return {}
-    index = {}
-    for line in uuids.splitlines():
-        i, _, uuid = (x.strip() for x in line.partition(","))
-        index[uuid] = int(i)
+    index = {uuid: int(i) for i, uuid in cards}
     held: dict[int, list[int]] = {}
-    for line in apps.splitlines():
-        pid, _, uuid = (x.strip() for x in line.partition(","))
+    for pid, uuid in apps:
         if pid.isdigit() and uuid in index:
             held.setdefault(int(pid), []).append(index[uuid])
     return held
@@ -1118,20 +1118,14 @@ def fleet_bench(
 
 def card_type() -> str | None:
     """The catalogue name of this host's card (``nvidia-smi``), None when unknown."""
-    try:
-        name = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout
-    except OSError:
+    rows = smi_query("gpu=name")
+    if not rows:
         return None
     from fleetserve.errors import SpecError  # noqa: PLC0415
     from fleetserve.plan.gpus import gpu_type  # noqa: PLC0415
 
     try:  # the catalogue knows nvidia-smi's names ("NVIDIA H100 80GB HBM3")
-        return gpu_type(name.splitlines()[0].strip()).name if name.strip() else None
+        return gpu_type(",".join(rows[0])).name
     except SpecError:
         return None
 
@@ -1506,21 +1500,9 @@ def kill_target(root: int) -> tuple[int, str, list[int]]:
 
 def replicas_back(root: int, want: int) -> bool:
     """``want`` engines running again (model replicas, in a fake-engine dry run). A killed
-    engine core stays in the tree as a zombie until its parent reaps it: not counted."""
-    import psutil  # noqa: PLC0415
-
-    try:
-        tree = psutil.Process(root).children(recursive=True)
-    except psutil.Error:
-        return False
-    titles = []
-    for p in tree:
-        try:
-            if p.status() == psutil.STATUS_ZOMBIE:
-                continue
-            titles.append(" ".join(p.cmdline()) or p.name())
-        except psutil.Error:
-            continue
+    engine core stays in the tree as a zombie until its parent reaps it; :func:`_tree_cpu`
+    leaves it out (psutil refuses a zombie's command line)."""
+    titles = [cmd for cmd, _ in _tree_cpu(root).values()]
     engines = sum("EngineCore" in t for t in titles)
     if engines:
         return engines >= want

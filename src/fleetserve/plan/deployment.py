@@ -41,6 +41,7 @@ Pure and Ray-free: rendering must not need Ray.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -338,10 +339,7 @@ def _own_card_models(spec: FleetSpec, plan: PlanResult) -> set[str]:
     it. Autoscaled models keep their fraction: Ray places the replicas the plan did not
     count in what their cards have left, which a whole-card reservation would take.
     """
-    holders: dict[tuple[str, int, int], int] = {}
-    for r in plan.replicas:
-        for g in r.gpus:
-            holders[(r.pool, r.node, g)] = holders.get((r.pool, r.node, g), 0) + 1
+    holders = Counter((r.pool, r.node, g) for r in plan.replicas for g in r.gpus)
     own = set()
     for m in spec.models:
         replicas = [r for r in plan.replicas if r.model == m.name]
