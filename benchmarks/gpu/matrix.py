@@ -437,6 +437,9 @@ def bench(
         str(out),
         "--result-filename",
         name,
+        # per-request TTFTs (and send times where the client records them): the waves
+        # of a run, joined with the servers' timelines (benchmarks/gpu/timeline.py)
+        "--save-detailed",
         "--percentile-metrics",
         "ttft,tpot,itl,e2el",
         "--metric-percentiles",
@@ -481,7 +484,7 @@ def bench(
     if rc != 0 or not (out / name).exists():
         log(f"bench {tag} c={conc} failed ({rc}): {output[-1500:]}")
         return {"tag": tag, "conc": conc, "error": rc}
-    r = json.loads((out / name).read_text())
+    r = slim_detailed(out / name)
     tokens = max(1, int(r.get("total_output_tokens", 0)))
     row = {
         "tag": tag,
@@ -515,6 +518,20 @@ def bench(
         )
         log(f"    threads of {t['cmd'][:40]} ({t['cores']:.2f} cores): {tops}")
     return row
+
+
+def slim_detailed(path: Path) -> dict[str, Any]:
+    """The client's result with its per-request lists cut to what the timelines need: each
+    request's send time, TTFT, end-to-end latency and output length stay; its inter-token
+    gaps and generated text go (megabytes per run; the device returns 16 MiB a file)."""
+    r: dict[str, Any] = json.loads(path.read_text())
+    itls = r.pop("itls", None)
+    r.pop("generated_texts", None)
+    if itls is not None and "ttfts" in r:
+        r["e2els"] = [t + sum(gaps) for t, gaps in zip(r["ttfts"], itls, strict=False)]
+    r["errors"] = [e for e in r.get("errors", []) if e][:20]
+    path.write_text(json.dumps(r))
+    return r
 
 
 def run_client(argv: list[str]) -> tuple[int, str]:
@@ -812,28 +829,34 @@ def logged_kv(log_dirs: list[Path]) -> dict[str, dict[str, Any]]:
 
 def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
     from fleetserve.engine.config import vllm_server_argv  # noqa: PLC0415
+    from fleetserve.observe.timeline import ENV as TIMELINE_ENV  # noqa: PLC0415
 
     out = a.out
     name = a.name or a.model.name
-    spec = write_spec(
-        out / "fleet.yaml",
-        [
-            model_entry(
-                a.model,
-                name,
-                max_model_len=a.max_model_len,
-                concurrency=a.spec_concurrency or max(a.conc),
-                # `vllm serve` gets the same --tensor-parallel-size from the plan's options
-                **({"tensor_parallel": a.tensor_parallel} if a.tensor_parallel > 1 else {}),
-            )
-        ],
-        8200,
-    )
-    plan = plan_of(spec)
+
+    def fleet_spec(cap: int) -> Path:
+        replicas = {"replicas": {"max_ongoing_requests": cap}} if cap else {}
+        entry = model_entry(
+            a.model,
+            name,
+            max_model_len=a.max_model_len,
+            concurrency=a.spec_concurrency or max(a.conc),
+            # `vllm serve` gets the same --tensor-parallel-size from the plan's options
+            **({"tensor_parallel": a.tensor_parallel} if a.tensor_parallel > 1 else {}),
+            **replicas,
+        )
+        return write_spec(out / (f"fleet-cap{cap}.yaml" if cap else "fleet.yaml"), [entry], 8200)
+
+    specs = {
+        (f"fleetserve-cap{cap}" if cap else "fleetserve"): fleet_spec(cap) for cap in a.fleet_caps
+    }
+    plan = plan_of(next(iter(specs.values())))
     (out / "plan.json").write_text(json.dumps(plan, indent=1))
     options = plan[name]["vllm_options"]
     rows: list[dict[str, Any]] = []
-    order = ["vllm", "fleetserve"] if not a.fleet_first else ["fleetserve", "vllm"]
+    order = ["vllm", *specs] if not a.fleet_first else [*specs, "vllm"]
+    if not a.baseline:
+        order.remove("vllm")
     for target in order:
         if target == "vllm":
             argv = [
@@ -843,7 +866,10 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
             ]
             srv = start("vllm", argv, "http://127.0.0.1:8100", "/health", out, timeout=480)
         else:
-            srv = start_fleet(spec, 8200, out)
+            if a.timeline:  # each process on the path writes its requests' timelines
+                os.environ[TIMELINE_ENV] = str(out / f"timeline-{target}")
+            srv = start_fleet(specs[target], 8200, out, target)
+            os.environ.pop(TIMELINE_ENV, None)
         try:
             placement(srv.pid, out, target)
             bench(srv, name, str(a.model), 8, 16, out, f"{target}-warmup")
@@ -857,7 +883,7 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
                 (out / "overhead.json").write_text(json.dumps(rows, indent=1))
         finally:
             stop(srv)
-    if "fleetserve" in order:
+    if specs:
         kv = logged_kv([RAY_LOGS])
         (out / "kv.json").write_text(json.dumps(kv, indent=1))
     (out / "overhead.json").write_text(json.dumps(rows, indent=1))
@@ -867,17 +893,21 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
 
 def print_overhead(rows: list[dict[str, Any]]) -> None:
     by = {(r["target"], r["conc"]): r for r in rows if "tok_s" in r}
+    fleets = sorted({t for t, _ in by if t != "vllm"})
     print(
-        "\n| c | vllm tok/s | fleetserve tok/s | ratio | vllm TTFT p50 | fleetserve TTFT p50 "
-        "| delta ms | serving CPU ms/tok vllm / fleetserve |"
+        "\n| c | fleet | vllm tok/s | fleetserve tok/s | ratio | vllm TTFT p50 "
+        "| fleetserve TTFT p50 | delta ms | serving CPU ms/tok vllm / fleetserve |"
     )
-    print("|---|---|---|---|---|---|---|---|")
-    for c in sorted({c for _, c in by}):
-        v, f = by.get(("vllm", c)), by.get(("fleetserve", c))
+    print("|---|---|---|---|---|---|---|---|---|")
+    for c, fleet in sorted(
+        {(c, t) for t, c in by if t != "vllm"}, key=lambda x: (x[0], fleets.index(x[1]))
+    ):
+        v, f = by.get(("vllm", c)), by.get((fleet, c))
         if not (v and f):
             continue
         print(
-            f"| {c} | {v['tok_s']:.0f} | {f['tok_s']:.0f} | {f['tok_s'] / v['tok_s']:.3f} | "
+            f"| {c} | {fleet} | {v['tok_s']:.0f} | {f['tok_s']:.0f} | "
+            f"{f['tok_s'] / v['tok_s']:.3f} | "
             f"{v['ttft_p50_ms']:.1f} | {f['ttft_p50_ms']:.1f} | "
             f"{f['ttft_p50_ms'] - v['ttft_p50_ms']:+.1f} | "
             f"{v['serving_cpu_ms_per_token']:.3f} / {f['serving_cpu_ms_per_token']:.3f} |"
@@ -1688,6 +1718,27 @@ def main() -> None:
         "client's extra streams then queue in the server)",
     )
     o.add_argument("--fleet-first", action="store_true")
+    o.add_argument(
+        "--fleet-caps",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="one fleetserve run per value: its replicas.max_ongoing_requests (0: the spec's "
+        "default, at least max_num_seqs); e.g. '0 256' sets the default beside twice a batch "
+        "of 128",
+    )
+    o.add_argument(
+        "--baseline",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run `vllm serve` too (--no-baseline: the fleets alone, e.g. a dry run here)",
+    )
+    o.add_argument(
+        "--timeline",
+        action="store_true",
+        help="the fleet's processes write per-request timelines (fleetserve.observe.timeline) "
+        "under timeline-<target>/",
+    )
     o.add_argument(
         "--tensor-parallel",
         type=int,

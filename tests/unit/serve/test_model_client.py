@@ -208,3 +208,27 @@ async def test_the_serve_stream_mode_does_not_use_the_relay(
 
     client = HandleModelClient({"m": StreamingHandle()}, relay="serve")
     assert [i async for i in client.open("m", REQUEST)] == [HEAD, b"x"]
+
+
+@on_session_loop
+async def test_with_timelines_on_a_request_passes_every_point_in_order(
+    receiver: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    # One Timeline for the ingress's and the replica's side (one process here, two there).
+    from fleetserve.observe.timeline import RECEIVED_NS, Timeline  # noqa: PLC0415
+    from fleetserve.serve.replica import relay  # noqa: PLC0415
+
+    on = Timeline(str(tmp_path))
+    monkeypatch.setattr(model_client, "TIMELINE", on)
+    monkeypatch.setattr(relay, "TIMELINE", on)
+    RECEIVED_NS.set(1)  # what the gateway sets when it takes the HTTP request
+    replica = Replica([HEAD, b"data: 1\n\n", b"data: 2\n\n"])
+    await _read(HandleModelClient({"m": replica}))
+    on.flush()
+    rows = [line.split("\t") for f in tmp_path.iterdir() for line in f.read_text().splitlines()]
+    assert len({stream for stream, _, _ in rows}) == 1
+    points = {point: int(ns) for _, point, ns in rows}
+    order = ["i_recv", "i_call", "r_recv", "r_head", "r_data", "r_end", "i_end"]
+    assert [points[p] for p in order] == sorted(points[p] for p in order)
+    assert points["i_recv"] == 1
+    assert points["r_head"] <= points["i_head"] <= points["i_data"] <= points["i_end"]

@@ -96,3 +96,18 @@ def test_options_are_json_for_serve_config() -> None:
 def test_bad_routing_is_named(routing: dict[str, Any], field: str) -> None:
     with pytest.raises(SpecError, match=f"models\\[0\\].{field}"):
         parse_spec({"models": [{"name": "m", "source": "x", "routing": routing}]})
+
+
+def test_the_router_pickles_by_value_with_the_timeline_it_reads() -> None:
+    # Serve ships the router's module by value (cloudpickle): a global it reads that holds
+    # a lock (the process's timeline) would break every deployment ("cannot pickle
+    # '_thread.lock'", seen on the first try), so it reads the timeline through its module.
+    import cloudpickle  # noqa: PLC0415
+
+    from fleetserve.serve.routing import router  # noqa: PLC0415
+
+    cloudpickle.register_pickle_by_value(router)
+    try:
+        assert cloudpickle.loads(cloudpickle.dumps(router.FleetRouter)).__name__ == "FleetRouter"
+    finally:
+        cloudpickle.unregister_pickle_by_value(router)

@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fleetserve.engine.protocol import EngineRequest, ResponseHead
+from fleetserve.observe.timeline import RECEIVED_NS, TIMELINE
 from fleetserve.serve.guard.api_keys import ApiKeyTable, AuthError
 from fleetserve.serve.guard.quota_guard import GuardConfig, TenantGuard
 from fleetserve.serve.guard.quota_store import QuotaStore
@@ -284,6 +285,8 @@ class Gateway:
 
     async def forward(self, request: Request) -> Response:
         """Route one model request (``MODEL_ENDPOINTS``) and relay the response."""
+        if TIMELINE.enabled:
+            RECEIVED_NS.set(time.monotonic_ns())
         self.probes.ensure_started()
         if self.draining:
             self.metrics.record_rejection(None, UNKNOWN, "draining")

@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 
 from fleetserve.engine.protocol import Engine, EngineRequest, EngineStats, ResponseHead
 from fleetserve.errors import EngineError, ServeError
+from fleetserve.observe.timeline import RECEIVED_NS, TIMELINE
 from fleetserve.serve.ingress.probes import ModelHealth, model_health, status_name
 from fleetserve.serve.replica.relay import END_OF_STREAM, RelayError, RelayReceiver
 from fleetserve.serve.routing import registry
@@ -125,6 +126,9 @@ class HandleModelClient:
             logger.error("the stream relay cannot start: %r", e)
             raise ModelUnavailableError(f"model '{model}' cannot be reached; retry later") from e
         ticket, inbox = receiver.open_stream()
+        timeline = TIMELINE if TIMELINE.enabled else None
+        if timeline is not None:
+            timeline.point(inbox.stream, "i_recv", RECEIVED_NS.get(None))
         try:
             # A streaming call with one item, the relay connection's id, at its end (see
             # ModelServer.handle_relayed for why not a unary call).
@@ -132,16 +136,21 @@ class HandleModelClient:
         except Exception as e:
             receiver.close_stream(inbox)
             raise _translate(model, e) from e
+        if timeline is not None:
+            timeline.point(inbox.stream, "i_call")
         call = asyncio.ensure_future(_outcome(response))
         self._outcomes.add(call)
         call.add_done_callback(self._outcomes.discard)
         call.add_done_callback(functools.partial(receiver.call_done, inbox))
         finished = False
         started = False
+        data_seen = False
         try:
             while True:
                 item = await inbox.get()
                 if item is END_OF_STREAM:
+                    if timeline is not None:
+                        timeline.point(inbox.stream, "i_end")
                     if not started:
                         raise ModelUnavailableError(f"model '{model}' returned no response")
                     break
@@ -153,6 +162,9 @@ class HandleModelClient:
                 if isinstance(item, Exception):
                     raise _translate(model, item) from item
                 assert isinstance(item, ResponseHead | bytes)
+                if timeline is not None and (not started or not data_seen):
+                    data_seen = isinstance(item, bytes)
+                    timeline.point(inbox.stream, "i_data" if data_seen else "i_head")
                 started = True
                 yield item
             finished = True

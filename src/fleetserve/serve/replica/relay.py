@@ -63,6 +63,7 @@ from typing import Any, cast
 
 from fleetserve.engine.protocol import ResponseHead
 from fleetserve.errors import ServeError
+from fleetserve.observe.timeline import TIMELINE
 
 logger = logging.getLogger(__name__)
 
@@ -575,10 +576,14 @@ async def relay_stream(
     connection) ``items`` is closed at once, not at garbage collection: that is what aborts
     the request in the engine.
     """
-    conn = await sender.connection(ticket.endpoint)
     stream = ticket.stream
+    timeline = TIMELINE if TIMELINE.enabled else None
+    if timeline is not None:
+        timeline.point(stream, "r_recv")
+    conn = await sender.connection(ticket.endpoint)
     conn.open(stream)
     it = aiter(items)
+    marked = 0  # timeline points passed: the head, then the first body bytes
     try:
         while True:
             if conn.paused(stream):  # its reader is behind: leave the rest in the engine
@@ -587,6 +592,9 @@ async def relay_stream(
                 item = await anext(it)
             except StopAsyncIteration:
                 break
+            if timeline is not None and marked < 2:
+                marked = 2 if isinstance(item, bytes) else 1
+                timeline.point(stream, "r_data" if marked == 2 else "r_head")
             conn.send(stream, item)
     finally:
         conn.forget(stream)
@@ -594,6 +602,8 @@ async def relay_stream(
         if aclose is not None:
             await aclose()
     conn.end(stream)
+    if timeline is not None:
+        timeline.point(stream, "r_end")
     return conn.id
 
 

@@ -1,0 +1,159 @@
+"""Where a request's time goes on fleetserve's serving path, from the per-request timelines
+that ``matrix.py overhead --timeline`` has the fleet write (fleetserve.observe.timeline).
+
+    python benchmarks/gpu/timeline.py RESULTS_DIR [--target fleetserve]
+
+Design note. Every process on the path wrote ``<relay stream id> <point> <monotonic ns>``
+lines; a request's points, in order:
+
+    i_recv  the ingress's gateway took the HTTP request (headers and routing done)
+    i_call  the gateway handed it to Serve (DeploymentHandle call made)
+    i_route our request router was asked for a replica (the first time)
+    i_routed  Serve told the router the replica took it (after r_recv: a gRPC round trip)
+    r_recv  the model replica's handler began (Serve's router, the gRPC hop)
+    r_head  vLLM's app answered its response head (request parsed, prompt tokenised)
+    r_data  the replica relayed the first body bytes (the engine's queue and prefill)
+    i_data  the ingress had them (the relay hop)
+    r_end / i_end  the stream's end at the replica / the ingress
+
+A run of the client is a stretch of time in which some request is in flight; a wave is a
+group of requests received within :data:`WAVE_GAP_S` of each other (vLLM's client with
+equal lengths and ``--ignore-eos`` sends its requests in waves: they all end at one engine
+step and the next ones arrive together). Per run it prints each segment's median and 90th
+percentile, and per wave how long the wave took to get into the ingress, into the replica,
+past vLLM's app and to its first tokens: a serial stage shows as a spread that grows with
+the wave's size. The client's own result files (``<target>-c<N>.json``, saved with
+per-request TTFTs) give the client's TTFT beside the server's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+SEGMENTS = [
+    ("gateway", "i_recv", "i_call"),
+    ("to the router", "i_call", "i_route"),
+    ("router to replica", "i_route", "r_recv"),
+    ("serve hop", "i_call", "r_recv"),
+    ("accepted", "r_recv", "i_routed"),
+    ("vLLM app", "r_recv", "r_head"),
+    ("engine 1st token", "r_head", "r_data"),
+    ("relay back", "r_data", "i_data"),
+    ("server TTFT", "i_recv", "i_data"),
+    ("end relay", "r_end", "i_end"),
+]
+#: Requests received within this of the previous one belong to its wave.
+WAVE_GAP_S = 0.05
+#: A gap of this with nothing in flight separates two client runs.
+RUN_GAP_S = 0.5
+
+
+def load(directory: Path) -> dict[int, dict[str, float]]:
+    """stream id -> point -> seconds (monotonic), over every process's file."""
+    requests: dict[int, dict[str, float]] = defaultdict(dict)
+    for path in sorted(directory.glob("timeline-*.tsv")):
+        for line in path.read_text().splitlines():
+            stream, point, ns = line.split("\t")
+            # the first time a point is passed (Serve may route a request more than once)
+            requests[int(stream)].setdefault(point, int(ns) / 1e9)
+    return {k: v for k, v in requests.items() if "i_recv" in v and "i_end" in v}
+
+
+def runs(requests: dict[int, dict[str, float]]) -> list[list[dict[str, float]]]:
+    """The requests grouped into client runs (stretches with something in flight)."""
+    ordered = sorted(requests.values(), key=lambda r: r["i_recv"])
+    out: list[list[dict[str, float]]] = []
+    end = -1.0
+    for r in ordered:
+        if not out or r["i_recv"] > end + RUN_GAP_S:
+            out.append([])
+        out[-1].append(r)
+        end = max(end, r["i_end"])
+    return out
+
+
+def waves(run: list[dict[str, float]]) -> list[list[dict[str, float]]]:
+    out: list[list[dict[str, float]]] = []
+    last = None
+    for r in run:
+        if last is None or r["i_recv"] - last > WAVE_GAP_S:
+            out.append([])
+        out[-1].append(r)
+        last = r["i_recv"]
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def report(directory: Path, client: list[dict[str, object]]) -> None:
+    requests = load(directory)
+    print(f"{directory}: {len(requests)} requests with a whole timeline")
+    for i, run in enumerate(runs(requests)):
+        c = client[i] if i < len(client) else {}
+        head = f"run {i + 1}: {len(run)} requests"
+        if c:
+            head += f" (client: {c.get('num_prompts')} prompts, c = {c.get('max_concurrency')}, "
+            head += f"TTFT p50 {c.get('median_ttft_ms', 0):.1f} ms)"
+        print(head)
+        for name, a, b in SEGMENTS:
+            d = [1000 * (r[b] - r[a]) for r in run if a in r and b in r]
+            print(f"  {name:17s} p50 {pct(d, 50):8.2f} ms  p90 {pct(d, 90):8.2f} ms")
+        ws = waves(run)
+        sizes = [len(w) for w in ws]
+        print(f"  waves: {len(ws)}, sizes p50 {pct([float(s) for s in sizes], 50):.0f}")
+        big = [w for w in ws if len(w) >= max(sizes) // 2]
+        for label, point in (
+            ("into the ingress", "i_recv"),
+            ("handed to Serve", "i_call"),
+            ("at the router", "i_route"),
+            ("in the replica", "r_recv"),
+            ("past vLLM's app", "r_head"),
+            ("first token out", "i_data"),
+        ):
+            spans = []
+            for w in big:
+                t0 = w[0]["i_recv"]
+                got = sorted(r[point] - t0 for r in w if point in r)
+                if got:
+                    spans.append((1000 * got[len(got) // 2], 1000 * got[-1]))
+            if spans:
+                med = statistics.median(s[0] for s in spans)
+                last = statistics.median(s[1] for s in spans)
+                print(
+                    f"  wave's {label:17s} median request +{med:8.1f} ms, last +{last:8.1f} ms"
+                    " (from the wave's first arrival)"
+                )
+
+
+def client_runs(results: Path, target: str) -> list[dict[str, object]]:
+    found = []
+    mine = re.compile(rf"{re.escape(target)}(-warmup)?-c\d+\.json")
+    for path in sorted(results.glob(f"{target}-*.json")):
+        if not mine.fullmatch(path.name):
+            continue
+        r = json.loads(path.read_text())
+        found.append((r.get("date", ""), path.name, r))
+    return [r for _, _, r in sorted(found)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", type=Path, help="a matrix phase's output directory")
+    ap.add_argument("--target", default="fleetserve")
+    a = ap.parse_args()
+    report(a.results / f"timeline-{a.target}", client_runs(a.results, a.target))
+
+
+if __name__ == "__main__":
+    main()
