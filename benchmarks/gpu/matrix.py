@@ -418,6 +418,10 @@ def bench(
     serving processes' stacks for that long (:func:`profile_serving`)."""
     url, pid = (server, None) if isinstance(server, str) else (server.url, server.pid)
     name = f"{tag}-c{conc}.json"
+    for n in range(2, 100):  # a repeated round keeps the earlier round's files
+        if not (out / name).exists():
+            break
+        name = f"{tag}-c{conc}-r{n}.json"
     argv = [
         *VLLM_BENCH,
         "--backend",

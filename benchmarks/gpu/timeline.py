@@ -138,7 +138,7 @@ def report(directory: Path, client: list[dict[str, object]]) -> None:
 
 def client_runs(results: Path, target: str) -> list[dict[str, object]]:
     found = []
-    mine = re.compile(rf"{re.escape(target)}(-warmup)?-c\d+\.json")
+    mine = re.compile(rf"{re.escape(target)}(-warmup)?-c\d+(-r\d+)?\.json")
     for path in sorted(results.glob(f"{target}-*.json")):
         if not mine.fullmatch(path.name):
             continue
