@@ -870,10 +870,21 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
             ]
             srv = start("vllm", argv, "http://127.0.0.1:8100", "/health", out, timeout=480)
         else:
+            # Ray's workers inherit the fleet's environment: the timeline directory, and
+            # --fleet-env's variables (Serve's RAY_SERVE_* flags, for one)
+            env = dict(kv.split("=", 1) for kv in a.fleet_env)
             if a.timeline:  # each process on the path writes its requests' timelines
-                os.environ[TIMELINE_ENV] = str(out / f"timeline-{target}")
-            srv = start_fleet(specs[target], 8200, out, target)
-            os.environ.pop(TIMELINE_ENV, None)
+                env[TIMELINE_ENV] = str(out / f"timeline-{target}")
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                srv = start_fleet(specs[target], 8200, out, target)
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
         try:
             placement(srv.pid, out, target)
             bench(srv, name, str(a.model), 8, 16, out, f"{target}-warmup")
@@ -1736,6 +1747,13 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="run `vllm serve` too (--no-baseline: the fleets alone, e.g. a dry run here)",
+    )
+    o.add_argument(
+        "--fleet-env",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment for the fleets (e.g. RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=1)",
     )
     o.add_argument(
         "--timeline",

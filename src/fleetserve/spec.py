@@ -110,6 +110,39 @@ class SecretRef(StrictModel):
 # --------------------------------------------------------------------------- models
 
 
+#: Engine batches (``max_num_seqs``) a replica admits at once unless told otherwise.
+ADMITTED_BATCHES = 2
+
+
+def admitting(replicas: ReplicaSpec, batch: int) -> ReplicaSpec:
+    """``replicas`` with ``max_ongoing_requests`` at its default for an engine that runs
+    ``batch`` sequences at once - :data:`ADMITTED_BATCHES` batches, at least the field's
+    default - unless the user set it (then as set, even below a batch).
+
+    Why two batches, measured against ``vllm serve`` with vLLM's client:
+
+    * Fewer than one: requests stay queued in Serve while vLLM's batch has room (H200,
+      concurrency 256 with the old flat 64: TTFT p50 3.3 s against 0.8 s).
+    * One: a request that replaces a finished one waits in Serve's router until the finished
+      call's slot is released, then crosses the Serve hop and vLLM's app, where ``vllm
+      serve`` holds it in its scheduler and starts it at the next step (H100, Gemma 3 12B,
+      ``max_num_seqs`` 128, concurrency 256: TTFT p50 +129 ms against the same fleet at two
+      batches, which was +7.8 ms from ``vllm serve``; docs/benchmarks-log.md).
+    * More: requests past the cap wait in Serve's router, free to go to whichever replica
+      frees a slot first (or a new one); those inside it are committed to their replica.
+      A batch waiting is what keeps the engine fed; more would only queue behind it.
+
+    The default stays unset in ``model_fields_set`` so that a model whose batch the planner
+    changes later (``plan.deployment.planned_model``) gets it recomputed.
+    """
+    if "max_ongoing_requests" in replicas.model_fields_set:
+        return replicas
+    floor = ReplicaSpec.model_fields["max_ongoing_requests"].default
+    out = replicas.model_copy()
+    object.__setattr__(out, "max_ongoing_requests", max(floor, ADMITTED_BATCHES * batch))
+    return out
+
+
 class ReplicaSpec(StrictModel):
     """How many replicas of a model run, and Ray Serve's autoscaling target."""
 
@@ -131,8 +164,9 @@ class ReplicaSpec(StrictModel):
         ge=1,
         le=100_000,
         description=(
-            "Requests a replica accepts at once; more queue, then get 503 (default: the "
-            "larger of 64 and the model's max_num_seqs, so a full batch is admitted)."
+            "Requests a replica accepts at once; more queue, then get 503 (default: twice "
+            "the model's max_num_seqs, at least 64: a batch running and a batch waiting in "
+            "the engine)."
         ),
     )
     max_queued_requests: int = Field(
@@ -610,20 +644,12 @@ class ModelSpec(StrictModel):
                     f"({self.max_model_len}): vLLM would refuse those requests"
                 )
         self._check_adapters()
-        self._admit_a_full_batch()
+        self._admit_batches()
         return self
 
-    def _admit_a_full_batch(self) -> None:
-        """Unless set, ``replicas.max_ongoing_requests`` is at least the batch the engine
-        runs at once: a replica admitting fewer than ``max_num_seqs`` keeps requests
-        queued in Serve while vLLM's batch has room (measured on an H200 at concurrency
-        256 with the old flat 64: TTFT p50 3.3 s against ``vllm serve``'s 0.8 s)."""
-        if "max_ongoing_requests" in self.replicas.model_fields_set:
-            return
-        batch = self.max_num_seqs or self.concurrency
-        if batch > self.replicas.max_ongoing_requests:
-            replicas = self.replicas.model_copy(update={"max_ongoing_requests": batch})
-            object.__setattr__(self, "replicas", replicas)  # frozen: set once, here
+    def _admit_batches(self) -> None:
+        replicas = admitting(self.replicas, self.max_num_seqs or self.concurrency)
+        object.__setattr__(self, "replicas", replicas)  # frozen: set once, here
 
     def _check_adapters(self) -> None:
         _unique("adapters", [a.name for a in self.adapters])

@@ -50,7 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import CapacityError, RenderError
 from fleetserve.plan.result import PlanResult, ReplicaPlacement
-from fleetserve.spec import FleetSpec, ModelSpec
+from fleetserve.spec import FleetSpec, ModelSpec, admitting
 from fleetserve.units import gib_to_bytes
 
 #: The Serve application's name (``fleetserve serve`` and the RayService's serveConfigV2).
@@ -274,7 +274,11 @@ def planned_model(model: ModelSpec, plan: PlanResult) -> ModelSpec:
         update={
             "tensor_parallel": chosen.tensor_parallel,
             "max_num_seqs": chosen.max_num_seqs,
-            "replicas": model.replicas.model_copy(update={"min": count, "max": count}),
+            # the admission default follows the batch chosen (spec.admitting)
+            "replicas": admitting(
+                model.replicas.model_copy(update={"min": count, "max": count}),
+                chosen.max_num_seqs,
+            ),
         }
     )
 

@@ -74,6 +74,9 @@ def test_render_deploys_the_plans_traffic_choice(
         # Serve runs the replicas the plan placed, no autoscaling past them
         assert d["num_replicas"] == t.replicas
         assert "autoscaling_config" not in d
+        # each replica admits the chosen batch running and one waiting (spec.admitting),
+        # not what the spec's own concurrency would have given
+        assert d["max_ongoing_requests"] == max(64, 2 * t.max_num_seqs)
         ranks = d.get("placement_group_bundles") or [{"GPU": d["ray_actor_options"]["num_gpus"]}]
         assert len(ranks) == t.tensor_parallel
         resolved = ModelDeployment.model_validate(app["args"]["deployments"][t.model])

@@ -13,6 +13,7 @@ from fleetserve.spec import (
     FleetSpec,
     ModelSpec,
     SecretRef,
+    admitting,
     default_fleet,
     load_spec,
     parse_spec,
@@ -141,16 +142,31 @@ def test_cli_unknown_command_exits_2(capsys: pytest.CaptureFixture[str]) -> None
     assert "invalid choice" in capsys.readouterr().err
 
 
-def test_a_replica_admits_a_full_batch_unless_told_otherwise() -> None:
-    """max_ongoing_requests follows the engine's batch (H200, concurrency 256: a flat 64
-    left 192 requests queued in Serve while vLLM's batch had room)."""
+def test_a_replica_admits_two_batches_unless_told_otherwise() -> None:
+    """max_ongoing_requests follows the engine's batch: one running and one waiting in the
+    engine (H200, concurrency 256: a flat 64 left 192 requests queued in Serve while vLLM's
+    batch had room; H100, 12B, 128 a batch at concurrency 256: one batch was +129 ms TTFT
+    p50 against two)."""
 
     def admitted(**fields: object) -> int:
         model = ModelSpec.model_validate({"name": "m", "source": "x", **fields})
         return model.replicas.max_ongoing_requests
 
     assert admitted() == 64  # concurrency 8: the floor
-    assert admitted(concurrency=256) == 256
-    assert admitted(concurrency=100, max_num_seqs=300) == 300
+    assert admitted(concurrency=256) == 512
+    assert admitted(concurrency=100, max_num_seqs=300) == 600
     # set by the user: kept, even below the batch
     assert admitted(concurrency=256, replicas={"max_ongoing_requests": 32}) == 32
+    assert admitted(concurrency=256, replicas={"max_ongoing_requests": 64}) == 64
+
+
+def test_the_admission_default_stays_a_default() -> None:
+    # Unset in fields_set, so a batch the planner chooses later recomputes it.
+    model = ModelSpec.model_validate({"name": "m", "source": "x", "concurrency": 128})
+    assert "max_ongoing_requests" not in model.replicas.model_fields_set
+    assert admitting(model.replicas, 16).max_ongoing_requests == 64
+    assert admitting(model.replicas, 200).max_ongoing_requests == 400
+    mine = ModelSpec.model_validate(
+        {"name": "m", "source": "x", "replicas": {"max_ongoing_requests": 32}}
+    )
+    assert admitting(mine.replicas, 200).max_ongoing_requests == 32
