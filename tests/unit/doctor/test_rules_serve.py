@@ -459,3 +459,82 @@ def test_an_eager_gpu_engine_is_told_what_it_costs_and_how_to_keep_memory_small(
     (f,) = _fixture("enforce-eager", "trigger_serve.yaml")
     assert f.path.endswith("args.enforce_eager")
     assert f.message.startswith("Serve replica 'chat/VLLMDeployment' runs on a GPU")
+
+
+# --------------------------------------------------------------------------- admission
+
+
+_ADMIT = """
+    applications:
+      - name: a
+        import_path: vllm_app:app
+        args:
+          model: meta-llama/Llama-3.1-8B-Instruct
+          {seqs}
+        deployments:
+          - name: D
+            {cap}
+            ray_actor_options: {{num_gpus: 1}}
+    """
+
+
+def _admit(cap: str = "", seqs: str = "", ray: str = "2.60.0") -> list[Finding]:
+    serve = _ADMIT.format(cap=cap or "num_replicas: 1", seqs=seqs or "max_model_len: 8192")
+    return _run("serve-admits-below-batch", _rayservice(serve, _worker(), ray=ray))
+
+
+def test_rays_default_cap_against_an_unwritten_batch() -> None:
+    # Ray 2.32+: 5 per replica; vLLM's smallest default batch is 128. The config writes no
+    # cap, and the app's @serve.deployment may: info, worded as a condition.
+    (f,) = _admit()
+    assert f.severity == "info"
+    assert "unless the app's @serve.deployment sets one" in f.message
+    assert "admits 5 requests at once (Ray's default on Ray 2.60.0" in f.message
+    assert "at least 128 sequences at once (vLLM's smallest default max_num_seqs)" in f.message
+    assert "3 % of its batch" in f.message
+    assert "at least 128; 256 also keeps a batch waiting" in f.fix
+
+
+def test_the_default_cap_follows_the_ray_version() -> None:
+    # Before Ray 2.32 the default was 100: under a batch of 128, over a batch of 64.
+    (f,) = _admit(ray="2.20.0")
+    assert "admits 100 requests at once (Ray's default on Ray 2.20.0" in f.message
+    assert not _admit(seqs="max_num_seqs: 64", ray="2.20.0")
+
+
+def test_a_written_cap_is_a_warning_cited_where_it_is_written() -> None:
+    (f,) = _admit(cap="max_ongoing_requests: 32", seqs="max_num_seqs: 64")
+    assert f.severity == "warning"
+    assert "(max_ongoing_requests: 32)" in f.message
+    assert "up to 64 sequences at once (max_num_seqs)" in f.message
+    assert f.path.endswith("deployments[0].max_ongoing_requests")
+    # one batch admitted is enough for this rule (fleetserve admits two by default)
+    assert not _admit(cap="max_ongoing_requests: 64", seqs="max_num_seqs: 64")
+
+
+def test_the_old_name_counts_only_where_ray_reads_it() -> None:
+    # Ray 2.9 reads only max_concurrent_queries; 2.33 and later drop it (Ray's default 5).
+    assert not _admit(cap="max_concurrent_queries: 200", ray="2.9.3")
+    (f,) = _admit(cap="max_concurrent_queries: 200", ray="2.40.0")
+    assert "admits 5 requests at once (Ray's default on Ray 2.40.0" in f.message
+
+
+def test_a_model_name_alone_does_not_make_a_replica_vllm() -> None:
+    # A transformers-neuronx or diffusers app reads MODEL_ID too (AI-on-EKS's inf2
+    # blueprints); "vllm" in the app's import path, or an argument only vLLM takes, does.
+    serve = """
+        applications:
+          - name: sd
+            import_path: ray_serve_stablediffusion:entrypoint
+            runtime_env:
+              env_vars: {{MODEL_ID: stabilityai/stable-diffusion-2{extra}}}
+            deployments:
+              - name: D
+                ray_actor_options: {{num_gpus: 1}}
+        """
+    rule = "serve-admits-below-batch"
+    assert not _run(rule, _rayservice(serve.format(extra=""), _worker()))
+    (f,) = _run(rule, _rayservice(serve.format(extra=", GPU_MEMORY_UTILIZATION: '0.9'"), _worker()))
+    assert f.severity == "info"
+    vllm_app = serve.replace("ray_serve_stablediffusion", "vllm_serve").format(extra="")
+    assert _run(rule, _rayservice(vllm_app, _worker()))

@@ -33,6 +33,10 @@ SERVE_OLD_NAMES_DROPPED_FROM = Version("2.33")
 #: 100 and 1.
 SERVE_DEFAULT_MAX_ONGOING = 5
 SERVE_DEFAULT_TARGET_ONGOING = 2.0
+SERVE_DEFAULTS_5_FROM = Version("2.32")
+#: ``max_ongoing_requests`` (``max_concurrent_queries`` before 2.10) when not written, before
+#: :data:`SERVE_DEFAULTS_5_FROM`.
+SERVE_PRE_2_32_MAX_ONGOING = 100
 #: Ray Train v2 is the default from Ray 2.51 (``is_v2_enabled()`` reads RAY_TRAIN_V2_ENABLED
 #: with default False in 2.50.1, True in 2.51.0; ray#57857).
 TRAIN_V2_DEFAULT_FROM = Version("2.51")

@@ -26,6 +26,7 @@ from fleetserve.k8s.doctor.ray_objects import (
     cluster_spec,
     fmt_num,
     groups,
+    serve_apps,
     serve_config,
     worker_groups,
 )
@@ -56,8 +57,10 @@ from fleetserve.k8s.doctor.rules._versions import (
     KUBERAY_PROBES_SERVE_PORT_FROM,
     SERVE_DEFAULT_MAX_ONGOING,
     SERVE_DEFAULT_TARGET_ONGOING,
+    SERVE_DEFAULTS_5_FROM,
     SERVE_NEW_NAMES_FROM,
     SERVE_OLD_NAMES_DROPPED_FROM,
+    SERVE_PRE_2_32_MAX_ONGOING,
     KnownVersion,
     kuberay_version,
     normalise,
@@ -1049,6 +1052,128 @@ def max_num_batched_tokens(inv: Inventory) -> Iterator[Finding]:
             f"Raise max_num_seqs to at least {fmt_num(math.ceil(target))} (the KV cache "
             "permitting), or lower the autoscaling target.",
         )
+
+
+# --------------------------------------------------------------------------- admission
+
+#: The fewest sequences vLLM runs at once when ``max_num_seqs`` is not written: its
+#: scheduler's own default (``SchedulerConfig.DEFAULT_MAX_NUM_SEQS``, what an ``AsyncLLM``
+#: built from engine args in a deployment gets); its API server defaults higher on GPUs
+#: (256, 1024 on 70 GiB cards; vllm/engine/arg_utils.py, 0.32).
+VLLM_MIN_DEFAULT_MAX_NUM_SEQS = 128
+#: The router's retry schedule for a replica that is full (Ray 2.60, request_router.py).
+_BACKOFF = "25-500 ms"
+
+
+def effective_cap(opts: dict[str, Any], v: KnownVersion | None) -> tuple[int, str]:
+    """The requests Serve lets one replica hold on ``v``, and where that number comes from
+    (``max_ongoing_requests: 32``, ``Ray's default on Ray 2.60.0 (rayVersion)``). The same
+    naming facts as ``effective_target``: before Ray 2.10 only the old name is read, from
+    2.33 only the new one."""
+    new_names = v is None or v.at_least(SERVE_NEW_NAMES_FROM)
+    old_names = v is not None and not v.at_least(SERVE_OLD_NAMES_DROPPED_FROM)
+    keys = (["max_ongoing_requests"] if new_names else []) + (
+        ["max_concurrent_queries"] if old_names else []
+    )
+    for key in keys:
+        val = opts.get(key)
+        if isinstance(val, int) and not isinstance(val, bool):
+            return val, f"{key}: {val}"
+    if v is None:
+        return SERVE_DEFAULT_MAX_ONGOING, (
+            "Ray's default, assuming Ray 2.32 or later: the manifest names no Ray version"
+        )
+    if v.at_least(SERVE_DEFAULTS_5_FROM):
+        return SERVE_DEFAULT_MAX_ONGOING, f"Ray's default on {v.describe()}"
+    return SERVE_PRE_2_32_MAX_ONGOING, f"Ray's default on {v.describe()}"
+
+
+#: Engine arguments only vLLM takes. ``model``, ``max_model_len``, ``tensor_parallel_size``
+#: and ``dtype`` are every server's (a transformers-neuronx or diffusers app reads MODEL_ID
+#: too), so they do not say a replica runs vLLM.
+_VLLM_ONLY_ARGS = frozenset(
+    {
+        "gpu_memory_utilization",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "enable_chunked_prefill",
+        "kv_cache_dtype",
+        "distributed_executor_backend",
+        "enable_lora",
+        "max_loras",
+        "max_cpu_loras",
+        "max_lora_rank",
+        "enable_prompt_embeds",
+        "enforce_eager",
+    }
+)
+
+
+def _runs_vllm_surely(r: EngineReplica) -> bool:
+    """The config shows that ``r`` runs vLLM, not only that it names a model: Ray Serve LLM,
+    an argument only vLLM takes, or "vllm" in its name, its app's import path or its
+    cluster's images (KubeRay's ``VLLMDeployment`` samples)."""
+    if r.serve_llm or _VLLM_ONLY_ARGS & r.engine.keys():
+        return True
+    app = next((a for a in serve_apps(r.manifest) if r.path.startswith(a.path + ".")), None)
+    words = [r.name, app.import_path if app is not None else ""]
+    words += [str(g.container.get("image", "")) for g in groups(r.manifest)]
+    return any("vllm" in w.lower() for w in words)
+
+
+@rule("serve-admits-below-batch", versions={"ray": "all", "vllm": "all"})
+def serve_admits_below_batch(inv: Inventory) -> Iterator[Finding]:
+    """A Serve replica admitting fewer requests than its vLLM engine's batch: a warning when
+    the config writes the cap; info when Ray's default would apply, since the app's own
+    ``@serve.deployment(max_ongoing_requests=...)`` - code the manifest does not show - may
+    set it (the config wins over the decorator only where it writes the field)."""
+    for r in _replicas(inv):
+        if not r.is_vllm or not _runs_vllm_surely(r):
+            continue
+        cap, source = effective_cap(r.options, ray_version(r.manifest))
+        written = not source.startswith("Ray's default")
+        if r.serve_llm and not written:
+            continue  # Ray Serve LLM's builder admits without bound (1e9) unless told
+        seqs = r.engine.get("max_num_seqs")
+        explicit = isinstance(seqs, int) and seqs > 0
+        batch = seqs if isinstance(seqs, int) and explicit else VLLM_MIN_DEFAULT_MAX_NUM_SEQS
+        if cap >= batch:
+            continue
+        runs = (
+            f"up to {batch} sequences at once (max_num_seqs)"
+            if explicit
+            else f"at least {batch} sequences at once (vLLM's smallest default max_num_seqs)"
+        )
+        effect = (
+            f"the engine never decodes more than {cap}, {100 * cap // batch} % of its batch, "
+            "and every further request waits in Serve's router, which retries a full "
+            f"replica on a {_BACKOFF} backoff."
+        )
+        fix = (
+            f"{batch}; {2 * batch} also keeps a batch waiting inside the engine, so a request "
+            "that replaces a finished one starts at the engine's next step."
+        )
+        if written:
+            yield Finding.at(
+                "serve-admits-below-batch",
+                "warning",
+                r.manifest,
+                f"{r.options_path}.{source.split(':')[0]}",
+                f"Serve replica {r.name!r} admits {cap} requests at once ({source}), but "
+                f"its vLLM engine runs {runs}: {effect}",
+                f"Set max_ongoing_requests to at least {fix}",
+            )
+        else:
+            yield Finding.at(
+                "serve-admits-below-batch",
+                "info",
+                r.manifest,
+                r.options_path,
+                f"Serve replica {r.name!r}: the config writes no max_ongoing_requests, so "
+                f"unless the app's @serve.deployment sets one, Serve admits {cap} requests "
+                f"at once ({source}) while its vLLM engine runs {runs}: {effect}",
+                f"Write max_ongoing_requests in the deployment's config: at least {fix}",
+            )
 
 
 # --------------------------------------------------------------------------- eager engines
