@@ -2,6 +2,7 @@
 that ``matrix.py overhead --timeline`` has the fleet write (fleetserve.observe.timeline).
 
     python benchmarks/gpu/timeline.py RESULTS_DIR [--target fleetserve]
+    python benchmarks/gpu/timeline.py RESULTS_DIR --waves   # every server, client's view
 
 Design note. Every process on the path wrote ``<relay stream id> <point> <monotonic ns>``
 lines; a request's points, in order:
@@ -136,6 +137,39 @@ def report(directory: Path, client: list[dict[str, object]]) -> None:
                 )
 
 
+def client_waves(path: Path) -> str | None:
+    """One client run's waves from the client's side alone (its per-request send times and
+    TTFTs), so `vllm serve` - which writes no timeline - is read the same way: how long the
+    client took to send a wave, and when the wave's first, median and last first tokens came,
+    from the wave's first send (medians over the waves of at least half the largest size)."""
+    r = json.loads(path.read_text())
+    if "start_times" not in r or "ttfts" not in r:
+        return None
+    sent = sorted(zip(r["start_times"], r["ttfts"], strict=False))
+    groups: list[list[tuple[float, float]]] = []
+    last = None
+    for start, ttft in sent:
+        if last is None or start - last > WAVE_GAP_S:
+            groups.append([])
+        groups[-1].append((start, ttft))
+        last = start
+    if not groups:
+        return None
+    largest = max(len(g) for g in groups)
+    big = [g for g in groups if len(g) >= max(2, largest // 2)]
+    if not big:
+        return None
+    span = statistics.median(1000 * (g[-1][0] - g[0][0]) for g in big)
+    firsts = [sorted(1000 * (s + t - g[0][0]) for s, t in g) for g in big]
+    first = statistics.median(f[0] for f in firsts)
+    mid = statistics.median(f[len(f) // 2] for f in firsts)
+    end = statistics.median(f[-1] for f in firsts)
+    return (
+        f"{path.name}: {len(big)} waves of {largest}; sent over {span:.1f} ms; first tokens "
+        f"at +{first:.1f} (first), +{mid:.1f} (median), +{end:.1f} ms (last)"
+    )
+
+
 def client_runs(results: Path, target: str) -> list[dict[str, object]]:
     found = []
     mine = re.compile(rf"{re.escape(target)}(-warmup)?-c\d+(-r\d+)?\.json")
@@ -151,7 +185,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", type=Path, help="a matrix phase's output directory")
     ap.add_argument("--target", default="fleetserve")
+    ap.add_argument(
+        "--waves",
+        action="store_true",
+        help="only the client's view of every run's waves, every server (vllm included)",
+    )
     a = ap.parse_args()
+    if a.waves:
+        for path in sorted(a.results.glob("*-c*.json")):
+            line = client_waves(path)
+            if line:
+                print(line)
+        return
     report(a.results / f"timeline-{a.target}", client_runs(a.results, a.target))
 
 
