@@ -538,3 +538,33 @@ def test_a_model_name_alone_does_not_make_a_replica_vllm() -> None:
     assert f.severity == "info"
     vllm_app = serve.replace("ray_serve_stablediffusion", "vllm_serve").format(extra="")
     assert _run(rule, _rayservice(vllm_app, _worker()))
+
+
+def test_fleetserves_own_rendered_app_with_a_cap_below_its_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A fleet spec may set replicas.max_ongoing_requests below max_num_seqs (fleetserve keeps
+    # what the user writes); its rendered RayService is where doctor sees both numbers.
+    import yaml  # noqa: PLC0415
+
+    from fleetserve.cli import main  # noqa: PLC0415
+    from fleetserve.k8s.doctor.command import diagnose  # noqa: PLC0415
+
+    spec = yaml.safe_load(
+        (Path(__file__).parents[3] / "examples/k8s/whole-gpu-tp.yaml").read_text()
+    )
+    spec["models"] = spec["models"][:1]  # the 7B: max_ongoing_requests 100
+    spec["models"][0]["max_num_seqs"] = 128
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["render", str(path), "-o", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    found = [
+        f
+        for f in diagnose([str(tmp_path / "out")]).findings
+        if f.rule == "serve-admits-below-batch"
+    ]
+    (f,) = found
+    assert f.severity == "warning"
+    assert "admits 100 requests at once (max_ongoing_requests: 100)" in f.message
+    assert "up to 128 sequences at once (max_num_seqs)" in f.message
