@@ -101,15 +101,19 @@ def start(
     timeout: float,
     sweep: bool = True,
     log_line: bytes = b"",
+    env: dict[str, str] | None = None,
 ) -> Server:
     """Start a server in its own session and wait for ``ready`` (and, when given, for
     ``log_line`` in its output); one that dies or stays unready is stopped (``sweep``: as
     :func:`stop`) and ends the phase."""
     log_path = out / f"{name}.log"
     f = log_path.open("wb")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        argv,
+        stdout=f,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
     )
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
@@ -692,7 +696,11 @@ def counter_delta(
     return out
 
 
-def start_fleet(spec: Path, port: int, out: Path, name: str = "fleetserve") -> Server:
+def start_fleet(
+    spec: Path, port: int, out: Path, name: str = "fleetserve", env: dict[str, str] | None = None
+) -> Server:
+    """``fleetserve serve spec`` on ``port``; ``env`` is added to its environment, which
+    Ray's workers inherit."""
     argv = [sys.executable, "-m", "fleetserve.cli", "serve", str(spec), "--port", str(port)]
     argv += ["--metrics-export-port", str(METRICS_PORT)]
     # a dry run of a phase here: MATRIX_FLEET_ARGS="--engine fake"
@@ -709,6 +717,7 @@ def start_fleet(spec: Path, port: int, out: Path, name: str = "fleetserve") -> S
         out,
         timeout=540,
         log_line=b"fleetserve: ready - ",
+        env=env,
     )
 
 
@@ -875,16 +884,7 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
             env = dict(kv.split("=", 1) for kv in a.fleet_env)
             if a.timeline:  # each process on the path writes its requests' timelines
                 env[TIMELINE_ENV] = str(out / f"timeline-{target}")
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
-            try:
-                srv = start_fleet(specs[target], 8200, out, target)
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
+            srv = start_fleet(specs[target], 8200, out, target, env=env)
         try:
             placement(srv.pid, out, target)
             bench(srv, name, str(a.model), 8, 16, out, f"{target}-warmup")
@@ -1739,8 +1739,7 @@ def main() -> None:
         nargs="+",
         default=[0],
         help="one fleetserve run per value: its replicas.max_ongoing_requests (0: the spec's "
-        "default, at least max_num_seqs); e.g. '0 256' sets the default beside twice a batch "
-        "of 128",
+        "default, twice max_num_seqs); e.g. '0 128' sets the default beside one batch of 128",
     )
     o.add_argument(
         "--baseline",

@@ -34,7 +34,11 @@ import json
 import re
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
 
 SEGMENTS = [
     ("gateway", "i_recv", "i_call"),
@@ -48,6 +52,8 @@ SEGMENTS = [
     ("server TTFT", "i_recv", "i_data"),
     ("end relay", "r_end", "i_end"),
 ]
+T = TypeVar("T")
+
 #: Requests received within this of the previous one belong to its wave.
 WAVE_GAP_S = 0.05
 #: A gap of this with nothing in flight separates two client runs.
@@ -78,23 +84,22 @@ def runs(requests: dict[int, dict[str, float]]) -> list[list[dict[str, float]]]:
     return out
 
 
-def waves(run: list[dict[str, float]]) -> list[list[dict[str, float]]]:
-    out: list[list[dict[str, float]]] = []
+def waves(items: list[T], at: Callable[[T], float]) -> list[list[T]]:
+    """``items`` (in time order) grouped into waves: each within :data:`WAVE_GAP_S` of the
+    one before, by ``at``."""
+    out: list[list[T]] = []
     last = None
-    for r in run:
-        if last is None or r["i_recv"] - last > WAVE_GAP_S:
+    for item in items:
+        if last is None or at(item) - last > WAVE_GAP_S:
             out.append([])
-        out[-1].append(r)
-        last = r["i_recv"]
+        out[-1].append(item)
+        last = at(item)
     return out
 
 
 def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+    """The ``q``-th percentile as `fleetserve bench` reports them (numpy's linear rule)."""
+    return float(np.percentile(values, q)) if values else float("nan")
 
 
 def report(directory: Path, client: list[dict[str, object]]) -> None:
@@ -110,7 +115,7 @@ def report(directory: Path, client: list[dict[str, object]]) -> None:
         for name, a, b in SEGMENTS:
             d = [1000 * (r[b] - r[a]) for r in run if a in r and b in r]
             print(f"  {name:17s} p50 {pct(d, 50):8.2f} ms  p90 {pct(d, 90):8.2f} ms")
-        ws = waves(run)
+        ws = waves(run, lambda r: r["i_recv"])
         sizes = [len(w) for w in ws]
         print(f"  waves: {len(ws)}, sizes p50 {pct([float(s) for s in sizes], 50):.0f}")
         big = [w for w in ws if len(w) >= max(sizes) // 2]
@@ -146,13 +151,7 @@ def client_waves(path: Path) -> str | None:
     if "start_times" not in r or "ttfts" not in r:
         return None
     sent = sorted(zip(r["start_times"], r["ttfts"], strict=False))
-    groups: list[list[tuple[float, float]]] = []
-    last = None
-    for start, ttft in sent:
-        if last is None or start - last > WAVE_GAP_S:
-            groups.append([])
-        groups[-1].append((start, ttft))
-        last = start
+    groups = waves(sent, lambda x: x[0])
     if not groups:
         return None
     largest = max(len(g) for g in groups)

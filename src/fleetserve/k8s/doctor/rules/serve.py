@@ -988,6 +988,17 @@ def _batch_findings(
         )
 
 
+def read_names(v: KnownVersion | None, new: str, old: str) -> list[str]:
+    """The names of a renamed Serve field that Ray ``v`` reads, in precedence order: before
+    Ray 2.10 only the old one; from 2.10 the new one, then the old one until 2.33; with no
+    version only the new one (the old one is dropped from 2.33 on, so nothing can be said
+    about it). The one place ``deprecated-serve-field``'s version facts are applied to a
+    value."""
+    new_names = v is None or v.at_least(SERVE_NEW_NAMES_FROM)
+    old_names = v is not None and not v.at_least(SERVE_OLD_NAMES_DROPPED_FROM)
+    return ([new] if new_names else []) + ([old] if old_names else [])
+
+
 def effective_target(opts: dict[str, Any], v: KnownVersion | None) -> tuple[str, float, str] | None:
     """The autoscaling target Serve really uses on ``v``: (written key, value, assumption).
 
@@ -998,12 +1009,7 @@ def effective_target(opts: dict[str, Any], v: KnownVersion | None) -> tuple[str,
     """
     auto = opts.get("autoscaling_config")
     auto = auto if isinstance(auto, dict) else {}
-    new_names = v is None or v.at_least(SERVE_NEW_NAMES_FROM)
-    old_names = v is not None and not v.at_least(SERVE_OLD_NAMES_DROPPED_FROM)
-    keys = (["target_ongoing_requests"] if new_names else []) + (
-        ["target_num_ongoing_requests_per_replica"] if old_names else []
-    )
-    for key in keys:
+    for key in read_names(v, "target_ongoing_requests", "target_num_ongoing_requests_per_replica"):
         for table, where in ((auto, "autoscaling_config."), (opts, "")):
             val = table.get(key)
             if isinstance(val, int | float) and not isinstance(val, bool):
@@ -1065,27 +1071,27 @@ VLLM_MIN_DEFAULT_MAX_NUM_SEQS = 128
 _BACKOFF = "25-500 ms"
 
 
-def effective_cap(opts: dict[str, Any], v: KnownVersion | None) -> tuple[int, str]:
-    """The requests Serve lets one replica hold on ``v``, and where that number comes from
-    (``max_ongoing_requests: 32``, ``Ray's default on Ray 2.60.0 (rayVersion)``). The same
-    naming facts as ``effective_target``: before Ray 2.10 only the old name is read, from
-    2.33 only the new one."""
-    new_names = v is None or v.at_least(SERVE_NEW_NAMES_FROM)
-    old_names = v is not None and not v.at_least(SERVE_OLD_NAMES_DROPPED_FROM)
-    keys = (["max_ongoing_requests"] if new_names else []) + (
-        ["max_concurrent_queries"] if old_names else []
-    )
-    for key in keys:
+def effective_cap(opts: dict[str, Any], v: KnownVersion | None) -> tuple[int, str | None, str]:
+    """The requests Serve lets one replica hold on ``v``: (value, the key that writes it or
+    None for Ray's default, where the value comes from: ``max_ongoing_requests: 32``,
+    ``Ray's default on Ray 2.60.0 (rayVersion)``). The same naming facts as
+    ``effective_target`` (:func:`read_names`)."""
+    for key in read_names(v, "max_ongoing_requests", "max_concurrent_queries"):
         val = opts.get(key)
         if isinstance(val, int) and not isinstance(val, bool):
-            return val, f"{key}: {val}"
+            return val, key, f"{key}: {val}"
     if v is None:
-        return SERVE_DEFAULT_MAX_ONGOING, (
-            "Ray's default, assuming Ray 2.32 or later: the manifest names no Ray version"
+        return (
+            SERVE_DEFAULT_MAX_ONGOING,
+            None,
+            ("Ray's default, assuming Ray 2.32 or later: the manifest names no Ray version"),
         )
-    if v.at_least(SERVE_DEFAULTS_5_FROM):
-        return SERVE_DEFAULT_MAX_ONGOING, f"Ray's default on {v.describe()}"
-    return SERVE_PRE_2_32_MAX_ONGOING, f"Ray's default on {v.describe()}"
+    default = (
+        SERVE_DEFAULT_MAX_ONGOING
+        if v.at_least(SERVE_DEFAULTS_5_FROM)
+        else SERVE_PRE_2_32_MAX_ONGOING
+    )
+    return default, None, f"Ray's default on {v.describe()}"
 
 
 #: Engine arguments only vLLM takes. ``model``, ``max_model_len``, ``tensor_parallel_size``
@@ -1130,13 +1136,12 @@ def serve_admits_below_batch(inv: Inventory) -> Iterator[Finding]:
     for r in _replicas(inv):
         if not r.is_vllm or not _runs_vllm_surely(r):
             continue
-        cap, source = effective_cap(r.options, ray_version(r.manifest))
-        written = not source.startswith("Ray's default")
-        if r.serve_llm and not written:
+        cap, key, source = effective_cap(r.options, ray_version(r.manifest))
+        if r.serve_llm and key is None:
             continue  # Ray Serve LLM's builder admits without bound (1e9) unless told
         seqs = r.engine.get("max_num_seqs")
-        explicit = isinstance(seqs, int) and seqs > 0
-        batch = seqs if isinstance(seqs, int) and explicit else VLLM_MIN_DEFAULT_MAX_NUM_SEQS
+        batch = seqs if isinstance(seqs, int) and seqs > 0 else VLLM_MIN_DEFAULT_MAX_NUM_SEQS
+        explicit = batch == seqs
         if cap >= batch:
             continue
         runs = (
@@ -1153,12 +1158,12 @@ def serve_admits_below_batch(inv: Inventory) -> Iterator[Finding]:
             f"{batch}; {2 * batch} also keeps a batch waiting inside the engine, so a request "
             "that replaces a finished one starts at the engine's next step."
         )
-        if written:
+        if key is not None:
             yield Finding.at(
                 "serve-admits-below-batch",
                 "warning",
                 r.manifest,
-                f"{r.options_path}.{source.split(':')[0]}",
+                f"{r.options_path}.{key}",
                 f"Serve replica {r.name!r} admits {cap} requests at once ({source}), but "
                 f"its vLLM engine runs {runs}: {effect}",
                 f"Set max_ongoing_requests to at least {fix}",
