@@ -21,6 +21,12 @@ from fleetserve.inputfile import load_tagged, save_json
 
 CALIBRATION_FORMAT = "fleetserve-perf-calibration/1"
 
+#: Default host time per decoder layer of a step launched outside CUDA graphs (s): a
+#: compiled layer is ten-odd Triton and cuBLAS kernels, each a few tens of microseconds of
+#: Python launch path (doctor's ``enforce-eager`` entry measured ~2 ms a layer *uncompiled*,
+#: with several times the kernels). Fitted by ``plan calibrate``.
+LAYER_LAUNCH_S = 5e-4
+
 
 class FitInfo(BaseModel):
     """How a calibration was fitted (for the reader; the model does not use it)."""
@@ -74,6 +80,14 @@ class Calibration(BaseModel):
         "requests that reach a replica together enter its engine one after another, and "
         "first tokens produced meanwhile leave when the loop is free.",
     )
+    layer_launch_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=0.1,
+        description="Host time to launch one decoder layer's kernels in a step too large "
+        "for vLLM's CUDA graphs (a long prefill) (s); such a step lasts the longer of "
+        "this times the layers and the card's work. Unused on CPU engines.",
+    )
     fit: FitInfo = Field(default_factory=FitInfo, description="Provenance of the fit.")
 
     @classmethod
@@ -98,6 +112,7 @@ class Calibration(BaseModel):
             token_overhead_s=2e-7,
             seq_overhead_s=2e-5,
             request_overhead_s=0.01,
+            layer_launch_s=LAYER_LAUNCH_S,
             fit=FitInfo(note="default (no calibration file)"),
         )
 

@@ -32,6 +32,19 @@ processing), which does not overlap the forward pass on either backend. The effi
 overheads are *fitted* per engine (:mod:`fleetserve.perf.calibrate`); the peaks are spec
 sheet facts.
 
+**Kernel launches outside CUDA graphs.** vLLM replays a step of up to
+:func:`graph_tokens` tokens as captured CUDA graphs: one launch for the whole model. A
+larger step - a prefill of more tokens than that, which at the graph size vLLM picks for a
+batch of ``max_num_seqs`` (twice it, at most 512) is every prompt of a few hundred tokens -
+runs its compiled kernels launched one by one from Python, a few hundred microseconds of
+host time per layer, while the card works through the queue behind it. Such a step takes
+the longer of the two: ``max(compute, memory, layer_launch x layers)``. On an H100 this is
+what a small model's prefill costs: the c = 1 time to first token of Gemma 3 1B, 4B and 12B
+at 512-token prompts (25.5, 30.2, 35.8 ms) grows with their layer count (26, 34, 48; ~0.47
+ms a layer), not with their prefill FLOPs (0.7, 3.3, 11.1 TFLOP), which the card could not
+do in the 10 ms between the 1B and the 12B at any efficiency. CPU engines have no graphs,
+and their cores do the work: the term is 0 there.
+
 **Interference (replicas sharing a card).** A HAMi ``gpucores`` slice of ``c`` % caps the
 replica at ``c`` % of the card's compute (HAMi throttles kernel launches to that share of SM
 time). Memory bandwidth is not partitioned: the replicas whose steps run at the same moment
@@ -50,16 +63,18 @@ once per engine step (or per run of identical decode steps).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fleetserve.perf.calibration import Calibration
 from fleetserve.plan.architecture import ModelConfig
 from fleetserve.plan.gpus import CPU_HOST, GpuType
 from fleetserve.plan.memory import (
+    GRAPH_TOKENS_CEILING,
     Dtype,
     KvDtype,
     Quantization,
+    cuda_graph_tokens,
     kv_dtype_bytes,
     quant_of,
     resolve_dtype,
@@ -101,6 +116,8 @@ class ModelCost:
     pipeline_parallel: int = 1
     compute_dtype: str = "bfloat16"
     """The dtype the matmuls run in (``fp8`` for fp8 checkpoints on fp8 cards)."""
+    layers: int = 0
+    """Decoder layers one card runs (its pipeline stage's share)."""
 
     def weight_read_bytes(self, tokens: int) -> float:
         """Weight bytes a step of ``tokens`` tokens reads (MoE: the experts it touches)."""
@@ -178,6 +195,31 @@ def model_cost(
         ),
         pipeline_parallel=pp,
         compute_dtype="fp8" if fp8 else act,
+        layers=math.ceil(config.num_layers * stage),
+    )
+
+
+def graph_tokens(
+    gpu: GpuType | None,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    engine_args: Mapping[str, object] | None = None,
+) -> int:
+    """The most tokens a step may hold and still replay as a CUDA graph: vLLM's default
+    (:func:`~fleetserve.plan.memory.cuda_graph_tokens`) unless the engine args set
+    ``compilation_config.max_cudagraph_capture_size``; 0 with ``enforce_eager`` (every step
+    launched kernel by kernel) and on CPU engines (no graphs; :class:`EnginePerf` adds no
+    launch term there)."""
+    args = engine_args or {}
+    if gpu is None or gpu.vendor == "cpu" or args.get("enforce_eager") is True:
+        return 0
+    compilation = args.get("compilation_config")
+    if isinstance(compilation, Mapping):
+        size = compilation.get("max_cudagraph_capture_size")
+        if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
+            return min(size, max_num_batched_tokens)
+    return cuda_graph_tokens(
+        max_num_seqs, max_num_batched_tokens, blackwell=gpu.compute_capability[0] == 10
     )
 
 
@@ -300,9 +342,10 @@ def _pairs(new: int, before: int, cap: int | None) -> float:
     return under * before + under * (under + 1) / 2 + (new - under) * cap
 
 
-def _total(compute: float, memory: float, link: float, overhead: float) -> float:
-    """The roofline rule's sum: compute and memory traffic overlap, the rest adds."""
-    return overhead + max(compute, memory) + link
+def _total(compute: float, memory: float, link: float, overhead: float, launch: float) -> float:
+    """The roofline rule's sum: compute, memory traffic and the kernels' launches overlap,
+    the rest adds."""
+    return overhead + max(compute, memory, launch) + link
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,14 +356,18 @@ class StepTerms:
     memory: float
     link: float
     overhead: float
+    launch: float = 0.0
+    """Host time launching the layers' kernels one by one (a step outside CUDA graphs)."""
 
     @property
     def total(self) -> float:
-        return _total(self.compute, self.memory, self.link, self.overhead)
+        return _total(self.compute, self.memory, self.link, self.overhead, self.launch)
 
     @property
     def bound(self) -> str:
-        """Which roofline term bounds the step: ``compute`` or ``memory``."""
+        """Which term bounds the step: ``compute``, ``memory`` or ``launch`` (the host)."""
+        if self.launch > max(self.compute, self.memory):
+            return "launch"
         return "compute" if self.compute >= self.memory else "memory"
 
 
@@ -331,15 +378,37 @@ class EnginePerf:
     answers throughput and latency at a load without simulating.
     """
 
-    __slots__ = ("_c_compute", "_c_memory", "calibration", "cost", "hardware")
+    __slots__ = (
+        "_c_compute",
+        "_c_memory",
+        "_launch",
+        "calibration",
+        "cost",
+        "graph_tokens",
+        "hardware",
+    )
 
-    def __init__(self, cost: ModelCost, hardware: Hardware, calibration: Calibration) -> None:
+    def __init__(
+        self,
+        cost: ModelCost,
+        hardware: Hardware,
+        calibration: Calibration,
+        graph_tokens: int = GRAPH_TOKENS_CEILING,
+    ) -> None:
         self.cost = cost
         self.hardware = hardware
         self.calibration = calibration
+        self.graph_tokens = graph_tokens
+        """Steps of more tokens launch their kernels one by one (:func:`graph_tokens`)."""
         # Seconds per FLOP and per byte at full share (efficiencies folded in once).
         self._c_compute = 1.0 / max(hardware.peak_flops * calibration.compute_efficiency, 1.0)
         self._c_memory = 1.0 / max(hardware.bandwidth * calibration.bandwidth_efficiency, 1.0)
+        # A step's launches cross every pipeline stage in turn, as its work does.
+        self._launch = (
+            0.0
+            if hardware.cpu
+            else calibration.layer_launch_s * cost.layers * cost.pipeline_parallel
+        )
 
     # ---- building a step's load
 
@@ -379,9 +448,9 @@ class EnginePerf:
 
     def _terms(
         self, load: LoadSums, bandwidth_share: float, compute_share: float
-    ) -> tuple[float, float, float, float]:
-        """(compute, memory, link, overhead) of a step: the one place the roofline rule's
-        terms are computed (:meth:`terms`, :meth:`step_seconds`)."""
+    ) -> tuple[float, float, float, float, float]:
+        """(compute, memory, link, overhead, launch) of a step: the one place the roofline
+        rule's terms are computed (:meth:`terms`, :meth:`step_seconds`)."""
         tokens, seqs, sampled, pairs, window_pairs, context, window_context = load
         c = self.cost
         flops = (
@@ -407,6 +476,7 @@ class EnginePerf:
             data * self._c_memory / max(bandwidth_share, 1e-6) * pp,
             link,
             cal.step_overhead_s + cal.token_overhead_s * tokens + cal.seq_overhead_s * seqs,
+            self._launch if tokens > self.graph_tokens else 0.0,
         )
 
     def step_time(
@@ -465,10 +535,12 @@ def engine_perf(
     pipeline_parallel: int = 1,
     cores_percent: int = 100,
     cpu_cores: float = 1.0,
+    graph_tokens: int = GRAPH_TOKENS_CEILING,
 ) -> EnginePerf:
     """The step-time model of one replica of ``config`` on ``gpu`` (None: a CPU engine of
     ``cpu_cores`` cores), with ``calibration``'s constants (None: the defaults for the
-    backend, :meth:`Calibration.default`)."""
+    backend, :meth:`Calibration.default`); ``graph_tokens``: the largest step it replays
+    as a CUDA graph (:func:`graph_tokens` from its engine settings)."""
     cost = model_cost(
         config,
         dtype=dtype,
@@ -482,4 +554,4 @@ def engine_perf(
         gpu, compute_dtype=cost.compute_dtype, cores_percent=cores_percent, cpu_cores=cpu_cores
     )
     cal = calibration or Calibration.default(cpu=hardware.cpu)
-    return EnginePerf(cost, hardware, cal)
+    return EnginePerf(cost, hardware, cal, graph_tokens)

@@ -79,8 +79,8 @@ class Estimate:
     tpot_s: float
     output_throughput: float
     bound: str
-    """What bounds a step at this load: ``compute`` or ``memory``; ``capacity_by`` says
-    what caps the batch."""
+    """What bounds a step at this load: ``compute``, ``memory`` or ``launch`` (the host
+    launching a step too large for CUDA graphs); ``capacity_by`` says what caps the batch."""
     capacity_by: str
     """``max_num_seqs``, ``kv_cache`` or ``max_num_batched_tokens``."""
 

@@ -421,13 +421,27 @@ def compile_peak_bytes(config: ModelConfig) -> int:
     return COMPILE_PEAK_BYTES_PER_HIDDEN * config.hidden_size
 
 
+#: The most tokens vLLM captures in a CUDA graph by default, whatever the batch (1,024 on
+#: compute capability 10.x cards).
+GRAPH_TOKENS_CEILING = 512
+
+
+def cuda_graph_tokens(
+    max_num_seqs: int, max_num_batched_tokens: int, *, blackwell: bool = False
+) -> int:
+    """The largest step vLLM captures as a CUDA graph by default: ``min(2 x max_num_seqs,
+    512, max_num_batched_tokens)``, the 512 being 1,024 on compute capability 10.x cards
+    (vllm/config/vllm.py, ``_set_cudagraph_sizes``, ``max_cudagraph_capture_size``)."""
+    ceiling = 2 * GRAPH_TOKENS_CEILING if blackwell else GRAPH_TOKENS_CEILING
+    return min(2 * max_num_seqs, ceiling, max_num_batched_tokens)
+
+
 def cuda_graph_captures(max_num_seqs: int, max_num_batched_tokens: int) -> int:
     """CUDA graphs vLLM captures in its default FULL_AND_PIECEWISE mode: a piecewise graph
-    per capture size up to ``min(2 x max_num_seqs, 512, max_num_batched_tokens)`` and a
-    full graph per size up to ``max_num_seqs`` (uniform decode batches); the sizes are
-    1, 2, 4, then steps of 8 below 256 and of 16 from 256 (vllm/config/vllm.py,
-    ``_set_cudagraph_sizes``)."""
-    top = min(2 * max_num_seqs, 512, max_num_batched_tokens)
+    per capture size up to :func:`cuda_graph_tokens` and a full graph per size up to
+    ``max_num_seqs`` (uniform decode batches); the sizes are 1, 2, 4, then steps of 8 below
+    256 and of 16 from 256 (vllm/config/vllm.py, ``_set_cudagraph_sizes``)."""
+    top = cuda_graph_tokens(max_num_seqs, max_num_batched_tokens)
     sizes = [s for s in [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)] if s <= top]
     return len(sizes) + sum(1 for s in sizes if s <= max_num_seqs)
 

@@ -51,7 +51,8 @@ class EngineSteps:
         return StepCost(terms.total, self.why(load, terms))
 
     def why(self, load: StepLoad, terms: StepTerms) -> str:
-        """The step's dominant term in numbers (bytes over bandwidth, or FLOPs over peak)."""
+        """The step's dominant term in numbers (bytes over bandwidth, FLOPs over peak, or
+        the kernels' launches)."""
         perf, cal, hw = self.perf, self.perf.calibration, self.perf.hardware
         pp = perf.cost.pipeline_parallel
         if terms.bound == "memory":
@@ -63,6 +64,13 @@ class EngineSteps:
                 f"reads {read / 1e9:,.1f} GB, weights {weights / 1e9:,.1f} GB, at "
                 f"{bandwidth / 1e9:,.0f} GB/s{share} x {cal.bandwidth_efficiency:.0%} "
                 f"efficiency: {terms.memory * 1000:,.1f} ms"
+            )
+        elif terms.bound == "launch":
+            layers = perf.cost.layers * pp
+            main = (
+                f"{load.tokens:,} tokens, more than the {perf.graph_tokens:,} a CUDA graph "
+                f"replays: {layers} layers launched at {cal.layer_launch_s * 1e6:,.0f} us "
+                f"each: {terms.launch * 1000:,.1f} ms"
             )
         else:
             flops = terms.compute * hw.peak_flops * cal.compute_efficiency / pp

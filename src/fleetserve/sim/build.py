@@ -22,7 +22,7 @@ from fleetserve.bench.record import RequestRecord, record_to_json
 from fleetserve.bench.report import BenchReport, RunInfo
 from fleetserve.errors import SpecError
 from fleetserve.perf.calibration import Calibration
-from fleetserve.perf.model import engine_perf
+from fleetserve.perf.model import engine_perf, graph_tokens
 from fleetserve.plan.gpus import gpu_type
 from fleetserve.plan.memory import BLOCK_SIZE, CPU_BLOCK_SIZE
 from fleetserve.plan.result import PlanResult
@@ -83,6 +83,12 @@ def model_setups(
                 # 0: no HAMi cap (the local plan's placements), the whole card
                 cores_percent=(p.cores_percent or 100) if gpu is not None else 100,
                 cpu_cores=model.resources.cpu,
+                graph_tokens=graph_tokens(
+                    gpu,
+                    p.engine.max_num_seqs,
+                    p.engine.max_num_batched_tokens,
+                    model.engine_args,
+                ),
             )
             block = BLOCK_SIZE if gpu is not None else CPU_BLOCK_SIZE
             card = f"{p.pool}/{p.node}/" + (str(p.gpus[0]) if p.gpus else "cpu")

@@ -2,7 +2,9 @@
 calibrate``).
 
 Design note. The constants (:class:`fleetserve.perf.Calibration`: compute and bandwidth
-efficiency, per-step and per-sequence overhead, the per-request serving latency) are fitted
+efficiency, per-step and per-sequence overhead, the per-request serving latency, a
+replica's intake time per request and - GPU engines only - the host time per layer of a
+step launched outside CUDA graphs) are fitted
 by replaying each measured run in the simulator - the same requests, in the same order, at
 the same concurrency or send times, on the same planned engine - and minimising, with
 ``scipy.optimize.least_squares``, the log ratios simulated/measured of every point's output
@@ -43,7 +45,11 @@ PARAMS: tuple[tuple[str, float, float], ...] = (
     ("seq_overhead_s", 1e-7, 1.0),
     ("request_overhead_s", 1e-4, 10.0),
     ("admission_s", 1e-5, 0.5),
+    ("layer_launch_s", 1e-5, 0.01),
 )
+#: Constants only a GPU engine has: a CPU fit leaves them as they start (no CUDA graphs,
+#: so no launch term: :class:`fleetserve.perf.EnginePerf`).
+GPU_ONLY = frozenset({"layer_launch_s"})
 METRICS: tuple[tuple[str, float], ...] = (
     ("output_throughput", 1.0),
     ("tpot.p50", 1.0),
@@ -156,16 +162,17 @@ def fit(
     measured = {(model or report.run.model): report for report, model in runs}
     # A constant the start leaves at 0 (admission) starts mid-range (log scale): at its
     # lower bound it would change no replay, and the search would never move it.
-    lo = np.array([math.log(b) for _, b, _ in PARAMS])
-    hi = np.array([math.log(b) for _, _, b in PARAMS])
-    values = [getattr(start, name) for name, _, _ in PARAMS]
+    params = [p for p in PARAMS if start.backend == "cuda" or p[0] not in GPU_ONLY]
+    lo = np.array([math.log(b) for _, b, _ in params])
+    hi = np.array([math.log(b) for _, _, b in params])
+    values = [getattr(start, name) for name, _, _ in params]
     x0 = np.array(
         [math.log(v) if v > 0 else mid for v, mid in zip(values, (lo + hi) / 2, strict=True)]
     )
     x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
 
     def calibration(x: np.ndarray) -> Calibration:
-        values = {name: float(math.exp(v)) for (name, _, _), v in zip(PARAMS, x, strict=True)}
+        values = {name: float(math.exp(v)) for (name, _, _), v in zip(params, x, strict=True)}
         return start.model_copy(update=values)
 
     def residuals(x: np.ndarray) -> np.ndarray:
@@ -186,15 +193,15 @@ def fit(
             GPU_EFFICIENCY_PRIOR_WEIGHT
             if start.backend == "cuda" and name.endswith("_efficiency")
             else PRIOR_WEIGHT
-            for name, _, _ in PARAMS
+            for name, _, _ in params
         ]
     )
 
     # Several starts: the per-sequence and per-step costs trade off against bandwidth, and
     # from the defaults alone the search stops in the nearest valley. Starts differ in the
     # split of a decode step between per-step and per-sequence cost.
-    seq_i = [name for name, _, _ in PARAMS].index("seq_overhead_s")
-    step_i = [name for name, _, _ in PARAMS].index("step_overhead_s")
+    seq_i = [name for name, _, _ in params].index("seq_overhead_s")
+    step_i = [name for name, _, _ in params].index("step_overhead_s")
     result = None
     for seq, step in ((None, None), (0.03, 0.03), (0.003, 0.06), (0.0003, 0.01)):
         x = x0.copy()
@@ -208,7 +215,7 @@ def fit(
             result = found
     assert result is not None
     cal = calibration(result.x)
-    final = residuals(result.x)[: -len(PARAMS)]
+    final = residuals(result.x)[: -len(params)]
     rms = float(np.sqrt(np.mean(np.expm1(np.abs(final)) ** 2))) if final.size else None
     return cal.model_copy(
         update={

@@ -8,8 +8,10 @@ import pytest
 
 from fleetserve.errors import InputFileError, SpecError
 from fleetserve.perf import Calibration, EngineLimits, Traffic, engine_perf, estimate
+from fleetserve.perf.model import graph_tokens
 from fleetserve.plan.architecture import load_model_config
 from fleetserve.plan.gpus import CPU_HOST, custom_gpu, gpu_type
+from fleetserve.plan.memory import cuda_graph_tokens
 
 LLAMA = load_model_config("llama-3.1-8b")
 
@@ -34,6 +36,47 @@ def test_decode_is_memory_bound_and_prefill_compute_bound() -> None:
     assert decode.memory == pytest.approx(
         (weights + perf.cost.kv_bytes_per_token * 8 * 1001) / (3.35e12 * 0.75), rel=0.05
     )
+
+
+def test_a_step_beyond_the_cuda_graphs_lasts_at_least_its_layers_launches() -> None:
+    gemma = load_model_config("gemma-3-1b")
+    cal = Calibration.default(cpu=False)
+    perf = engine_perf(gemma, gpu_type("H100"), graph_tokens=16)
+    launch = cal.layer_launch_s * gemma.num_layers
+    # a 522-token prefill: ~1 ms of the card, ~13 ms of launches at the default cost
+    prompt = perf.terms(perf.load(prefills=[(522, 0)]))
+    assert prompt.compute < launch
+    assert prompt.launch == pytest.approx(launch)
+    assert prompt.bound == "launch"
+    assert prompt.total == pytest.approx(prompt.overhead + launch)
+    # a decode batch within the graphs replays them: no launch term
+    assert perf.terms(perf.load(decodes=[600] * 16)).launch == 0
+    # a prefill the card takes longer over than the launches: the card bounds it
+    big = perf.terms(perf.load(prefills=[(8192, 0)]))
+    assert big.bound == "compute"
+    assert big.total == pytest.approx(big.overhead + big.compute)
+    # CPU engines have no graphs and no launch term; pipeline stages launch in turn
+    assert (
+        engine_perf(gemma, None, graph_tokens=0).terms(perf.load(prefills=[(522, 0)])).launch == 0
+    )
+    staged = engine_perf(gemma, gpu_type("H100"), pipeline_parallel=2, graph_tokens=16)
+    assert staged.terms(staged.load(prefills=[(522, 0)])).launch == pytest.approx(
+        cal.layer_launch_s * 13 * 2
+    )
+
+
+def test_graph_tokens_follow_vllms_capture_sizes() -> None:
+    h100, b200, cpu = gpu_type("H100"), gpu_type("B200"), None
+    assert graph_tokens(h100, 8, 8192) == 16  # 2 x max_num_seqs
+    assert graph_tokens(h100, 256, 8192) == 512  # the ceiling
+    assert graph_tokens(b200, 1024, 8192) == 1024  # capability 10.x: 1,024
+    assert graph_tokens(h100, 256, 256) == 256  # never past a step's budget
+    assert graph_tokens(h100, 256, 8192, {"enforce_eager": True}) == 0
+    capped = {"compilation_config": {"max_cudagraph_capture_size": 64}}
+    assert graph_tokens(h100, 256, 8192, capped) == 64
+    assert graph_tokens(cpu, 256, 8192) == 0
+    # the planner's count of captured graphs sizes from the same top
+    assert cuda_graph_tokens(8, 8192) == graph_tokens(h100, 8, 8192)
 
 
 def test_a_gpucores_slice_slows_compute_and_sharing_slows_memory() -> None:

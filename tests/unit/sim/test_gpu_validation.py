@@ -88,23 +88,24 @@ def test_a_one_size_calibration_keeps_the_cards_efficiencies_physical(served) ->
     assert cal.step_overhead_s < 0.002
 
 
-def test_a_burst_enters_the_engine_one_request_at_a_time(served) -> None:  # type: ignore[no-untyped-def]
-    # At c = 4 the four requests of a burst got their first tokens together ~18 ms after
-    # one alone would (1B: 43 against 26 ms), though their prefill is ~1 ms of the card:
-    # the replica takes them in one after another. Only an admission time fits that.
+def test_a_long_prefill_is_bound_by_launching_its_layers(served) -> None:  # type: ignore[no-untyped-def]
+    # The c = 1 first tokens of the 1B, 4B and 12B (25.5, 30.2, 35.8 ms) grow with their
+    # layers (26, 34, 48), not their prefill FLOPs (0.7, 3.3, 11.1 TFLOP): the 12B's
+    # extra 10.4 TFLOP over the 1B's took 10 ms, more than the card's peak allows. A
+    # 522-token step is beyond the CUDA graphs of a batch of 8 (16 tokens), so its kernels
+    # are launched one by one: the fit finds a few hundred microseconds a layer, and the
+    # request's own costs (serving path, intake) shrink to what a lone request pays.
     _, cal = served
-    assert 0.005 <= cal.admission_s <= 0.03
+    assert 2e-4 <= cal.layer_launch_s <= 1e-3
+    assert cal.request_overhead_s < 0.012
+    assert cal.admission_s < 0.005
 
 
 def test_calibrated_on_the_1b_it_predicts_the_4b_and_the_12b(served) -> None:  # type: ignore[no-untyped-def]
-    # measured one after the other: each replayed on its own
+    # measured one after the other: each replayed on its own; every metric of every
+    # point within the goals (the 12B's c = 1 TTFT was +29 % before the launch term)
     errors = _errors(served, "gemma-3-4b") | _errors(served, "gemma-3-12b")
     for (model, point, metric), err in errors.items():
-        if model == "gemma-3-12b" and point == "c=1" and metric.startswith("ttft"):
-            # +29 / +20 %: the 12B's TTFT alone is 10 ms above the 1B's where 512
-            # tokens of its prefill take ~19 ms at the fitted efficiency - a floor the
-            # compute model does not have
-            continue
         assert abs(err) <= GOALS[metric], (model, point, metric, errors)
 
 
@@ -116,13 +117,15 @@ def test_a_co_located_pair_is_scored_while_both_ran(served) -> None:  # type: ig
     both = _errors(served, "together-gemma-3-4b", "together-gemma-3-12b", together=True)
     assert abs(whole[("gemma-3-12b", "c=1", "tpot.p50")]) < 0.05
     # Over the overlap the even split of the card (1/2 of its bandwidth and compute each)
-    # under-predicts both engines' steps, by 13-22 %: both ran 2.2x slower than alone,
+    # makes both engines too fast, and by one margin: both ran 2.2x slower than alone,
     # where the split gives ~1.8x (switching contexts costs the card about a fifth). The
-    # first tokens stay within the goal.
+    # 12B's prefill, launch-bound alone, is card-bound beside the 4B, so its first token
+    # carries the same shortfall; the 4B's stays launch-bound and within the goal.
     for model in ("gemma-3-4b", "gemma-3-12b"):
         assert -0.25 <= both[(model, "c=1", "tpot.p50")] <= -0.10, both
         for metric in ("ttft.p50", "ttft.p90"):
-            assert abs(both[(model, "c=1", metric)]) <= GOALS[metric], (model, metric, both)
+            assert -0.25 <= both[(model, "c=1", metric)] < 0, (model, metric, both)
+    assert abs(both[("gemma-3-4b", "c=1", "ttft.p50")]) <= GOALS["ttft.p50"], both
 
 
 def test_the_cli_calibrates_and_replays_runs_served_without_hami(tmp_path: Path) -> None:
