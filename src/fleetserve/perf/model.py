@@ -410,6 +410,10 @@ class EnginePerf:
             else calibration.layer_launch_s * cost.layers * cost.pipeline_parallel
         )
 
+    def recalibrated(self, calibration: Calibration) -> EnginePerf:
+        """The same engine (model, card, graphs) with other constants."""
+        return EnginePerf(self.cost, self.hardware, calibration, self.graph_tokens)
+
     # ---- building a step's load
 
     def load(

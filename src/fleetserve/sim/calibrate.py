@@ -33,7 +33,6 @@ from fleetserve.bench.record import RequestRecord
 from fleetserve.bench.report import BenchReport
 from fleetserve.errors import UsageError
 from fleetserve.perf.calibration import Calibration, FitInfo
-from fleetserve.perf.model import EnginePerf
 from fleetserve.sim.fleet import ModelSetup
 from fleetserve.sim.run import simulate_traces
 
@@ -81,10 +80,7 @@ def with_calibration(models: Sequence[ModelSetup], cal: Calibration) -> list[Mod
     """``models`` with every engine's constants replaced by ``cal``."""
     out = []
     for m in models:
-        replicas = tuple(
-            dataclasses.replace(r, perf=EnginePerf(r.perf.cost, r.perf.hardware, cal))
-            for r in m.replicas
-        )
+        replicas = tuple(dataclasses.replace(r, perf=r.perf.recalibrated(cal)) for r in m.replicas)
         out.append(dataclasses.replace(m, replicas=replicas))
     return out
 

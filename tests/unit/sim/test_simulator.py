@@ -150,10 +150,8 @@ def test_a_replica_takes_a_burst_in_one_request_at_a_time(models) -> None:  # ty
             replicas=tuple(
                 dataclasses.replace(
                     r,
-                    perf=type(r.perf)(
-                        r.perf.cost,
-                        r.perf.hardware,
-                        r.perf.calibration.model_copy(update={"admission_s": 0.5}),
+                    perf=r.perf.recalibrated(
+                        r.perf.calibration.model_copy(update={"admission_s": 0.5})
                     ),
                 )
                 for r in m.replicas
