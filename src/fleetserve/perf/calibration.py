@@ -27,6 +27,11 @@ CALIBRATION_FORMAT = "fleetserve-perf-calibration/1"
 #: with several times the kernels). Fitted by ``plan calibrate``.
 LAYER_LAUNCH_S = 5e-4
 
+#: Default turn of a context on a shared card (s): fitted on an H100's four-model pack run
+#: (docs/benchmarks-log.md, "Engines sharing a card take turns"); ``plan calibrate`` keeps
+#: it, since runs of one model cannot tell it.
+TIME_SLICE_S = 2e-3
+
 
 class FitInfo(BaseModel):
     """How a calibration was fitted (for the reader; the model does not use it)."""
@@ -87,6 +92,14 @@ class Calibration(BaseModel):
         description="Host time to launch one decoder layer's kernels in a step too large "
         "for vLLM's CUDA graphs (a long prefill) (s); such a step lasts the longer of "
         "this times the layers and the card's work. Unused on CPU engines.",
+    )
+    time_slice_s: float = Field(
+        default=TIME_SLICE_S,
+        gt=0,
+        le=0.1,
+        description="Longest turn one engine's context gets on a card that engines share "
+        "without MPS (s): a step waits for one turn of every other engine stepping there, "
+        "and for another round per turn of its own work. Unused on CPU engines.",
     )
     fit: FitInfo = Field(default_factory=FitInfo, description="Provenance of the fit.")
 

@@ -47,13 +47,17 @@ and their cores do the work: the term is 0 there.
 
 **Interference (replicas sharing a card).** A HAMi ``gpucores`` slice of ``c`` % caps the
 replica at ``c`` % of the card's compute (HAMi throttles kernel launches to that share of SM
-time). Memory bandwidth is not partitioned: the replicas whose steps run at the same moment
-share it equally, ``bandwidth_share = 1/n`` for ``n`` busy replicas on the card (the
-simulator counts them at each step's start). Nor is compute beyond the cap: the replicas'
-CUDA contexts time-slice the SMs, so each gets ``min(c/100, 1/n)`` of the card
-(:meth:`Hardware.shares`). On a CPU host the
-engines run on their own cores (fleetserve pins them, engine/cpu_binding.py), so compute is
-per core and only DRAM bandwidth is shared the same way.
+time). Without MPS, engines on one card do not run side by side: the card time-slices
+between their CUDA contexts, each holding the whole card for a turn of at most ``T``
+(``time_slice_s``) while it has work queued. So a step of ``w`` seconds of card work
+(``max(compute, memory)`` at the whole card's bandwidth) waits, before it starts and after
+each of its own turns, for one turn of every other engine stepping on the card - that
+engine's ``min(T, w_j)`` for its current step: ``wait = (w / T + 1) x sum_j min(T, w_j)``
+(:meth:`EnginePerf.time_sliced`). A small engine's short steps thus wait on a big engine's
+long ones, while the big engine barely notices them - what an H100 running four Gemma 3
+sizes at once showed, where an even split of the card had the small ones 2x too fast. On a
+CPU host the engines run on their own pinned cores: compute is not shared, DRAM bandwidth
+is, evenly among those stepping (:meth:`Hardware.shares`).
 
 Everything here is pure arithmetic over frozen dataclasses: the simulator calls
 :meth:`EnginePerf.step_seconds` (:meth:`EnginePerf.step_time` of a load given as its sums)
@@ -243,12 +247,10 @@ class Hardware:
 
     def shares(self, busy: int) -> tuple[float, float]:
         """(bandwidth share, further compute share) of one of ``busy`` engines stepping on
-        this card (or CPU host) at once. Memory bandwidth splits evenly either way. On a
-        card, the engines' CUDA contexts time-slice the SMs (no MPS: measured on an H100,
-        four stepping engines busy the SMs 95-99 % with 24-31 % each), so one gets at most
-        ``1/busy`` of the card's compute, and its gpucores cap still holds: ``min(cap,
-        1/busy)`` of the card, i.e. ``min(1, 1/(busy x cap))`` of ``peak_flops``. CPU
-        engines run on their own pinned cores: compute is not shared."""
+        this CPU host at once: DRAM bandwidth splits evenly, compute is the engine's own
+        pinned cores. Engines sharing a *card* take turns on it instead
+        (:meth:`EnginePerf.time_sliced`); for them this is the even split an average over
+        many steps approaches, ``1/busy`` of the card within the gpucores cap."""
         n = max(1, busy)
         if self.cpu:
             return 1.0 / n, 1.0
@@ -499,6 +501,33 @@ class EnginePerf:
         no :class:`StepLoad` or :class:`StepTerms` per step; the arithmetic is the same)."""
         return _total(*self._terms(load, bandwidth_share, compute_share))
 
+    def time_sliced(self, load: LoadSums, others: float) -> tuple[float, float]:
+        """(seconds, turn) of a step on a card where the other engines stepping there hold
+        ``others`` seconds of turns per round (the sum of their turns; 0: alone): the step
+        has the whole card while it runs and waits a round before it starts and after each
+        of its own turns (the module note). ``turn`` is what this step holds per round,
+        ``min(time_slice_s, card work)``, for the others' waits."""
+        compute, memory, link, overhead, launch = self._terms(load, 1.0, 1.0)
+        work = max(compute, memory)
+        turn = self.calibration.time_slice_s
+        wait = (work / turn + 1.0) * others if others > 0 else 0.0
+        return overhead + max(work + wait, launch) + link, min(turn, work)
+
+    def decode_load(self, batch: int, context: float) -> LoadSums:
+        """The sums of one pure-decode step of ``batch`` sequences of mean context
+        ``context``."""
+        w = self.cost.window
+        win = context if w is None else min(context, float(w))
+        return (
+            batch,
+            batch,
+            batch,
+            batch * (context + 1),
+            batch * (win + 1),
+            batch * context,
+            batch * win,
+        )
+
     def decode_step_time(
         self,
         batch: int,
@@ -510,18 +539,8 @@ class EnginePerf:
         """One pure-decode step of ``batch`` sequences of mean context ``context``."""
         if batch <= 0:
             return 0.0
-        w = self.cost.window
-        win = context if w is None else min(context, float(w))
         return self.step_seconds(
-            (
-                batch,
-                batch,
-                batch,
-                batch * (context + 1),
-                batch * (win + 1),
-                batch * context,
-                batch * win,
-            ),
+            self.decode_load(batch, context),
             bandwidth_share=bandwidth_share,
             compute_share=compute_share,
         )

@@ -44,9 +44,11 @@ O(batch). Two aggregate approximations: KV blocks of decoding sequences are coun
 ``total context / block_size`` plus half a block per sequence (the partial last blocks), and
 windowed layers read ``min(mean context, window)`` per sequence.
 
-Step times come from :class:`fleetserve.perf.EnginePerf`; the share of the card's memory
-bandwidth is 1/n for the n engines stepping on the card when the step (or run) starts, and
-on a GPU its compute time-slices the same way (``Hardware.shares``).
+Step times come from :class:`fleetserve.perf.EnginePerf`. Engines sharing a card take turns
+on it (:meth:`EnginePerf.time_sliced`): a step (or run) waits on the turns the other engines
+stepping on the card hold when it starts - the card keeps their sum (:class:`Card`). On a
+CPU host each engine has its cores and the DRAM bandwidth is 1/n for the n engines
+stepping when the step starts (``Hardware.shares``).
 """
 
 from __future__ import annotations
@@ -105,13 +107,15 @@ class SimRequest:
 
 
 class Card:
-    """A card (or CPU host) shared by engines: counts those stepping at a moment."""
+    """A card (or CPU host) shared by engines: counts those stepping at a moment, and the
+    turns their current steps hold on it (GPU engines)."""
 
-    __slots__ = ("busy", "name")
+    __slots__ = ("busy", "name", "turns")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.busy = 0
+        self.turns = 0.0
 
 
 class EngineSim:
@@ -132,9 +136,11 @@ class EngineSim:
         "_prefill",
         "_sched",
         "_shares",
+        "_sliced",
         "_t0",
         "_tau",
         "_timeline",
+        "_turn",
         "active",
         "admission_s",
         "admit_free",
@@ -224,7 +230,11 @@ class EngineSim:
         count kept where requests enter (:meth:`submit`) and leave (finished or rejected),
         not a sum of the three collections."""
         self._shares: dict[int, tuple[float, float]] = {}
-        """``Hardware.shares`` by busy engines on the card (memoised: it is pure)."""
+        """``Hardware.shares`` by busy engines on the host (memoised: it is pure)."""
+        self._sliced = not perf.hardware.cpu
+        """A GPU engine: it takes turns on its card (:meth:`EnginePerf.time_sliced`)."""
+        self._turn = 0.0
+        """The turn this engine's current step holds on the card (in ``card.turns``)."""
 
     # ------------------------------------------------------------------ views
 
@@ -332,6 +342,20 @@ class EngineSim:
         if self.busy:
             self.busy = False
             self.card.busy -= 1
+        if self._turn:
+            self.card.turns -= self._turn
+            self._turn = 0.0
+
+    def _seconds(self, load: LoadSums, share: float, compute: float) -> float:
+        """One step's time: on a card, waiting on the other engines' turns (and holding
+        its own in ``card.turns`` for theirs); on a CPU host, at its bandwidth share."""
+        if not self._sliced:
+            return self.perf.step_seconds(load, bandwidth_share=share, compute_share=compute)
+        card = self.card
+        seconds, turn = self.perf.time_sliced(load, max(0.0, card.turns - self._turn))
+        card.turns += turn - self._turn
+        self._turn = turn
+        return seconds
 
     def _start(self, now: float) -> float | None:
         dec = self._dec
@@ -351,9 +375,7 @@ class EngineSim:
         if run > 1:
             n = len(dec)
             ctx = (self._dec_ctx + n * self.S) / n + (run - 1) / 2
-            self._tau = tau = self.perf.decode_step_time(
-                n, ctx, bandwidth_share=share, compute_share=compute
-            )
+            self._tau = tau = self._seconds(self.perf.decode_load(n, ctx), share, compute)
             self._k = run
             self._t0 = now
             self._end = end = now + run * tau
@@ -375,9 +397,7 @@ class EngineSim:
                 self._idle()
                 return None
         self.steps += 1
-        self._end = end = now + self.perf.step_seconds(
-            load, bandwidth_share=share, compute_share=compute
-        )
+        self._end = end = now + self._seconds(load, share, compute)
         return end
 
     def _plan_run(self) -> int:

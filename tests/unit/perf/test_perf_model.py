@@ -81,6 +81,28 @@ def test_graph_tokens_follow_vllms_capture_sizes() -> None:
     assert cuda_graph_tokens(8, 8192) == graph_tokens(h100, 8, 8192)
 
 
+def test_engines_sharing_a_card_take_turns_on_it() -> None:
+    small = engine_perf(load_model_config("gemma-3-1b"), gpu_type("H100"))
+    big = engine_perf(LLAMA, gpu_type("H100"))
+    turn = small.calibration.time_slice_s
+    s_load, b_load = small.decode_load(8, 600), big.decode_load(8, 600)
+    s_alone, s_turn = small.time_sliced(s_load, 0.0)
+    b_alone, b_turn = big.time_sliced(b_load, 0.0)
+    # alone: the step as the roofline gives it, holding a turn of at most time_slice_s
+    assert s_alone == pytest.approx(small.step_time(small.load(decodes=[600] * 8)))
+    assert s_turn < turn
+    assert b_turn == turn  # an 8B decode step is longer than one turn
+    # the small engine's short step waits a whole turn of the big one's, and more
+    s_beside, _ = small.time_sliced(s_load, b_turn)
+    assert s_beside - s_alone == pytest.approx((s_turn / turn + 1) * b_turn)
+    # the big one waits a round of the small one's short turns per turn of its own
+    b_beside, _ = big.time_sliced(b_load, s_turn)
+    terms = big.terms(big.load(decodes=[600] * 8))
+    work = max(terms.compute, terms.memory)
+    assert b_beside - b_alone == pytest.approx((work / turn + 1) * s_turn)
+    assert (s_beside / s_alone) > (b_beside / b_alone)
+
+
 def test_a_gpucores_slice_slows_compute_and_sharing_slows_memory() -> None:
     whole = engine_perf(LLAMA, gpu_type("H100"))
     slice_ = engine_perf(LLAMA, gpu_type("H100"), cores_percent=50)

@@ -118,16 +118,12 @@ def test_a_co_located_pair_is_scored_while_both_ran(served) -> None:  # type: ig
     whole = _errors(served, "together-gemma-3-4b", "together-gemma-3-12b")
     both = _errors(served, "together-gemma-3-4b", "together-gemma-3-12b", together=True)
     assert abs(whole[("gemma-3-12b", "c=1", "tpot.p50")]) < 0.05
-    # Over the overlap the even split of the card (1/2 of its bandwidth and compute each)
-    # makes both engines too fast, and by one margin: both ran 2.2x slower than alone,
-    # where the split gives ~1.8x (switching contexts costs the card about a fifth). The
-    # 12B's prefill, launch-bound alone, is card-bound beside the 4B, so its first token
-    # carries the same shortfall; the 4B's stays launch-bound and within the goal.
-    for model in ("gemma-3-4b", "gemma-3-12b"):
-        assert -0.25 <= both[(model, "c=1", "tpot.p50")] <= -0.10, both
-        for metric in ("ttft.p50", "ttft.p90"):
-            assert -0.25 <= both[(model, "c=1", metric)] < 0, (model, metric, both)
-    assert abs(both[("gemma-3-4b", "c=1", "ttft.p50")]) <= GOALS["ttft.p50"], both
+    # Over the overlap both engines ran 2.2x slower than alone. Taking turns on the card
+    # (each step waits a turn of the other's per turn of its own; the turn fitted on the
+    # four-model pack below, not on this pair) predicts every metric of both within the
+    # goals; an even split of the card had both 13-28 % too fast.
+    for (model, point, metric), err in both.items():
+        assert abs(err) <= GOALS[metric], (model, point, metric, both)
 
 
 #: The same fleet's four-model pack run that morning (``matrix.py pack``): every model
@@ -178,16 +174,19 @@ def test_calibrated_on_the_1b_it_predicts_vllms_own_client_on_other_runs(served)
     assert abs(small[("gemma-3-270m", "ttft.p50")]) <= GOALS["ttft.p50"]
 
 
-def test_four_engines_on_one_card_are_not_an_even_split(served) -> None:  # type: ignore[no-untyped-def]
-    # All four at once: the simulator, splitting the card evenly between the engines
-    # stepping, over-predicts every model's throughput, and the smaller the model the
-    # more (270M +124 %, 1B +94 %, 4B +44 %, 12B +22 %): under time slicing the big
-    # engine's long kernels hold the card, and the small engines' steps wait on it.
+def test_four_engines_on_one_card_take_turns_on_it(served) -> None:  # type: ignore[no-untyped-def]
+    # All four at once. Measured: the 270M ran at 2.8x its alone TPOT, the 1B 4.0x, the
+    # 4B 2.4x, while the 12B's p50 did not move: its long steps hold the card for whole
+    # turns and the small engines' short steps wait on them. An even split of the card
+    # over-predicted every model's throughput, the smaller the more (270M +124 %, 1B
+    # +94 %, 4B +44 %, 12B +22 %). Taking turns (``time_slice_s``, fitted here: the
+    # squared log errors are least at 1.75-2.25 ms) brings every one within 25 %.
     errors = _pack_errors(served, SIZES)
-    over = [errors[(name, "output_throughput")] for name in SIZES]
-    assert all(e > GOALS["output_throughput"] for e in over), errors
-    assert over == sorted(over, reverse=True), errors
-    assert over[0] > 0.5, errors
+    for name in SIZES:
+        assert abs(errors[(name, "output_throughput")]) <= 0.25, errors
+        assert abs(errors[(name, "ttft.p50")]) <= GOALS["ttft.p50"], errors
+    # the small engines no longer come out far faster than they ran
+    assert errors[("gemma-3-270m", "output_throughput")] < 0, errors
 
 
 def test_the_cli_calibrates_and_replays_runs_served_without_hami(tmp_path: Path) -> None:
