@@ -28,8 +28,8 @@ CALIBRATION_FORMAT = "fleetserve-perf-calibration/1"
 LAYER_LAUNCH_S = 5e-4
 
 #: Default turn of a context on a shared card (s): fitted on an H100's four-model pack run
-#: (docs/benchmarks-log.md, "Engines sharing a card take turns"); ``plan calibrate`` keeps
-#: it, since runs of one model cannot tell it.
+#: (docs/benchmarks-log.md, "Engines sharing a card take turns"); ``plan calibrate`` fits it
+#: from runs of models measured at the same time (runs of one model leave it here).
 TIME_SLICE_S = 2e-3
 
 

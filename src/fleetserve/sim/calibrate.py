@@ -45,10 +45,19 @@ PARAMS: tuple[tuple[str, float, float], ...] = (
     ("request_overhead_s", 1e-4, 10.0),
     ("admission_s", 1e-5, 0.5),
     ("layer_launch_s", 1e-5, 0.01),
+    ("time_slice_s", 1e-4, 0.05),
 )
 #: Constants only a GPU engine has: a CPU fit leaves them as they start (no CUDA graphs,
-#: so no launch term: :class:`fleetserve.perf.EnginePerf`).
-GPU_ONLY = frozenset({"layer_launch_s"})
+#: so no launch term, and no turns on a card: :class:`fleetserve.perf.EnginePerf`). Runs of
+#: one model at a time cannot tell the turn either; the prior keeps it where it starts.
+GPU_ONLY = frozenset({"layer_launch_s", "time_slice_s"})
+
+
+def fitted_params(backend: str) -> list[tuple[str, float, float]]:
+    """The constants a fit on ``backend``'s runs searches, with their bounds."""
+    return [p for p in PARAMS if backend == "cuda" or p[0] not in GPU_ONLY]
+
+
 METRICS: tuple[tuple[str, float], ...] = (
     ("output_throughput", 1.0),
     ("tpot.p50", 1.0),
@@ -158,7 +167,7 @@ def fit(
     measured = {(model or report.run.model): report for report, model in runs}
     # A constant the start leaves at 0 (admission) starts mid-range (log scale): at its
     # lower bound it would change no replay, and the search would never move it.
-    params = [p for p in PARAMS if start.backend == "cuda" or p[0] not in GPU_ONLY]
+    params = fitted_params(start.backend)
     lo = np.array([math.log(b) for _, b, _ in params])
     hi = np.array([math.log(b) for _, _, b in params])
     values = [getattr(start, name) for name, _, _ in params]

@@ -44,8 +44,8 @@ def run(argv: list[str]) -> int:
     from fleetserve.perf.calibration import Calibration  # noqa: PLC0415
     from fleetserve.sim.build import model_setups  # noqa: PLC0415
     from fleetserve.sim.calibrate import (  # noqa: PLC0415
-        PARAMS,
         fit,
+        fitted_params,
         prediction_errors,
         with_calibration,
     )
@@ -83,5 +83,5 @@ def run(argv: list[str]) -> int:
         table.add_row(model, point, metric, f"{a:.1f}", f"{b:.1f}", f"{b / a - 1:+.1%}")
     console = Console()
     console.print(table)
-    console.print(", ".join(f"{k} {getattr(cal, k):.4g}" for k, _, _ in PARAMS))
+    console.print(", ".join(f"{k} {getattr(cal, k):.4g}" for k, _, _ in fitted_params(cal.backend)))
     return 0

@@ -189,6 +189,21 @@ def test_four_engines_on_one_card_take_turns_on_it(served) -> None:  # type: ign
     assert errors[("gemma-3-270m", "output_throughput")] < 0, errors
 
 
+def test_runs_measured_together_calibrate_the_turn_on_the_card() -> None:
+    # plan calibrate on the pair alone: the turn comes out near the pack's 1.75-2.25 ms,
+    # and the card's efficiencies and launch cost where the one-size fits put them
+    spec = _spec()
+    start = Calibration.default(cpu=False)
+    models = model_setups(spec, uncapped(plan_fleet(spec, scenario="min")), start, base_dir=RUNS)
+    runs = [
+        (BenchReport.load(RUNS / f"together-{m}.json"), m) for m in ("gemma-3-4b", "gemma-3-12b")
+    ]
+    cal = fit(models, runs, start=start)
+    assert 1e-3 <= cal.time_slice_s <= 3e-3
+    assert 0.55 <= cal.compute_efficiency <= 0.65
+    assert 3e-4 <= cal.layer_launch_s <= 8e-4
+
+
 def test_the_cli_calibrates_and_replays_runs_served_without_hami(tmp_path: Path) -> None:
     # the user's path: plan calibrate on one size, simulate another, both --uncapped
     import yaml  # noqa: PLC0415
