@@ -249,12 +249,10 @@ class Hardware:
         """(bandwidth share, further compute share) of one of ``busy`` engines stepping on
         this CPU host at once: DRAM bandwidth splits evenly, compute is the engine's own
         pinned cores. Engines sharing a *card* take turns on it instead
-        (:meth:`EnginePerf.time_sliced`); for them this is the even split an average over
-        many steps approaches, ``1/busy`` of the card within the gpucores cap."""
-        n = max(1, busy)
-        if self.cpu:
-            return 1.0 / n, 1.0
-        return 1.0 / n, min(1.0, 1.0 / (n * self.cores_share))
+        (:meth:`EnginePerf.time_sliced`)."""
+        if not self.cpu:
+            raise ValueError(f"{self.name}: engines on a card take turns (time_sliced)")
+        return 1.0 / max(1, busy), 1.0
 
     @classmethod
     def of(

@@ -348,7 +348,8 @@ class EngineSim:
 
     def _seconds(self, load: LoadSums, share: float, compute: float) -> float:
         """One step's time: on a card, waiting on the other engines' turns (and holding
-        its own in ``card.turns`` for theirs); on a CPU host, at its bandwidth share."""
+        its own in ``card.turns`` for theirs); on a CPU host, at its bandwidth share
+        (``share``, ``compute``: :meth:`Hardware.shares`, unused on a card)."""
         if not self._sliced:
             return self.perf.step_seconds(load, bandwidth_share=share, compute_share=compute)
         card = self.card
@@ -367,10 +368,12 @@ class EngineSim:
             self.busy = True
             card.busy += 1
         self.version += 1
-        shares = self._shares.get(card.busy)
-        if shares is None:
-            shares = self._shares[card.busy] = self.perf.hardware.shares(card.busy)
-        share, compute = shares
+        share = compute = 1.0
+        if not self._sliced:
+            shares = self._shares.get(card.busy)
+            if shares is None:
+                shares = self._shares[card.busy] = self.perf.hardware.shares(card.busy)
+            share, compute = shares
         run = self._plan_run()
         if run > 1:
             n = len(dec)

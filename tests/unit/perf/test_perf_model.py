@@ -112,17 +112,14 @@ def test_a_gpucores_slice_slows_compute_and_sharing_slows_memory() -> None:
     assert whole.step_time(decode, bandwidth_share=0.5) > 1.8 * whole.terms(decode).memory
 
 
-def test_engines_stepping_on_one_card_time_slice_its_compute_within_their_caps() -> None:
-    # no MPS: n busy contexts get 1/n of the SMs each, and a gpucores cap still holds
-    whole = engine_perf(LLAMA, gpu_type("H100")).hardware
-    assert whole.shares(1) == (1.0, 1.0)
-    assert whole.shares(2) == (0.5, 0.5)
-    quarter = engine_perf(LLAMA, gpu_type("H100"), cores_percent=25).hardware
-    assert quarter.shares(4) == (0.25, 1.0)  # 25 % of the card is already its 1/4
-    half = engine_perf(LLAMA, gpu_type("H100"), cores_percent=50).hardware
-    assert half.shares(4) == (0.25, 0.5)  # 1/4 of the card = half of its 50 %
-    cpu = engine_perf(LLAMA, None).hardware  # pinned cores of its own: bandwidth only
+def test_cpu_engines_split_only_the_hosts_bandwidth() -> None:
+    # pinned cores of their own: compute is not shared, DRAM bandwidth is, evenly
+    cpu = engine_perf(LLAMA, None).hardware
+    assert cpu.shares(1) == (1.0, 1.0)
     assert cpu.shares(2) == (0.5, 1.0)
+    # engines on a card take turns instead (test_engines_sharing_a_card_take_turns_on_it)
+    with pytest.raises(ValueError, match="take turns"):
+        engine_perf(LLAMA, gpu_type("H100")).hardware.shares(2)
 
 
 def test_moe_reads_only_touched_experts() -> None:
