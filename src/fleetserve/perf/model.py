@@ -242,8 +242,6 @@ class Hardware:
     link_bandwidth: float
     """Bytes/s to a tensor-parallel peer."""
     cpu: bool = False
-    cores_share: float = 1.0
-    """The HAMi gpucores cap already in ``peak_flops`` (1: the whole card; CPU: 1)."""
 
     def shares(self, busy: int) -> tuple[float, float]:
         """(bandwidth share, further compute share) of one of ``busy`` engines stepping on
@@ -288,7 +286,6 @@ class Hardware:
             peak_flops=gpu.peak_flops(compute_dtype) * share,
             bandwidth=gpu.bandwidth,
             link_bandwidth=gpu.link_gbps * 1e9,
-            cores_share=share,
         )
 
 

@@ -346,13 +346,17 @@ class EngineSim:
             self.card.turns -= self._turn
             self._turn = 0.0
 
-    def _seconds(self, load: LoadSums, share: float, compute: float) -> float:
+    def _seconds(self, load: LoadSums) -> float:
         """One step's time: on a card, waiting on the other engines' turns (and holding
-        its own in ``card.turns`` for theirs); on a CPU host, at its bandwidth share
-        (``share``, ``compute``: :meth:`Hardware.shares`, unused on a card)."""
-        if not self._sliced:
-            return self.perf.step_seconds(load, bandwidth_share=share, compute_share=compute)
+        its own in ``card.turns`` for theirs); on a CPU host, at its share of the DRAM
+        bandwidth among the engines stepping now."""
         card = self.card
+        if not self._sliced:
+            shares = self._shares.get(card.busy)
+            if shares is None:
+                shares = self._shares[card.busy] = self.perf.hardware.shares(card.busy)
+            share, compute = shares
+            return self.perf.step_seconds(load, bandwidth_share=share, compute_share=compute)
         seconds, turn = self.perf.time_sliced(load, max(0.0, card.turns - self._turn))
         card.turns += turn - self._turn
         self._turn = turn
@@ -368,17 +372,11 @@ class EngineSim:
             self.busy = True
             card.busy += 1
         self.version += 1
-        share = compute = 1.0
-        if not self._sliced:
-            shares = self._shares.get(card.busy)
-            if shares is None:
-                shares = self._shares[card.busy] = self.perf.hardware.shares(card.busy)
-            share, compute = shares
         run = self._plan_run()
         if run > 1:
             n = len(dec)
             ctx = (self._dec_ctx + n * self.S) / n + (run - 1) / 2
-            self._tau = tau = self._seconds(self.perf.decode_load(n, ctx), share, compute)
+            self._tau = tau = self._seconds(self.perf.decode_load(n, ctx))
             self._k = run
             self._t0 = now
             self._end = end = now + run * tau
@@ -400,7 +398,7 @@ class EngineSim:
                 self._idle()
                 return None
         self.steps += 1
-        self._end = end = now + self._seconds(load, share, compute)
+        self._end = end = now + self._seconds(load)
         return end
 
     def _plan_run(self) -> int:
