@@ -847,8 +847,10 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
     out = a.out
     name = a.name or a.model.name
 
-    def fleet_spec(cap: int) -> Path:
+    def fleet_spec(cap: int, frontend: str) -> Path:
         replicas = {"replicas": {"max_ongoing_requests": cap}} if cap else {}
+        if frontend != "replica":
+            replicas["frontend"] = frontend
         entry = model_entry(
             a.model,
             name,
@@ -858,10 +860,19 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
             **({"tensor_parallel": a.tensor_parallel} if a.tensor_parallel > 1 else {}),
             **replicas,
         )
-        return write_spec(out / (f"fleet-cap{cap}.yaml" if cap else "fleet.yaml"), [entry], 8200)
+        return write_spec(out / f"{fleet_name(cap, frontend)}.yaml", [entry], 8200)
+
+    def fleet_name(cap: int, frontend: str) -> str:
+        return (
+            "fleetserve"
+            + (f"-cap{cap}" if cap else "")
+            + (f"-{frontend}" if frontend != "replica" else "")
+        )
 
     specs = {
-        (f"fleetserve-cap{cap}" if cap else "fleetserve"): fleet_spec(cap) for cap in a.fleet_caps
+        fleet_name(cap, frontend): fleet_spec(cap, frontend)
+        for frontend in a.fleet_frontends
+        for cap in a.fleet_caps
     }
     plan = plan_of(next(iter(specs.values())))
     (out / "plan.json").write_text(json.dumps(plan, indent=1))
@@ -1746,6 +1757,14 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="run `vllm serve` too (--no-baseline: the fleets alone, e.g. a dry run here)",
+    )
+    o.add_argument(
+        "--fleet-frontends",
+        nargs="+",
+        default=["replica"],
+        choices=["replica", "process"],
+        help="fleets side by side, one per frontend (the spec's frontend: vLLM's OpenAI "
+        "layer in the replica, or a vllm serve beside it); crossed with --fleet-caps",
     )
     o.add_argument(
         "--fleet-env",

@@ -550,6 +550,18 @@ class ModelSpec(StrictModel):
     adapters: list[AdapterSpec] = Field(
         default_factory=list, description="LoRA adapters served by this model's replicas."
     )
+    frontend: Literal["replica", "process"] = Field(
+        default="replica",
+        description=(
+            "Where vLLM's OpenAI layer (templating, tokenising, detokenising, SSE framing) "
+            "runs. `replica`: inside the Serve replica's process, called without a socket. "
+            "`process` (experimental): a `vllm serve` of the same options beside each "
+            "replica, on a Unix socket in the replica's own directory, which takes that "
+            "work off the replica's event loop; for small models at high concurrency. "
+            "One GPU per replica and no adapter_dir; its engine metrics stay on that "
+            "server's /metrics (not exported as ray_vllm_*)."
+        ),
+    )
     adapter_dir: str | None = Field(
         default=None,
         min_length=1,
@@ -644,8 +656,25 @@ class ModelSpec(StrictModel):
                     f"({self.max_model_len}): vLLM would refuse those requests"
                 )
         self._check_adapters()
+        self._check_frontend()
         self._admit_batches()
         return self
+
+    def _check_frontend(self) -> None:
+        if self.frontend != "process":
+            return
+        if self.tensor_parallel * self.pipeline_parallel > 1:
+            raise ValueError(
+                f"frontend 'process' with tensor_parallel {self.tensor_parallel} x "
+                f"pipeline_parallel {self.pipeline_parallel}: a replica's own vLLM server "
+                "runs one GPU (set frontend: replica for a model over several)"
+            )
+        if self.adapter_dir is not None:
+            raise ValueError(
+                "frontend 'process' with adapter_dir: adapters found on their first request "
+                "need the replica's own resolver, inside vLLM's layer (set frontend: replica, "
+                "or list the adapters)"
+            )
 
     def _admit_batches(self) -> None:
         replicas = admitting(self.replicas, self.max_num_seqs or self.concurrency)

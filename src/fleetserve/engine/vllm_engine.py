@@ -112,7 +112,7 @@ class VllmEngine:
             # bundle of the replica's placement group (as Ray Serve LLM does).
             args.distributed_executor_backend = "ray"
         self._placement_group = placement_group
-        self._cores = _claim_cores(self._config)
+        self._cores = claim_engine_cores(self._config)
         try:
             await self._start(args)
         except EngineError:
@@ -135,7 +135,7 @@ class VllmEngine:
         # Engines sharing a card start in turn (engine/card_turns.py): vLLM's memory
         # profile counts a neighbour's start-up as its own memory.
         with (
-            card_turn(self._cards(), name=self._config.name),
+            card_turn(visible_cards() if on_gpu() else [], name=self._config.name),
             spawned_on(engine_cores(self._cores, host_cores())),
         ):
             self._engine = AsyncLLM.from_vllm_config(
@@ -172,12 +172,6 @@ class VllmEngine:
             self._idle_reporter = asyncio.get_running_loop().create_task(self._report_idle())
         gc.collect()
         gc.freeze()
-
-    def _cards(self) -> list[str]:
-        """The GPUs this engine starts on (none on a CPU host)."""
-        from vllm.platforms import current_platform  # noqa: PLC0415 - vLLM's platform probe
-
-        return [] if current_platform.is_cpu() else visible_cards()
 
     def _require_bridge(self) -> AsgiBridge:
         if self._bridge is None:
@@ -272,14 +266,19 @@ def _ray_stat_loggers() -> list[Any] | None:
 _SET_BY_US: set[str] = set()
 
 
-def _claim_cores(config: EngineConfig) -> CoreClaim | None:
+def on_gpu() -> bool:
+    """Whether vLLM runs on an accelerator here (its own platform probe)."""
+    from vllm.platforms import current_platform  # noqa: PLC0415 - vLLM's platform probe
+
+    return not current_platform.is_cpu()
+
+
+def claim_engine_cores(config: EngineConfig) -> CoreClaim | None:
     """Pin a CPU engine's OpenMP threads to cores no other engine on the host holds
     (``engine/cpu_binding.py``); ``None`` where vLLM's own binding stays (GPUs, an engine
     over several processes, or a binding the user set)."""
-    from vllm.platforms import current_platform  # noqa: PLC0415 - vLLM's platform probe
-
     if (
-        not current_platform.is_cpu()
+        on_gpu()
         or config.tensor_parallel * config.pipeline_parallel > 1
         or os.environ.get(BIND_ENV) not in (None, *_SET_BY_US)
     ):

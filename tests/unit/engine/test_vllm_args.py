@@ -54,14 +54,14 @@ def test_a_cpu_engine_is_pinned_to_its_own_cores(
 
     monkeypatch.setattr(cpu_binding, "lock_dir", lambda: tmp_path)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    # _claim_cores writes the binding into os.environ; on a copy, so it cannot reach the
+    # claim_engine_cores writes the binding into os.environ; on a copy, so it cannot reach the
     # fleets later tests start from this process (they would read it as the user's choice
     # and keep vLLM's own binding: tests/integration/test_serve_engine_cores.py).
     monkeypatch.setattr(os, "environ", os.environ.copy())
     os.environ.pop(cpu_binding.BIND_ENV, None)
     monkeypatch.setattr(vllm_engine, "_SET_BY_US", set())
-    first = vllm_engine._claim_cores(config())
-    second = vllm_engine._claim_cores(config())
+    first = vllm_engine.claim_engine_cores(config())
+    second = vllm_engine.claim_engine_cores(config())
     assert first is not None
     assert second is not None
     # Not in Ray: one core each, and the environment the engine's processes inherit.
@@ -76,9 +76,9 @@ def test_a_users_binding_and_multi_process_engines_keep_vllms(
     from fleetserve.engine import cpu_binding, vllm_engine  # noqa: PLC0415
 
     monkeypatch.setenv(cpu_binding.BIND_ENV, "4-7")
-    assert vllm_engine._claim_cores(config()) is None
+    assert vllm_engine.claim_engine_cores(config()) is None
     monkeypatch.delenv(cpu_binding.BIND_ENV)
-    assert vllm_engine._claim_cores(config(tensor_parallel=2)) is None
+    assert vllm_engine.claim_engine_cores(config(tensor_parallel=2)) is None
 
 
 def test_a_replica_whose_engine_core_died_refuses_requests() -> None:

@@ -1,0 +1,194 @@
+"""``frontend: process`` on the real engine: the replica's own ``vllm serve`` on a Unix socket.
+
+The engine adapter's seams are in tests/unit/engine/test_vllm_process.py; here the whole
+path runs: the official ``openai`` SDK through the ingress, Serve and the relay to a
+replica that forwards to vLLM's server beside it. It must answer as `vllm serve` does
+(same engine options, greedy: same text, usage and error bodies), abort what a client
+leaves, report the engine's load to the routers, and leave no process behind when the fleet
+stops.
+
+Every test here also takes ``vllm_url``: they run in that server's group (tests/conftest.py
+``SHARED_ORDER``), so this fleet's engine and the shared `vllm serve` are the only two
+running meanwhile on this small host.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from fleetserve.engine.signals import (
+    GENERATED_SERIES,
+    KV_CAPACITY_TOKENS,
+    RUNNING_SERIES,
+    SERIES,
+    metrics_values,
+)
+from fleetserve.spec import DEFAULT_MODEL_NAME as MODEL
+from fleetserve.spec import DEFAULT_MODEL_SOURCE
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+SPEC = f"""
+models:
+  - name: {MODEL}
+    source: {DEFAULT_MODEL_SOURCE}
+    max_model_len: 4096
+    concurrency: 8
+    max_num_seqs: 64
+    frontend: process
+"""
+
+
+class ProcessFleet:
+    def __init__(self, url: str, server: Any, mark: str, servers: Any) -> None:
+        self.url = url
+        self.server = server
+        self.mark = mark
+        self._servers = servers
+
+    def processes(self) -> dict[int, str]:
+        return self._servers.marked_processes(self.mark)  # type: ignore[no-any-return]
+
+    def engine_sockets(self) -> list[str]:
+        """The Unix sockets of this fleet's vLLM servers (their command lines say where)."""
+        out = []
+        for cmd in self.processes().values():
+            parts = cmd.split()
+            if "vllm.entrypoints.openai.api_server" in cmd and "--uds" in parts:
+                out.append(parts[parts.index("--uds") + 1])
+        return sorted(set(out))
+
+
+@pytest.fixture(scope="module")
+def process_fleet(
+    tmp_path_factory: pytest.TempPathFactory, real_engine: Path, servers: Any
+) -> Iterator[ProcessFleet]:
+    mark = f"frontend-{uuid.uuid4().hex[:12]}"
+    started = servers.start_fleetserve(
+        tmp_path_factory.mktemp("frontend-process"),
+        SPEC,
+        "frontend: process",
+        env={servers.mark_var: mark},
+    )
+    fleet = ProcessFleet(started.url, started.server, mark, servers)
+    try:
+        yield fleet
+    finally:
+        started.server.stop()
+
+
+def engine_metrics(socket: str) -> str:
+    with httpx.Client(transport=httpx.HTTPTransport(uds=socket), timeout=10) as c:
+        return c.get("http://engine/metrics").text
+
+
+def running(socket: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in engine_metrics(socket).splitlines()
+        if line.startswith("vllm:num_requests_running")
+    )
+
+
+def test_answers_as_vllm_serve_does(process_fleet: ProcessFleet, vllm_url: str) -> None:
+    # the replica's server runs beside it, not inside: one vllm serve per replica
+    assert len(process_fleet.engine_sockets()) == 1, process_fleet.processes()
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 24,
+        "temperature": 0,
+    }
+    ours = httpx.post(f"{process_fleet.url}/v1/chat/completions", json=body, timeout=300)
+    theirs = httpx.post(f"{vllm_url}/v1/chat/completions", json=body, timeout=300)
+    assert ours.status_code == theirs.status_code == 200, ours.text
+    a, b = ours.json(), theirs.json()
+    assert a["choices"][0]["message"] == b["choices"][0]["message"]
+    assert a["usage"] == b["usage"]
+    # vLLM's own validation error, byte for byte in its body
+    bad = {"model": MODEL, "messages": [], "max_tokens": 4}
+    ours = httpx.post(f"{process_fleet.url}/v1/chat/completions", json=bad, timeout=60)
+    theirs = httpx.post(f"{vllm_url}/v1/chat/completions", json=bad, timeout=60)
+    assert ours.status_code == theirs.status_code == 400
+    assert ours.json() == theirs.json()
+
+
+def test_streams_through_the_openai_sdk(process_fleet: ProcessFleet, vllm_url: str) -> None:
+    client = openai.OpenAI(base_url=f"{process_fleet.url}/v1", api_key="none", max_retries=0)
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Count to five."}],
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    text, usage = "", None
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+        usage = chunk.usage or usage
+    assert text
+    assert usage is not None
+    assert usage.completion_tokens == 16
+
+
+def test_a_client_that_leaves_aborts_its_request(
+    process_fleet: ProcessFleet, vllm_url: str
+) -> None:
+    (socket,) = process_fleet.engine_sockets()
+    body = {
+        "model": MODEL,
+        "prompt": "Once upon a time",
+        "max_tokens": 3000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{process_fleet.url}/v1/completions", json=body, timeout=300) as r:
+        assert r.status_code == 200
+        for n, _ in enumerate(r.iter_lines()):
+            if n > 4:
+                break
+        assert running(socket) == 1
+    # without the abort the engine would generate for minutes here
+    deadline = time.monotonic() + 30
+    while running(socket) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert running(socket) == 0
+
+
+def test_the_routers_signals_read_vllms_own_metrics(
+    process_fleet: ProcessFleet, vllm_url: str
+) -> None:
+    """The replica's routing signals come from its server's /metrics by series name: every
+    name must be one this vLLM exports (a renamed series would leave routing blind)."""
+    (socket,) = process_fleet.engine_sockets()
+    r = httpx.post(
+        f"{process_fleet.url}/v1/completions",
+        json={"model": MODEL, "prompt": "Hi there", "max_tokens": 2},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    found = metrics_values(engine_metrics(socket))
+    assert set(found) == {*SERIES, RUNNING_SERIES, GENERATED_SERIES, KV_CAPACITY_TOKENS}
+    assert found[KV_CAPACITY_TOKENS] > 0
+    assert found[GENERATED_SERIES] >= 2
+
+
+def test_nothing_is_left_after_the_fleet_stops(process_fleet: ProcessFleet, vllm_url: str) -> None:
+    (socket,) = process_fleet.engine_sockets()
+    assert Path(socket).exists()
+    process_fleet.server.stop()
+    deadline = time.monotonic() + 60
+    while process_fleet.processes() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert process_fleet.processes() == {}
+    assert not Path(socket).parent.exists()

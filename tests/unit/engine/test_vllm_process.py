@@ -1,0 +1,229 @@
+"""``frontend: process``'s seams without vLLM: the spec's refusals, the engine choice, the
+signals read from a server's Prometheus text, and the forwarding over a Unix socket (a
+small aiohttp server stands in for ``vllm serve``; the real one is in
+tests/integration/test_serve_frontend_process.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from fleetserve.engine.config import EngineConfig, vllm_server_argv
+from fleetserve.engine.factory import create_engine
+from fleetserve.engine.protocol import EngineRequest, ResponseHead
+from fleetserve.engine.settings import EngineSettings
+from fleetserve.engine.signals import (
+    KV_CACHE_USAGE,
+    KV_CAPACITY_TOKENS,
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    TOKENS_PER_S,
+    WAITING,
+    MetricsSignals,
+    metrics_values,
+)
+from fleetserve.engine.vllm_process import VllmProcessEngine
+from fleetserve.errors import EngineError
+from fleetserve.spec import parse_spec
+
+#: The shape of a ``vllm serve``'s /metrics (vLLM 0.26-0.32): labelled gauges and counters,
+#: histograms, the cache's configuration as the labels of an info gauge.
+METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 400.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 100.0
+vllm:generation_tokens_total{engine="0",model_name="m"} 1000.0
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.3",model_name="m"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="512"} 1.0
+"""
+
+
+def config(**fields: Any) -> EngineConfig:
+    settings = EngineSettings(
+        gpu_memory_utilization=0.5, max_num_seqs=8, max_model_len=1024, max_num_batched_tokens=1024
+    )
+    return EngineConfig(name="m", model_path="/models/m", settings=settings, **fields)
+
+
+def spec(**model: Any) -> Any:
+    return parse_spec({"models": [{"name": "m", "source": "/models/m", **model}]}, "fleet.yaml")
+
+
+def test_the_spec_refuses_what_the_server_beside_the_replica_cannot_run(tmp_path: Path) -> None:
+    assert spec(frontend="process").models[0].frontend == "process"
+    assert spec().models[0].frontend == "replica"
+    with pytest.raises(Exception, match="frontend 'process' with tensor_parallel 2"):
+        spec(frontend="process", tensor_parallel=2)
+    with pytest.raises(Exception, match="frontend 'process' with adapter_dir"):
+        spec(frontend="process", adapter_dir=str(tmp_path))
+    with pytest.raises(Exception, match="frontend"):
+        spec(frontend="thread")
+
+
+def test_the_factory_chooses_by_frontend() -> None:
+    assert isinstance(create_engine(config(frontend="process")), VllmProcessEngine)
+    # a plan that chose tensor parallelism for it is refused with the field to change
+    with pytest.raises(EngineError, match="set frontend: replica"):
+        create_engine(config(frontend="process", tensor_parallel=2))
+
+
+def test_the_server_listens_on_a_unix_socket() -> None:
+    argv = vllm_server_argv(["--model", "m"], uds="/tmp/x/vllm.sock")
+    assert argv[-2:] == ["--uds", "/tmp/x/vllm.sock"]
+    assert "--port" not in argv
+    assert vllm_server_argv(["--model", "m"], host="h", port=9)[-4:] == [
+        "--host",
+        "h",
+        "--port",
+        "9",
+    ]
+
+
+def test_signals_are_read_from_the_servers_prometheus_text() -> None:
+    found = metrics_values(METRICS)
+    assert found[KV_CAPACITY_TOKENS] == 512 * 16
+    assert found["vllm:num_requests_waiting"] == 2.0
+    signals = MetricsSignals()
+    signals.update(METRICS, now=10.0)
+    assert signals.values == {
+        WAITING: 2.0,
+        KV_CACHE_USAGE: 0.25,
+        PREFIX_QUERIES: 400.0,
+        PREFIX_HITS: 100.0,
+        KV_CAPACITY_TOKENS: 8192.0,
+    }
+    assert signals.running == 5  # running and waiting: what the engine still holds
+    signals.update(METRICS.replace("} 1000.0", "} 1500.0"), now=12.0)
+    assert signals.values[TOKENS_PER_S] == 250.0
+
+
+def test_one_engine_per_label_set_is_summed_and_junk_is_skipped() -> None:
+    text = METRICS + 'vllm:num_requests_waiting{engine="1",model_name="m"} 4.0\nvllm:bad{'
+    text += '\nvllm:num_requests_waiting{engine="2"} notanumber\n'
+    assert metrics_values(text)["vllm:num_requests_waiting"] == 6.0
+
+
+# -- forwarding over the socket ----------------------------------------------------------
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A live process standing in for the server's (the engine checks it is alive)."""
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+async def served(tmp_path: Path, app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    path = str(tmp_path / "s.sock")
+    await web.UnixSite(runner, path).start()
+    return runner, path
+
+
+async def engine_on(path: str, proc: subprocess.Popen[bytes]) -> VllmProcessEngine:
+    import aiohttp  # noqa: PLC0415
+
+    engine = VllmProcessEngine(config(frontend="process"))
+    engine._session = aiohttp.ClientSession(
+        connector=aiohttp.UnixConnector(path=path), auto_decompress=False
+    )
+    engine._proc = proc
+    return engine
+
+
+async def collect(items: AsyncIterator[ResponseHead | bytes]) -> list[ResponseHead | bytes]:
+    return [i async for i in items]
+
+
+async def test_a_stream_is_forwarded_head_first_and_a_left_one_is_closed(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    closed = asyncio.Event()
+    seen: dict[str, Any] = {}
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        seen["body"] = await request.read()
+        seen["headers"] = request.headers.copy()
+        seen["query"] = request.query_string
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Id": "7"})
+        await response.prepare(request)
+        try:
+            for i in range(10_000):
+                await response.write(f"data: {i}\n\n".encode())
+                await asyncio.sleep(0.01)
+        except (ConnectionResetError, asyncio.CancelledError):
+            closed.set()
+        return response
+
+    async def bad(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "no", "code": 400}}, status=400)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/completions", bad)
+    runner, path = await served(tmp_path, app)
+    engine = await engine_on(path, sleeper)
+    try:
+        request = EngineRequest(
+            "POST",
+            "/v1/chat/completions",
+            b'{"stream": true}',
+            (("content-type", "application/json"), ("host", "x"), ("x-request-id", "r1")),
+            "a=1",
+        )
+        items = engine.handle(request)
+        head = await anext(items)
+        assert head == ResponseHead(200, (("x-id", "7"),), "text/event-stream")
+        assert (await anext(items)).startswith(b"data: 0")
+        assert engine.stats().in_flight == 1
+        await items.aclose()  # type: ignore[attr-defined]
+        await asyncio.wait_for(closed.wait(), 5)  # the server saw the client leave
+        assert seen["body"] == b'{"stream": true}'
+        assert seen["headers"].get("x-request-id") == "r1"
+        assert seen["headers"].get("host") != "x"  # the hop's own
+        assert seen["query"] == "a=1"
+        stats = engine.stats()
+        assert (stats.in_flight, stats.aborted, stats.completed) == (0, 1, 0)
+
+        out = await collect(engine.handle(EngineRequest("POST", "/v1/completions", b"{}")))
+        assert out[0] == ResponseHead(400, (), "application/json; charset=utf-8")
+        assert b"".join(o for o in out[1:] if isinstance(o, bytes)).startswith(b'{"error"')
+        assert engine.stats().completed == 1
+    finally:
+        await engine.shutdown()
+        await runner.cleanup()
+
+
+async def test_a_dead_server_is_refused_and_unhealthy(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    app = web.Application()
+    app.router.add_get("/health", lambda r: web.Response(status=200))
+    runner, path = await served(tmp_path, app)
+    engine = await engine_on(path, sleeper)
+    try:
+        await engine.check_health()
+        sleeper.kill()
+        sleeper.wait()
+        assert not engine.stats().alive
+        with pytest.raises(EngineError, match="its engine stopped; retry later"):
+            engine.handle(EngineRequest("POST", "/v1/completions", b"{}"))
+        with pytest.raises(EngineError, match="exited"):
+            await engine.check_health()
+    finally:
+        await engine.shutdown()
+        await runner.cleanup()
