@@ -140,7 +140,10 @@ class VllmProcessEngine:
                 stderr=subprocess.STDOUT,
                 env=env,
                 cwd=self._dir,
-                start_new_session=True,  # its own group: stopped as one, with its children
+                # its own process group (stopped as one, with its children), not its own
+                # session: a session is a scheduling autogroup of its own, which would take
+                # the server out of the fleet's share of a CPU host (serve/control/runner.py)
+                process_group=0,
             )
             assert self._proc.stdout is not None
             threading.Thread(
