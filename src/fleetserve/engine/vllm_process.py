@@ -91,6 +91,7 @@ class VllmProcessEngine:
         self._signals = MetricsSignals()
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._cores: CoreClaim | None = None
+        self._reader: threading.Thread | None = None
         self.in_flight = 0
         self.aborted = 0
         self.completed = 0
@@ -146,12 +147,13 @@ class VllmProcessEngine:
                 process_group=0,
             )
             assert self._proc.stdout is not None
-            threading.Thread(
+            self._reader = threading.Thread(
                 target=_copy_output,
                 args=(self._proc.stdout, self._tail),
                 name=f"vllm-serve-{config.name}",
                 daemon=True,
-            ).start()
+            )
+            self._reader.start()
             self._processes.guard()
             await self._wait_ready()
         self._scraper = asyncio.get_running_loop().create_task(self._scrape())
@@ -163,6 +165,8 @@ class VllmProcessEngine:
         while True:
             code = proc.poll()
             if code is not None:
+                if self._reader is not None:  # its last lines, read to the end of the pipe
+                    await asyncio.to_thread(self._reader.join, 5)
                 tail = "\n".join(self._tail)
                 raise EngineError(
                     f"model '{self._config.name}': vLLM's server exited with {code} while "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -227,3 +228,46 @@ async def test_a_dead_server_is_refused_and_unhealthy(
     finally:
         await engine.shutdown()
         await runner.cleanup()
+
+
+async def test_adapters_are_the_servers_models_whose_parent_is_the_base(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    from fleetserve.engine.config import LoraSettings  # noqa: PLC0415
+
+    models = {
+        "data": [
+            {"id": "m", "parent": None},
+            {"id": "sql", "parent": "m"},
+            {"id": "legal", "parent": "m"},
+            {"id": "other", "parent": "elsewhere"},
+        ]
+    }
+    app = web.Application()
+    app.router.add_get("/v1/models", lambda r: web.json_response(models))
+    runner, path = await served(tmp_path, app)
+    engine = await engine_on(path, sleeper)
+    engine._config = config(frontend="process", lora=LoraSettings(max_loras=2, max_lora_rank=8))
+    try:
+        assert await engine.adapters() == ("legal", "sql")
+    finally:
+        await engine.shutdown()
+        await runner.cleanup()
+
+
+@pytest.mark.slow
+async def test_a_server_that_exits_while_starting_is_an_error_with_its_output(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fleetserve.engine import vllm_process  # noqa: PLC0415
+
+    def failing(options: list[str], **where: Any) -> list[str]:
+        script = "import sys; print('ValueError: no such model'); sys.exit(3)"
+        return [sys.executable, "-c", script]
+
+    monkeypatch.setattr(vllm_process, "vllm_server_argv", failing)
+    engine = VllmProcessEngine(config(frontend="process"))
+    with pytest.raises(EngineError, match=r"exited with 3 while starting(.|\n)*no such model"):
+        await engine.start()
+    await engine.shutdown()
+    assert engine.stats().in_flight == 0
