@@ -96,6 +96,8 @@ class TrafficOptions:
 def candidate_tps(model: ModelSpec, config: ModelConfig) -> tuple[int, ...]:
     if "tensor_parallel" in model.model_fields_set:
         return (model.tensor_parallel,)
+    if model.frontend == "process":  # its replica's own vllm serve runs one GPU (spec.py)
+        return (1,)
     return tuple(tp for tp in TP_CANDIDATES if tp_splits(config, tp))
 
 

@@ -303,3 +303,43 @@ def test_a_running_gemma_sequence_holds_its_window_not_its_length() -> None:
     assert 2.0 < held / admitted < 3.0
     held, admitted = seqs("qwen2.5-0.5b")
     assert held == pytest.approx(admitted, rel=0.01)
+
+
+def test_a_model_whose_replica_runs_its_own_server_is_planned_on_one_gpu() -> None:
+    """``frontend: process`` runs one GPU per replica (spec.py): the plan must not choose
+    tensor parallelism for it, where for the same model it would."""
+
+    def big(**model: Any) -> FleetSpec:
+        return parse_spec(
+            {
+                "models": [
+                    {
+                        "name": "big",
+                        "config": "gemma-3-12b",
+                        "max_model_len": 4096,
+                        "traffic": {"rate": 1, "prompt_tokens": 500, "output_tokens": 200},
+                        "slo": {"tpot_ms": {"p50": 200}},
+                        **model,
+                    }
+                ],
+                "pools": [
+                    {
+                        "name": "l4",
+                        "gpu": {"type": "L4", "count": 4},
+                        "cpu": 48,
+                        "memory_gb": 192,
+                        "cost_per_hour": 4,
+                    }
+                ],
+            }
+        )
+
+    spread = plan_fleet(big(), time_limit_s=10)
+    assert spread.feasible, spread.unplaced
+    assert {r.tensor_parallel for r in spread.replicas} != {1}
+    alone = plan_fleet(big(frontend="process"), time_limit_s=10)
+    assert {r.tensor_parallel for r in alone.replicas} <= {1}
+    assert not alone.feasible
+    [why] = alone.unplaced
+    assert why.resource == "gpu_memory"
+    assert "needs 27,674 MiB per card" in why.reason  # the whole 12B on one L4
