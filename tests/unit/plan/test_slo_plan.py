@@ -165,17 +165,20 @@ def test_full_pools_leave_the_model_short_with_the_reason() -> None:
     assert "req/s needs" in result.unplaced[0].reason
 
 
-def test_the_roofline_explains_a_tpot_a_card_cannot_reach() -> None:
-    """fleetserve.perf's roofline: a 27B model's decode step on L4s, as issue #29 asks."""
-    spec = parse_spec(
+def big_on_l4(
+    config: str, max_model_len: int = 4096, tpot_ms: float = 200, **model: Any
+) -> FleetSpec:
+    """One model ``big`` at 1 req/s on a pool of 4-L4 nodes."""
+    return parse_spec(
         {
             "models": [
                 {
                     "name": "big",
-                    "config": "gemma-3-27b",
-                    "max_model_len": 8192,
+                    "config": config,
+                    "max_model_len": max_model_len,
                     "traffic": {"rate": 1, "prompt_tokens": 500, "output_tokens": 200},
-                    "slo": {"tpot_ms": {"p50": 30}},
+                    "slo": {"tpot_ms": {"p50": tpot_ms}},
+                    **model,
                 }
             ],
             "pools": [
@@ -189,6 +192,11 @@ def test_the_roofline_explains_a_tpot_a_card_cannot_reach() -> None:
             ],
         }
     )
+
+
+def test_the_roofline_explains_a_tpot_a_card_cannot_reach() -> None:
+    """fleetserve.perf's roofline: a 27B model's decode step on L4s, as issue #29 asks."""
+    spec = big_on_l4("gemma-3-27b", max_model_len=8192, tpot_ms=30)
     result = plan_fleet(spec, time_limit_s=10)
     [u] = result.unplaced
     assert u.resource == "tpot"
@@ -309,35 +317,10 @@ def test_a_model_whose_replica_runs_its_own_server_is_planned_on_one_gpu() -> No
     """``frontend: process`` runs one GPU per replica (spec.py): the plan must not choose
     tensor parallelism for it, where for the same model it would."""
 
-    def big(**model: Any) -> FleetSpec:
-        return parse_spec(
-            {
-                "models": [
-                    {
-                        "name": "big",
-                        "config": "gemma-3-12b",
-                        "max_model_len": 4096,
-                        "traffic": {"rate": 1, "prompt_tokens": 500, "output_tokens": 200},
-                        "slo": {"tpot_ms": {"p50": 200}},
-                        **model,
-                    }
-                ],
-                "pools": [
-                    {
-                        "name": "l4",
-                        "gpu": {"type": "L4", "count": 4},
-                        "cpu": 48,
-                        "memory_gb": 192,
-                        "cost_per_hour": 4,
-                    }
-                ],
-            }
-        )
-
-    spread = plan_fleet(big(), time_limit_s=10)
+    spread = plan_fleet(big_on_l4("gemma-3-12b"), time_limit_s=10)
     assert spread.feasible, spread.unplaced
     assert {r.tensor_parallel for r in spread.replicas} != {1}
-    alone = plan_fleet(big(frontend="process"), time_limit_s=10)
+    alone = plan_fleet(big_on_l4("gemma-3-12b", frontend="process"), time_limit_s=10)
     assert {r.tensor_parallel for r in alone.replicas} <= {1}
     assert not alone.feasible
     [why] = alone.unplaced
