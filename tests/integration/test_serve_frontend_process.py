@@ -154,13 +154,17 @@ def test_a_client_that_leaves_aborts_its_request(
     }
     with httpx.stream("POST", f"{process_fleet.url}/v1/completions", json=body, timeout=300) as r:
         assert r.status_code == 200
-        # vLLM's gauge moves with its stat logging, not with the first bytes (a loaded `make test`
-        # read 0 after three events): read on until the engine's own count shows the request
-        deadline = time.monotonic() + 60
-        for _ in r.iter_lines():
-            if running(socket) == 1 or time.monotonic() > deadline:
-                break
-        assert running(socket) == 1
+        # The iterator is held, not left by `break`: a generator left that way is closed at
+        # once, and httpx then closes the connection - the very abort this test waits for,
+        # before it has read the gauge (CI read 0 that way after one line).
+        lines = r.iter_lines()
+        seen = [next(lines)]
+        # vLLM's gauge moves with its stat logging, not with the first bytes: read on until
+        # the engine's own count shows the request
+        began = time.monotonic()
+        while running(socket) != 1 and time.monotonic() - began < 60:
+            seen.append(next(lines))
+        assert running(socket) == 1, (len(seen), seen[:2], seen[-2:])
     # without the abort the engine would generate for minutes here
     deadline = time.monotonic() + 30
     while running(socket) and time.monotonic() < deadline:

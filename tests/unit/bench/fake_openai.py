@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,10 @@ class FakeOpenAIServer:
     behavior: FakeBehavior = field(default_factory=FakeBehavior)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    sent: list[list[float]] = field(default_factory=list)
+    """Per streamed request: when its handler began, then when each token was written
+    (``perf_counter``, the client's clock): what the server really did, sleeps overshot
+    on a loaded host included."""
     port: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
@@ -93,6 +98,7 @@ class FakeOpenAIServer:
         self.behavior = FakeBehavior(**changes)
         self.bodies.clear()
         self.headers.clear()
+        self.sent.clear()
         self._count = 0
         return self.behavior
 
@@ -113,6 +119,7 @@ class FakeOpenAIServer:
         )
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
+        began = time.perf_counter()
         b = self.behavior
         body = await request.json()
         self.bodies.append(body)
@@ -139,6 +146,8 @@ class FakeOpenAIServer:
             return web.json_response({"id": "x", "choices": [choice]})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        sent = [began]
+        self.sent.append(sent)
 
         async def event(data: dict[str, Any]) -> None:
             await resp.write(b"data: " + json.dumps(data).encode() + b"\n\n")
@@ -166,6 +175,7 @@ class FakeOpenAIServer:
             if last:
                 choice["finish_reason"] = "length"
             await event({"choices": [choice]})
+            sent.append(time.perf_counter())
         opts = body.get("stream_options") or {}
         if b.send_usage and opts.get("include_usage"):
             usage = {"prompt_tokens": len(words), "completion_tokens": n}
