@@ -46,18 +46,25 @@ do in the 10 ms between the 1B and the 12B at any efficiency. CPU engines have n
 and their cores do the work: the term is 0 there.
 
 **Interference (replicas sharing a card).** A HAMi ``gpucores`` slice of ``c`` % caps the
-replica at ``c`` % of the card's compute (HAMi throttles kernel launches to that share of SM
-time). Without MPS, engines on one card do not run side by side: the card time-slices
-between their CUDA contexts, each holding the whole card for a turn of at most ``T``
-(``time_slice_s``) while it has work queued. So a step of ``w`` seconds of card work
-(``max(compute, memory)`` at the whole card's bandwidth) waits, before it starts and after
-each of its own turns, for one turn of every other engine stepping on the card - that
-engine's ``min(T, w_j)`` for its current step: ``wait = (w / T + 1) x sum_j min(T, w_j)``
-(:meth:`EnginePerf.time_sliced`). A small engine's short steps thus wait on a big engine's
-long ones, while the big engine barely notices them - what an H100 running four Gemma 3
-sizes at once showed, where an even split of the card had the small ones 2x too fast. On a
-CPU host the engines run on their own pinned cores: compute is not shared, DRAM bandwidth
-is, evenly among those stepping (:meth:`Hardware.shares`).
+replica at ``c`` % of the card's time (``Hardware.share``): HAMi-core throttles kernel
+launches until the container's measured utilisation - the share of time a kernel of it
+runs, memory-bound or not - is back under the cap, so a capped step of ``w`` seconds of
+whole-card work lasts ``w / c``, its memory traffic as much as its FLOPs. Without MPS,
+engines on one card do not run side by side: the card time-slices between their CUDA
+contexts, each holding the whole card for a turn of at most ``T`` (``time_slice_s``) while
+it has work queued. So a step of ``w`` seconds of card work (``max(compute, memory)`` on
+the whole card) waits, before it starts and after each of its own turns, for one turn of
+every other engine stepping on the card - that engine's ``min(T, w_j)`` for its current
+step: ``wait = (w / T + 1) x sum_j min(T, w_j)``. The cap and the turns bound the same
+card time, so a step takes the longer of ``w / c`` and ``w + wait``, not their sum
+(:meth:`EnginePerf.time_sliced`): engines whose caps fill the card and all step get about
+their caps either way, and a capped engine alone still gets only its cap. A small
+engine's short steps thus wait on a big engine's long ones, while the big engine barely
+notices them - what an H100 running four uncapped Gemma 3 sizes at once showed, where an
+even split of the card had the small ones 2x too fast. (The runs so far had no HAMi: the
+cap's half of this is HAMi-core's documented behaviour, not yet a measurement.) On a CPU
+host the engines run on their own pinned cores: compute is not shared, DRAM bandwidth is,
+evenly among those stepping (:meth:`Hardware.shares`).
 
 Everything here is pure arithmetic over frozen dataclasses: the simulator calls
 :meth:`EnginePerf.step_seconds` (:meth:`EnginePerf.step_time` of a load given as its sums)
@@ -236,12 +243,16 @@ class Hardware:
 
     name: str
     peak_flops: float
-    """FLOP/s of the engine's compute dtype, already scaled by its gpucores / CPU cores."""
+    """FLOP/s of the engine's compute dtype on the whole card (on a CPU host: its cores)."""
     bandwidth: float
     """Memory bytes/s of the card (or of the engine's CPU cores) when nobody shares it."""
     link_bandwidth: float
     """Bytes/s to a tensor-parallel peer."""
     cpu: bool = False
+    share: float = 1.0
+    """The share of the card's time the engine may hold: its HAMi ``gpucores`` cap, which
+    throttles kernel launches to that share of the card's busy time - memory-bound kernels
+    as much as compute-bound ones (1: no cap; always 1 on a CPU host)."""
 
     def shares(self, busy: int) -> tuple[float, float]:
         """(bandwidth share, further compute share) of one of ``busy`` engines stepping on
@@ -283,9 +294,10 @@ class Hardware:
         share = min(100, max(1, cores_percent)) / 100
         return cls(
             name=gpu.name if share >= 1 else f"{gpu.name} ({cores_percent}% cores)",
-            peak_flops=gpu.peak_flops(compute_dtype) * share,
+            peak_flops=gpu.peak_flops(compute_dtype),
             bandwidth=gpu.bandwidth,
             link_bandwidth=gpu.link_gbps * 1e9,
+            share=share,
         )
 
 
@@ -378,6 +390,7 @@ class EnginePerf:
     __slots__ = (
         "_c_compute",
         "_c_memory",
+        "_cap",
         "_launch",
         "calibration",
         "cost",
@@ -397,9 +410,10 @@ class EnginePerf:
         self.calibration = calibration
         self.graph_tokens = graph_tokens
         """Steps of more tokens launch their kernels one by one (:func:`graph_tokens`)."""
-        # Seconds per FLOP and per byte at full share (efficiencies folded in once).
+        # Seconds per FLOP and per byte on the whole card (efficiencies folded in once).
         self._c_compute = 1.0 / max(hardware.peak_flops * calibration.compute_efficiency, 1.0)
         self._c_memory = 1.0 / max(hardware.bandwidth * calibration.bandwidth_efficiency, 1.0)
+        self._cap = hardware.share
         # A step's launches cross every pipeline stage in turn, as its work does.
         self._launch = (
             0.0
@@ -451,7 +465,9 @@ class EnginePerf:
         self, load: LoadSums, bandwidth_share: float, compute_share: float
     ) -> tuple[float, float, float, float, float]:
         """(compute, memory, link, overhead, launch) of a step: the one place the roofline
-        rule's terms are computed (:meth:`terms`, :meth:`step_seconds`)."""
+        rule's terms are computed (:meth:`terms`, :meth:`step_seconds`). The HAMi cap
+        (``Hardware.share``) scales compute and memory alike: the engine holds at most that
+        share of the card's time, whatever its kernels are bound by."""
         tokens, seqs, sampled, pairs, window_pairs, context, window_context = load
         c = self.cost
         flops = (
@@ -472,9 +488,10 @@ class EnginePerf:
             if c.allreduce_bytes_per_token and self.hardware.link_bandwidth
             else 0.0
         )
+        cap = self._cap
         return (
-            flops * self._c_compute / max(compute_share, 1e-6) * pp,
-            data * self._c_memory / max(bandwidth_share, 1e-6) * pp,
+            flops * self._c_compute / max(compute_share * cap, 1e-6) * pp,
+            data * self._c_memory / max(bandwidth_share * cap, 1e-6) * pp,
             link,
             cal.step_overhead_s + cal.token_overhead_s * tokens + cal.seq_overhead_s * seqs,
             self._launch if tokens > self.graph_tokens else 0.0,
@@ -500,13 +517,17 @@ class EnginePerf:
         """(seconds, turn) of a step on a card where the other engines stepping there hold
         ``others`` seconds of turns per round (the sum of their turns; 0: alone): the step
         has the whole card while it runs and waits a round before it starts and after each
-        of its own turns (the module note). ``turn`` is what this step holds per round,
-        ``min(time_slice_s, card work)``, for the others' waits."""
-        compute, memory, link, overhead, launch = self._terms(load, 1.0, 1.0)
+        of its own turns (the module note). A HAMi cap bounds it too: at most its share of
+        the card's time, so the step lasts at least its work over that share; the two are
+        bounds on one card's time, so the step takes the longer, not their sum. ``turn`` is
+        what this step holds per round, ``min(time_slice_s, card work)``, for the others'
+        waits."""
+        whole = 1.0 / self._cap  # shares that cancel the cap: the work on the whole card
+        compute, memory, link, overhead, launch = self._terms(load, whole, whole)
         work = max(compute, memory)
         turn = self.calibration.time_slice_s
         wait = (work / turn + 1.0) * others if others > 0 else 0.0
-        return overhead + max(work + wait, launch) + link, min(turn, work)
+        return overhead + max(work / self._cap, work + wait, launch) + link, min(turn, work)
 
     def decode_load(self, batch: int, context: float) -> LoadSums:
         """The sums of one pure-decode step of ``batch`` sequences of mean context

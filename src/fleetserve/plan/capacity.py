@@ -76,9 +76,20 @@ class StepCost:
 class StepModel(Protocol):
     """The time of one engine step of one replica (its model, card, slice and TP)."""
 
+    @property
+    def turn_s(self) -> float:
+        """The longest turn an engine holds on a card it shares (0: engines never share
+        what it runs on, e.g. a CPU host's pinned cores)."""
+        ...
+
     def step(self, prefill_tokens: float, decode_seqs: float, context_tokens: float) -> StepCost:
         """A step prefilling ``prefill_tokens`` while decoding ``decode_seqs`` sequences
         holding ``context_tokens`` tokens of KV between them."""
+        ...
+
+    def beside(self, others_s: float) -> StepModel:
+        """The same replica on a card where other engines hold ``others_s`` seconds of
+        turns a round (its steps wait on them)."""
         ...
 
 

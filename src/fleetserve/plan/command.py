@@ -198,7 +198,8 @@ def render_table(result: PlanResult, console: Console) -> None:
                 str(t.tensor_parallel),
                 str(t.max_num_seqs),
                 f"{t.memory_mb:,}",
-                str(t.cores_percent),
+                # replicas beside it on one card: its latencies wait on their turns
+                f"{t.cores_percent} (+{t.beside} on card)" if t.beside else str(t.cores_percent),
                 f"{t.goodput_per_replica:,.2f}",
                 " / ".join(f"{k} {v:,.0f}" for k, v in t.ttft_ms.items()) or "-",
                 " / ".join(f"{k} {v:,.1f}" for k, v in t.tpot_ms.items()) or "-",

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from fleetserve.errors import SpecError
-from fleetserve.plan.capacity import Load, PerfModel
+from fleetserve.plan.capacity import Load, PerfModel, violations
 from fleetserve.plan.gpus import GPU_CATALOGUE, GpuType, custom_gpu, gpu_type, with_memory
 from fleetserve.plan.memory import ModelConfig
 from fleetserve.plan.milp import MAX_VARIABLES, NODE_LIMIT, node_bounds, solve_milp, variable_count
@@ -986,11 +986,12 @@ def compose_result(
             )
         )
     traffic: list[TrafficPlan] = []
+    beside = card_neighbours(packing)
     for model_spec in spec.models:
         plan = plans[model_spec.name]
         if plan.traffic is not None:
             report, short = _traffic_report(
-                plan, pools=pools, packing=packing, problem=problem, spec=spec
+                plan, pools=pools, packing=packing, problem=problem, spec=spec, beside=beside
             )
             traffic.append(report)
             unplaced.extend(short)
@@ -1013,6 +1014,22 @@ def compose_result(
     )
 
 
+def card_neighbours(packing: Packing) -> dict[tuple[str, int], int]:
+    """Per placed replica: the most other replicas on one of its cards (0: its cards hold
+    it alone; a CPU replica holds no card). Engines sharing a card take turns on it
+    (:meth:`fleetserve.perf.EnginePerf.time_sliced`), which a replica's capacity, sized
+    before the cards are known, does not count: the traffic report does."""
+    on_card: dict[tuple[str, int, int], int] = {}
+    for a in packing.assigned.values():
+        for n, cards in a.parts:
+            for c in cards:
+                on_card[(a.pool, n, c)] = on_card.get((a.pool, n, c), 0) + 1
+    return {
+        key: max((on_card[(a.pool, n, c)] - 1 for n, cards in a.parts for c in cards), default=0)
+        for key, a in packing.assigned.items()
+    }
+
+
 def _option_of(plan: _ModelPlan, item: Item) -> Option | None:
     if item.option is None or plan.traffic is None:
         return None
@@ -1031,8 +1048,14 @@ def _traffic_report(
     packing: Packing,
     problem: Problem,
     spec: FleetSpec,
+    beside: dict[tuple[str, int], int],
 ) -> tuple[TrafficPlan, list[Unplaced]]:
-    """A traffic-planned model's report, and an Unplaced entry per replica it is short."""
+    """A traffic-planned model's report, and an Unplaced entry per replica it is short.
+
+    Its latencies are predicted where its replicas landed: a replica sharing a card waits
+    on the turns of the engines beside it, each bounded by one full turn (a neighbour's
+    load is not known here - a model without traffic has none - so the bound is what it
+    may take). An SLO that breaks only there is reported as ``card_sharing``."""
     model, found = plan.model, plan.traffic
     assert found is not None
     assert model.traffic is not None
@@ -1084,7 +1107,18 @@ def _traffic_report(
         )
     else:
         binding, reason = option.capacity.binding, option.capacity.reason
-    load = option.at(found.work, rate, len(placed) or option.copies)
+    neighbours = max((beside.get(it.key, 0) for it in placed), default=0)
+    others_s = neighbours * option.step.turn_s
+    load = option.at(found.work, rate, len(placed) or option.copies, others_s)
+    shared_miss = violations(load, found.work) if others_s > 0 else []
+    if shared_miss:
+        binding = "card_sharing"
+        reason = (
+            f"{shared_miss[0][1]} beside {neighbours} other replica(s) on one card: without "
+            f"MPS each of its steps waits up to one {option.step.turn_s * 1000:,.1f} ms turn "
+            f"of each (its {option.capacity.rate:,.2f} req/s per replica were sized without "
+            "them); give it whole cards, or fewer models per card"
+        )
     cost: float | None = None
     if problem.priced:
         cost = 0.0
@@ -1101,7 +1135,7 @@ def _traffic_report(
     report = TrafficPlan(
         model=model.name,
         rate=rate,
-        met=short == 0,
+        met=short == 0 and not shared_miss,
         replicas=len(placed),
         needed=option.copies,
         gpu_type=option.gpu.name,
@@ -1113,6 +1147,7 @@ def _traffic_report(
         goodput_per_replica=round(option.capacity.rate, 4),
         binding=binding,
         reason=reason,
+        beside=neighbours,
         ttft_ms=_ms(load, "ttft") if load.stable else {},
         tpot_ms=_ms(load, "tpot") if load.stable else {},
         cost_per_hour=cost,

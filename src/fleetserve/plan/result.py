@@ -150,9 +150,18 @@ class TrafficPlan(_Frozen):
     binding: str = Field(
         description="What sets the replica count: ttft, tpot, throughput (the batch or the "
         "prefill chunk saturates), kv_capacity (the KV cache holds fewer sequences than "
-        "max_num_seqs), replicas_min, or - nothing meeting the SLOs - memory (fits no card)."
+        "max_num_seqs), replicas_min, or - nothing meeting the SLOs - memory (fits no card); "
+        "card_sharing: the count is met, but an SLO breaks beside the engines its cards "
+        "hold (see beside)."
     )
     reason: str = Field(description="The binding constraint (or the infeasibility) in numbers.")
+    beside: int = Field(
+        default=0,
+        ge=0,
+        description="The most other replicas on one card with one of its replicas: without "
+        "MPS the card takes the engines in turns, and each of its steps waits up to one turn "
+        "of each (counted in the latencies below).",
+    )
     ttft_ms: dict[str, float] = Field(
         default_factory=dict, description="Predicted TTFT per percentile at the rate (ms)."
     )

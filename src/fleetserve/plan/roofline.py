@@ -2,11 +2,13 @@
 :class:`~fleetserve.plan.capacity.PerfModel` seam.
 
 Design note. One candidate replica is :func:`fleetserve.perf.engine_perf` of its model on
-its card with its HAMi ``gpucores`` share (which scales compute there) and the
-calibration given (``fleetserve plan --calibration``; else the backend's defaults). Memory
-bandwidth is shared by the replicas stepping on a card at once; a plan packs cards full and
-sizes for the busy hour, so each replica is given the share of the bandwidth its cores
-share gives it of compute (a whole card: all of it). A step of ``p`` prefill tokens (one
+its card with its HAMi ``gpucores`` share and the calibration given (``fleetserve plan
+--calibration``; else the backend's defaults). The share caps the replica's time on the
+card (``Hardware.share``), so it scales compute and memory bandwidth alike: a plan packs
+cards full and sizes for the busy hour, when each replica gets about its cap. Engines that
+share a card also wait on each other's turns (:meth:`EnginePerf.time_sliced`);
+:meth:`EngineSteps.beside` is this replica among others, which the planner applies once
+it knows the cards (``planner._beside``). A step of ``p`` prefill tokens (one
 chunk, no cached prefix) beside ``n`` decodes of mean context ``c`` is the sum of
 :meth:`EnginePerf.load` of the chunk and ``n`` decodes as
 :meth:`EnginePerf.decode_step_time` counts them (``n`` may be fractional: the steady
@@ -24,9 +26,20 @@ from fleetserve.plan.capacity import ReplicaShape, StepCost
 class EngineSteps:
     """:class:`~fleetserve.plan.capacity.StepModel` of one engine (see the module note)."""
 
-    def __init__(self, perf: EnginePerf, bandwidth_share: float) -> None:
+    def __init__(self, perf: EnginePerf, others_s: float = 0.0) -> None:
         self.perf = perf
-        self.share = bandwidth_share
+        self.share = perf.hardware.share
+        self.others_s = others_s
+        """Seconds of other engines' turns per round on its card (0: alone)."""
+
+    @property
+    def turn_s(self) -> float:
+        return 0.0 if self.perf.hardware.cpu else self.perf.calibration.time_slice_s
+
+    def beside(self, others_s: float) -> EngineSteps:
+        """This replica on a card where other engines hold ``others_s`` seconds of turns a
+        round."""
+        return EngineSteps(self.perf, others_s)
 
     def load(self, prefill_tokens: float, decode_seqs: float, context_tokens: float) -> StepLoad:
         n = max(0.0, decode_seqs)
@@ -47,8 +60,18 @@ class EngineSteps:
 
     def step(self, prefill_tokens: float, decode_seqs: float, context_tokens: float) -> StepCost:
         load = self.load(prefill_tokens, decode_seqs, context_tokens)
-        terms = self.perf.terms(load, bandwidth_share=self.share)
-        return StepCost(terms.total, self.why(load, terms))
+        terms = self.perf.terms(load)
+        if self.others_s <= 0:
+            return StepCost(terms.total, self.why(load, terms))
+        seconds, _ = self.perf.time_sliced(load.sums, self.others_s)
+        waits = max(0.0, seconds - terms.total)
+        why = self.why(load, terms)
+        if waits > 0:
+            why += (
+                f" + {waits * 1000:,.1f} ms waiting on the turns of the engines beside it "
+                f"({self.others_s * 1000:,.1f} ms a round)"
+            )
+        return StepCost(max(seconds, terms.total), why)
 
     def why(self, load: StepLoad, terms: StepTerms) -> str:
         """The step's dominant term in numbers (bytes over bandwidth, FLOPs over peak, or
@@ -73,9 +96,10 @@ class EngineSteps:
                 f"each: {terms.launch * 1000:,.1f} ms"
             )
         else:
-            flops = terms.compute * hw.peak_flops * cal.compute_efficiency / pp
+            peak = hw.peak_flops * self.share
+            flops = terms.compute * peak * cal.compute_efficiency / pp
             main = (
-                f"{flops / 1e12:,.2f} TFLOP at {hw.peak_flops / 1e12:,.0f} TFLOP/s x "
+                f"{flops / 1e12:,.2f} TFLOP at {peak / 1e12:,.0f} TFLOP/s x "
                 f"{cal.compute_efficiency:.0%} efficiency: {terms.compute * 1000:,.1f} ms"
             )
         extra = f" + link {terms.link * 1000:,.1f} ms" if terms.link else ""
@@ -101,4 +125,4 @@ class Roofline:
             pipeline_parallel=m.pipeline_parallel,
             cores_percent=shape.cores_percent,
         )
-        return EngineSteps(perf, bandwidth_share=min(100, shape.cores_percent) / 100)
+        return EngineSteps(perf)

@@ -75,9 +75,11 @@ class Option:
     copies: int
     """Replicas needed for the rate (at least replicas.min); 0 when it meets no SLO."""
 
-    def at(self, work: Workload, rate: float, replicas: int) -> Load:
-        """The prediction for one replica when ``replicas`` share ``rate``."""
-        return predict(self.step, self.batch, work, rate / max(1, replicas))
+    def at(self, work: Workload, rate: float, replicas: int, others_s: float = 0.0) -> Load:
+        """The prediction for one replica when ``replicas`` share ``rate`` (``others_s``:
+        seconds of other engines' turns a round on its card, :meth:`StepModel.beside`)."""
+        step = self.step.beside(others_s) if others_s > 0 else self.step
+        return predict(step, self.batch, work, rate / max(1, replicas))
 
 
 @dataclass

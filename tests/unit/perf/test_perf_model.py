@@ -103,13 +103,41 @@ def test_engines_sharing_a_card_take_turns_on_it() -> None:
     assert (s_beside / s_alone) > (b_beside / b_alone)
 
 
-def test_a_gpucores_slice_slows_compute_and_sharing_slows_memory() -> None:
+def test_a_gpucores_slice_caps_the_cards_time_for_compute_and_memory_alike() -> None:
+    # HAMi-core throttles launches on the container's measured utilisation, the share of
+    # time any kernel of it runs: a memory-bound decode is held to the cap as a prefill is
     whole = engine_perf(LLAMA, gpu_type("H100"))
     slice_ = engine_perf(LLAMA, gpu_type("H100"), cores_percent=50)
     prefill = whole.load(prefills=[(4096, 0)])
     decode = whole.load(decodes=[500] * 4)
     assert slice_.terms(prefill).compute == pytest.approx(2 * whole.terms(prefill).compute)
+    assert slice_.terms(decode).memory == pytest.approx(2 * whole.terms(decode).memory)
     assert whole.step_time(decode, bandwidth_share=0.5) > 1.8 * whole.terms(decode).memory
+    # alone on its card the simulator's step is the capped roofline's
+    alone, _ = slice_.time_sliced(decode.sums, 0.0)
+    assert alone == pytest.approx(slice_.step_time(decode))
+
+
+def test_a_cap_and_the_turns_on_a_card_bound_one_time_not_two() -> None:
+    """Two engines capped at half the card, both stepping: each gets about its half by the
+    turns alone, so the step is the longer of the two bounds, never their sum."""
+    half = engine_perf(LLAMA, gpu_type("H100"), cores_percent=50)
+    whole = engine_perf(LLAMA, gpu_type("H100"))
+    turn = half.calibration.time_slice_s
+    load = half.decode_load(8, 600)
+    terms = whole.terms(whole.load(decodes=[600] * 8))
+    work = max(terms.compute, terms.memory)  # whole-card work: an 8B decode, > one turn
+    assert work > turn
+    beside, held = half.time_sliced(load, turn)
+    shared = work + (work / turn + 1) * turn
+    assert beside == pytest.approx(terms.overhead + max(work / 0.5, shared))
+    assert beside < terms.overhead + work / 0.5 + (work / turn + 1) * turn
+    # the turn it holds for the other's wait is whole-card work, not capped time
+    assert held == turn
+    # a cap far below the engines' fair share binds however busy the neighbour is
+    tenth = engine_perf(LLAMA, gpu_type("H100"), cores_percent=10)
+    capped, _ = tenth.time_sliced(load, turn)
+    assert capped == pytest.approx(terms.overhead + work / 0.1)
 
 
 def test_cpu_engines_split_only_the_hosts_bandwidth() -> None:

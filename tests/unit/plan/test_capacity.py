@@ -27,10 +27,15 @@ class LinearSteps:
     per_token_s: float = 1e-4
     per_context_s: float = 1e-7
 
+    turn_s: float = 0.0  # a card of its own: capacity is sized before cards are shared
+
     def step(self, prefill_tokens: float, decode_seqs: float, context_tokens: float) -> StepCost:
         memory = self.weights_s + self.per_context_s * context_tokens
         compute = self.per_token_s * (prefill_tokens + decode_seqs)
         return StepCost(self.fixed + max(memory, compute), f"weights {self.weights_s * 1e3:g} ms")
+
+    def beside(self, others_s: float) -> LinearSteps:
+        raise AssertionError("capacity is sized for a replica alone on its card")
 
 
 def work(ttft: dict[str, float] | None = None, tpot: dict[str, float] | None = None) -> Workload:

@@ -139,3 +139,29 @@ def test_an_unreadable_calibration_is_one_line(
     path = _spec(tmp_path, _TRAFFIC_FLEET)
     assert main(["plan", path, "--calibration", str(tmp_path / "none.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_the_table_says_when_a_replica_shares_its_card(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two 7B chats fill one A6000 between them: each row says so, and the JSON counts it."""
+    model = """
+  - name: {name}
+    config: qwen2.5-7b
+    max_model_len: 4096
+    traffic:
+      rate: 1
+      prompt_tokens: {{mean: 300, p99: 1000}}
+      output_tokens: {{mean: 100, p99: 300}}
+    slo: {{ttft_ms: {{p99: 3000}}, tpot_ms: {{p50: 80}}}}"""
+    text = (
+        "pools: [{name: one, gpu: {type: RTX-A6000, count: 1}, cpu: 32, memory_gb: 256, "
+        "max_nodes: 1}]\nmodels:" + model.format(name="a") + model.format(name="b") + "\n"
+    )
+    path = _spec(tmp_path, text)
+    assert main(["plan", path]) == 0
+    out = capsys.readouterr().out
+    assert out.count("(+1 on card)") == 2
+    assert main(["plan", path, "--format", "json"]) == 0
+    traffic = json.loads(capsys.readouterr().out)["traffic"]
+    assert [t["beside"] for t in traffic] == [1, 1]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -24,11 +24,24 @@ class Steps:
     read_s: float
     per_token_s: float
     per_context_s: float
+    share: float = 1.0
+    """The replica's gpucores share: the constants above are at that share of the card."""
+    others_s: float = 0.0
+    """Other engines' turns a round on its card. As fleetserve.perf's time_sliced has it,
+    the whole-card work waits a round before it starts and after each of its own turns,
+    and the step takes the longer of that and its capped time."""
+    turn_s: float = 0.002
 
     def step(self, prefill_tokens: float, decode_seqs: float, context_tokens: float) -> StepCost:
         memory = self.read_s + self.per_context_s * context_tokens
         compute = self.per_token_s * (prefill_tokens + decode_seqs)
-        return StepCost(0.003 + max(memory, compute), f"reads {self.read_s * 1e3:.1f} ms")
+        capped = max(memory, compute)
+        whole = capped * self.share
+        shared = whole + (whole / self.turn_s + 1) * self.others_s
+        return StepCost(0.003 + max(capped, shared), f"reads {self.read_s * 1e3:.1f} ms")
+
+    def beside(self, others_s: float) -> Steps:
+        return replace(self, others_s=others_s)
 
 
 class FakePerf:
@@ -43,6 +56,7 @@ class FakePerf:
             read_s=weights / bandwidth,
             per_token_s=weights / flops,  # 2 FLOPs per parameter, 2 bytes per parameter
             per_context_s=shape.memory.kv_per_token / bandwidth,
+            share=share,
         )
 
 
@@ -326,3 +340,58 @@ def test_a_model_whose_replica_runs_its_own_server_is_planned_on_one_gpu() -> No
     [why] = alone.unplaced
     assert why.resource == "gpu_memory"
     assert "needs 27,674 MiB per card" in why.reason  # the whole 12B on one L4
+
+
+def one_card(models: int, tpot_ms: float) -> FleetSpec:
+    """``models`` 7B chats at 1 req/s on one node of one A6000: two fit its memory."""
+    return parse_spec(
+        {
+            "models": [
+                {
+                    "name": f"chat-{i}",
+                    "config": "qwen2.5-7b",
+                    "max_model_len": 4096,
+                    "traffic": {
+                        "rate": 1,
+                        "prompt_tokens": {"mean": 300, "p99": 1000},
+                        "output_tokens": {"mean": 100, "p99": 300},
+                    },
+                    "slo": {"ttft_ms": {"p99": 3000}, "tpot_ms": {"p50": tpot_ms}},
+                }
+                for i in range(models)
+            ],
+            "pools": [
+                {
+                    "name": "one",
+                    "gpu": {"type": "RTX-A6000", "count": 1},
+                    "cpu": 32,
+                    "memory_gb": 256,
+                    "max_nodes": 1,
+                }
+            ],
+        }
+    )
+
+
+def test_replicas_sharing_a_card_are_predicted_waiting_on_each_others_turns() -> None:
+    """A replica's capacity is sized alone; once two land on one card, the report counts
+    the turns each step waits (a full one per neighbour, fleetserve.perf's time_sliced) -
+    and says so when a target breaks only there."""
+    alone = plan(one_card(1, tpot_ms=57))
+    [solo] = alone.traffic
+    assert solo.met
+    assert solo.beside == 0
+    assert solo.cores_percent == 50  # half the card: two such replicas fill it
+    shared = plan(one_card(2, tpot_ms=57))
+    assert shared.feasible  # both placed, on the one card
+    assert {tuple(r.gpus) for r in shared.replicas} == {(0,)}
+    for t in shared.traffic:
+        assert t.beside == 1
+        assert t.tpot_ms["p50"] > solo.tpot_ms["p50"] > 0
+        assert not t.met
+        assert t.binding == "card_sharing"
+        assert "TPOT p50" in t.reason
+        assert "beside 1 other replica(s) on one card" in t.reason
+    # a target that holds with the wait is met beside the other one too
+    loose = plan(one_card(2, tpot_ms=80))
+    assert all(t.met and t.beside == 1 and t.binding != "card_sharing" for t in loose.traffic)
