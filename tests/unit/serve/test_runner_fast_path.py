@@ -219,3 +219,43 @@ def test_every_local_ray_setting_is_one_ray_reads() -> None:
     # The worker niceness is the raylet's (C++): tests/integration/test_serve_chaos.py
     # reads it back from a running server's processes.
     assert set(read) | {"RAY_worker_niceness"} == set(runner.LOCAL_RAY_ENV)
+
+
+def test_a_ray_node_that_misses_rays_startup_wait_is_started_again_and_nothing_is_left(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ray gives its raylet a fixed 30 s to register; a loaded host can miss it, and the
+    failed try leaves its daemons as our children. They go, and Ray starts once more."""
+    rec = Recorder()
+    daemons: list[subprocess.Popen[bytes]] = []
+
+    def init(**kwargs: Any) -> None:
+        if not daemons:  # the first try: a daemon started, then Ray's own timeout
+            daemons.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+            raise Exception(
+                "The current node timed out during startup. This could happen because some "
+                "of the raylet failed to startup or the GCS has become overloaded."
+            )
+        rec.init(**kwargs)
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "get_runtime_context", rec.runtime_context)
+    _server()._start_ray()
+    assert daemons[0].wait(timeout=10) is not None  # the first try's daemon was stopped
+    out = capsys.readouterr().out
+    assert "starting Ray again (2 of 2)" in out
+    assert "Ray started at" in out
+    assert rec.env["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.5"
+
+
+def test_another_ray_failure_is_not_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def init(**_: Any) -> None:
+        calls.append(1)
+        raise RuntimeError("Permission denied: /tmp/ray")
+
+    monkeypatch.setattr(ray, "init", init)
+    with pytest.raises(runner.ServeError, match="cannot start Ray: Permission denied"):
+        _server()._start_ray()
+    assert calls == [1]

@@ -53,6 +53,7 @@ from fleetserve.engine.cpu_binding import (
     serving_cores,
     spawned_on,
 )
+from fleetserve.engine.reaper import children, ident, reap
 from fleetserve.errors import ServeError
 from fleetserve.host import HostFacts, probe
 from fleetserve.plan.deployment import (
@@ -128,6 +129,11 @@ def fast_path_env(port: int, *, verbose: bool) -> dict[str, str]:
 #:   5 s (only ``--verbose`` shows them), and Ray's node metrics come every 15 s, a
 #:   Prometheus scrape interval. tests/unit/serve/test_runner_fast_path.py checks that
 #:   Ray still reads each name.
+#: Tries of ``ray.init`` when Ray's node misses its startup wait (``FleetServer._init_ray``).
+RAY_START_TRIES = 2
+#: What Ray's exception says when its raylet did not register in time.
+RAY_NODE_TIMEOUT = "timed out during startup"
+
 LOCAL_RAY_ENV = {
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
     "RAY_worker_niceness": "0",
@@ -251,6 +257,34 @@ class FleetServer:
         nodes = ray.nodes()  # type: ignore[no-untyped-call]
         return ClusterCapacity.from_ray(total, nodes)
 
+    def _init_ray(self, kwargs: dict[str, Any]) -> None:
+        """``ray.init``, tried again once when Ray's node missed its fixed startup wait.
+
+        Ray gives its raylet a hard-coded 30 s to register with the GCS
+        (``ray/_private/node.py``), which a loaded host can miss (seen on this 2-core test
+        host while an engine started beside it). That failure leaves the try's daemons
+        running as our children: they are stopped before the next try, so nothing is left
+        either way."""
+        import ray  # noqa: PLC0415
+
+        for attempt in range(1, RAY_START_TRIES + 1):
+            before = children(os.getpid())
+            try:
+                ray.init(**kwargs)
+                return
+            except Exception as e:
+                left = [p for p in map(ident, children(os.getpid()) - before) if p is not None]
+                with contextlib.suppress(Exception):
+                    ray.shutdown()
+                reap(left)
+                if RAY_NODE_TIMEOUT not in str(e) or attempt == RAY_START_TRIES:
+                    raise ServeError(f"cannot start Ray: {e}") from e
+                self.console.print(
+                    "fleetserve: Ray's node did not register within Ray's startup wait "
+                    f"(a busy host?); its daemons are stopped, starting Ray again ({attempt + 1} "
+                    f"of {RAY_START_TRIES})"
+                )
+
     def _start_ray(self) -> None:
         import ray  # noqa: PLC0415
 
@@ -283,13 +317,10 @@ class FleetServer:
                 f"fleetserve: Ray and the serving layer on CPU cores {format_cores(serving)}, "
                 f"the rest of {host} left to the engines"
             )
-        try:
-            # Ray's daemons start from this thread and its workers from the raylet, so they
-            # all inherit the serving cores; this process keeps its own.
-            with spawned_on(serving) if serving else contextlib.nullcontext():
-                ray.init(**kwargs)
-        except Exception as e:
-            raise ServeError(f"cannot start Ray: {e}") from e
+        # Ray's daemons start from this thread and its workers from the raylet, so they
+        # all inherit the serving cores; this process keeps its own.
+        with spawned_on(serving) if serving else contextlib.nullcontext():
+            self._init_ray(kwargs)
         self._started_ray = True
         self._restore_signal_handlers()
         # The exact address, for `ray status --address ...` and for tools that join this
