@@ -87,6 +87,11 @@ class StepModel(Protocol):
         holding ``context_tokens`` tokens of KV between them."""
         ...
 
+    def turn(self, prefill_tokens: float, decode_seqs: float, context_tokens: float) -> float:
+        """The turn a step of this load holds on a card it shares, which the other engines
+        there wait for: its work on the whole card, at most :attr:`turn_s`."""
+        ...
+
     def beside(self, others_s: float) -> StepModel:
         """The same replica on a card where other engines hold ``others_s`` seconds of
         turns a round (its steps wait on them)."""

@@ -987,11 +987,18 @@ def compose_result(
         )
     traffic: list[TrafficPlan] = []
     beside = card_neighbours(packing)
+    turns = _steady_turns(plans, problem, packing)
     for model_spec in spec.models:
         plan = plans[model_spec.name]
         if plan.traffic is not None:
             report, short = _traffic_report(
-                plan, pools=pools, packing=packing, problem=problem, spec=spec, beside=beside
+                plan,
+                pools=pools,
+                packing=packing,
+                problem=problem,
+                spec=spec,
+                beside=beside,
+                turns=turns,
             )
             traffic.append(report)
             unplaced.extend(short)
@@ -1014,20 +1021,53 @@ def compose_result(
     )
 
 
-def card_neighbours(packing: Packing) -> dict[tuple[str, int], int]:
-    """Per placed replica: the most other replicas on one of its cards (0: its cards hold
-    it alone; a CPU replica holds no card). Engines sharing a card take turns on it
+Key = tuple[str, int]
+
+
+def card_neighbours(packing: Packing) -> dict[Key, list[list[Key]]]:
+    """Per placed replica: for each of its cards, the other replicas on it (none: its cards
+    hold it alone; a CPU replica holds no card). Engines sharing a card take turns on it
     (:meth:`fleetserve.perf.EnginePerf.time_sliced`), which a replica's capacity, sized
     before the cards are known, does not count: the traffic report does."""
-    on_card: dict[tuple[str, int, int], int] = {}
-    for a in packing.assigned.values():
+    on_card: dict[tuple[str, int, int], list[Key]] = {}
+    for key, a in packing.assigned.items():
         for n, cards in a.parts:
             for c in cards:
-                on_card[(a.pool, n, c)] = on_card.get((a.pool, n, c), 0) + 1
+                on_card.setdefault((a.pool, n, c), []).append(key)
     return {
-        key: max((on_card[(a.pool, n, c)] - 1 for n, cards in a.parts for c in cards), default=0)
+        key: [
+            [k for k in on_card[(a.pool, n, c)] if k != key] for n, cards in a.parts for c in cards
+        ]
         for key, a in packing.assigned.items()
     }
+
+
+def _steady_turns(
+    plans: dict[str, _ModelPlan], problem: Problem, packing: Packing
+) -> dict[str, float]:
+    """The turn one replica of each traffic-planned model holds on a shared card in its
+    steady state at the planned rate: its mean step's whole-card work, at most one full
+    turn. A model without traffic has no rate to know it by, so it is absent: its replicas
+    are taken to hold full turns."""
+    placed: dict[str, int] = {}
+    for key in packing.assigned:
+        placed[key[0]] = placed.get(key[0], 0) + 1
+    out: dict[str, float] = {}
+    items = {it.key: it for it in problem.items}
+    for name, plan in plans.items():
+        if plan.traffic is None or plan.model.traffic is None or not placed.get(name):
+            continue
+        used = {items[k].option for k in packing.assigned if k[0] == name}
+        option = next((o for o in plan.traffic.options if o.name in used), None)
+        if option is None:
+            continue
+        load = option.at(plan.traffic.work, plan.model.traffic.rate, placed[name])
+        if not load.stable:
+            continue  # an overloaded replica steps without pause: full turns
+        work = plan.traffic.work
+        prefill = plan.model.traffic.rate / placed[name] * work.prompt.mean * load.step_s
+        out[name] = option.step.turn(prefill, load.batch, load.batch * work.mean_context)
+    return out
 
 
 def _option_of(plan: _ModelPlan, item: Item) -> Option | None:
@@ -1048,14 +1088,15 @@ def _traffic_report(
     packing: Packing,
     problem: Problem,
     spec: FleetSpec,
-    beside: dict[tuple[str, int], int],
+    beside: dict[Key, list[list[Key]]],
+    turns: dict[str, float],
 ) -> tuple[TrafficPlan, list[Unplaced]]:
     """A traffic-planned model's report, and an Unplaced entry per replica it is short.
 
     Its latencies are predicted where its replicas landed: a replica sharing a card waits
-    on the turns of the engines beside it, each bounded by one full turn (a neighbour's
-    load is not known here - a model without traffic has none - so the bound is what it
-    may take). An SLO that breaks only there is reported as ``card_sharing``."""
+    on the turns of the engines beside it - a traffic-planned neighbour's steady turn at
+    its own rate (:func:`_steady_turns`), a full turn for one whose load is not known -
+    on its busiest card. An SLO that breaks only there is reported as ``card_sharing``."""
     model, found = plan.model, plan.traffic
     assert found is not None
     assert model.traffic is not None
@@ -1107,17 +1148,21 @@ def _traffic_report(
         )
     else:
         binding, reason = option.capacity.binding, option.capacity.reason
-    neighbours = max((beside.get(it.key, 0) for it in placed), default=0)
-    others_s = neighbours * option.step.turn_s
+    full = option.step.turn_s
+    neighbours, others_s = 0, 0.0
+    for it in placed:
+        for on_card in beside.get(it.key, []):
+            neighbours = max(neighbours, len(on_card))
+            others_s = max(others_s, sum(turns.get(k[0], full) for k in on_card) if full else 0.0)
     load = option.at(found.work, rate, len(placed) or option.copies, others_s)
     shared_miss = violations(load, found.work) if others_s > 0 else []
     if shared_miss:
         binding = "card_sharing"
         reason = (
             f"{shared_miss[0][1]} beside {neighbours} other replica(s) on one card: without "
-            f"MPS each of its steps waits up to one {option.step.turn_s * 1000:,.1f} ms turn "
-            f"of each (its {option.capacity.rate:,.2f} req/s per replica were sized without "
-            "them); give it whole cards, or fewer models per card"
+            f"MPS its steps wait on their turns, {others_s * 1000:,.1f} ms a round (its "
+            f"{option.capacity.rate:,.2f} req/s per replica were sized without them); give "
+            "it whole cards, or fewer models per card"
         )
     cost: float | None = None
     if problem.priced:

@@ -36,6 +36,12 @@ class EngineSteps:
     def turn_s(self) -> float:
         return 0.0 if self.perf.hardware.cpu else self.perf.calibration.time_slice_s
 
+    def turn(self, prefill_tokens: float, decode_seqs: float, context_tokens: float) -> float:
+        if self.perf.hardware.cpu:
+            return 0.0
+        load = self.load(prefill_tokens, decode_seqs, context_tokens)
+        return self.perf.time_sliced(load.sums, 0.0)[1]
+
     def beside(self, others_s: float) -> EngineSteps:
         """This replica on a card where other engines hold ``others_s`` seconds of turns a
         round."""

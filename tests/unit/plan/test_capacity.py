@@ -34,6 +34,9 @@ class LinearSteps:
         compute = self.per_token_s * (prefill_tokens + decode_seqs)
         return StepCost(self.fixed + max(memory, compute), f"weights {self.weights_s * 1e3:g} ms")
 
+    def turn(self, prefill_tokens: float, decode_seqs: float, context_tokens: float) -> float:
+        raise AssertionError("capacity is sized for a replica alone on its card")
+
     def beside(self, others_s: float) -> LinearSteps:
         raise AssertionError("capacity is sized for a replica alone on its card")
 

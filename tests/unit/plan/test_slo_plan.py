@@ -40,6 +40,11 @@ class Steps:
         shared = whole + (whole / self.turn_s + 1) * self.others_s
         return StepCost(0.003 + max(capped, shared), f"reads {self.read_s * 1e3:.1f} ms")
 
+    def turn(self, prefill_tokens: float, decode_seqs: float, context_tokens: float) -> float:
+        memory = self.read_s + self.per_context_s * context_tokens
+        compute = self.per_token_s * (prefill_tokens + decode_seqs)
+        return min(self.turn_s, max(memory, compute) * self.share)
+
     def beside(self, others_s: float) -> Steps:
         return replace(self, others_s=others_s)
 
@@ -395,3 +400,46 @@ def test_replicas_sharing_a_card_are_predicted_waiting_on_each_others_turns() ->
     # a target that holds with the wait is met beside the other one too
     loose = plan(one_card(2, tpot_ms=80))
     assert all(t.met and t.beside == 1 and t.binding != "card_sharing" for t in loose.traffic)
+
+
+def beside_small(small_traffic: bool) -> FleetSpec:
+    """A 7B chat on one A6000 with two Gemma 3 270Ms: planned from their traffic (a known
+    load) or as fixed replicas (none)."""
+    traffic = {
+        "rate": 1,
+        "prompt_tokens": {"mean": 300, "p99": 1000},
+        "output_tokens": {"mean": 100, "p99": 300},
+    }
+    slo = {"ttft_ms": {"p99": 3000}, "tpot_ms": {"p50": 80}}
+    models: list[dict[str, Any]] = [
+        {"name": "big", "config": "qwen2.5-7b", "max_model_len": 4096, "traffic": traffic}
+    ]
+    models[0]["slo"] = slo
+    for i in range(2):
+        small: dict[str, Any] = {"name": f"small-{i}", "config": "gemma-3-270m"}
+        small["max_model_len"] = 4096
+        if small_traffic:
+            small.update(traffic=traffic, slo=slo)
+        models.append(small)
+    one = {"name": "one", "gpu": {"type": "RTX-A6000", "count": 1}, "cpu": 32, "memory_gb": 256}
+    return parse_spec({"models": models, "pools": [{**one, "max_nodes": 1}]})
+
+
+def test_a_neighbour_of_known_load_holds_its_steady_turn_and_one_of_unknown_load_a_full_one() -> (
+    None
+):
+    """The 270Ms' decode steps are shorter than a turn: planned from their traffic, the 7B
+    waits only that long for each; as fixed replicas their load is unknown, so the 7B is
+    predicted beside two full turns, and its TPOT target breaks there."""
+    known = plan(beside_small(small_traffic=True))
+    unknown = plan(beside_small(small_traffic=False))
+    for p in (known, unknown):
+        assert {tuple(r.gpus) for r in p.replicas} == {(0,)}
+    big_known = next(t for t in known.traffic if t.model == "big")
+    [big_unknown] = unknown.traffic
+    assert big_known.beside == big_unknown.beside == 2
+    assert big_known.met
+    assert big_known.tpot_ms["p50"] < big_unknown.tpot_ms["p50"]
+    assert not big_unknown.met
+    assert big_unknown.binding == "card_sharing"
+    assert "4.0 ms a round" in big_unknown.reason  # two full turns of 2 ms
