@@ -1049,25 +1049,34 @@ def _steady_turns(
     steady state at the planned rate: its mean step's whole-card work, at most one full
     turn. A model without traffic has no rate to know it by, so it is absent: its replicas
     are taken to hold full turns."""
-    placed: dict[str, int] = {}
-    for key in packing.assigned:
-        placed[key[0]] = placed.get(key[0], 0) + 1
     out: dict[str, float] = {}
-    items = {it.key: it for it in problem.items}
     for name, plan in plans.items():
-        if plan.traffic is None or plan.model.traffic is None or not placed.get(name):
+        if plan.traffic is None or plan.model.traffic is None or not plan.traffic.options:
             continue
-        used = {items[k].option for k in packing.assigned if k[0] == name}
-        option = next((o for o in plan.traffic.options if o.name in used), None)
-        if option is None:
+        option, placed = _placed_option(plan.traffic, name, problem, packing)
+        if not placed:
             continue
-        load = option.at(plan.traffic.work, plan.model.traffic.rate, placed[name])
+        work, rate = plan.traffic.work, plan.model.traffic.rate / len(placed)
+        load = option.at(work, rate, 1)
         if not load.stable:
             continue  # an overloaded replica steps without pause: full turns
-        work = plan.traffic.work
-        prefill = plan.model.traffic.rate / placed[name] * work.prompt.mean * load.step_s
+        prefill = rate * work.prompt.mean * load.step_s
         out[name] = option.step.turn(prefill, load.batch, load.batch * work.mean_context)
     return out
+
+
+def _placed_option(
+    found: TrafficOptions, name: str, problem: Problem, packing: Packing
+) -> tuple[Option, list[Item]]:
+    """The option a traffic-planned model's placed replicas run (its cheapest when none is
+    placed) and those replicas."""
+    placed = [
+        it
+        for it in problem.items
+        if it.model == name and it.option is not None and it.key in packing.assigned
+    ]
+    used = {it.option for it in placed}
+    return next((o for o in found.options if o.name in used), found.options[0]), placed
 
 
 def _option_of(plan: _ModelPlan, item: Item) -> Option | None:
@@ -1107,9 +1116,7 @@ def _traffic_report(
             plan, m_index, pools=pools, packing=packing, problem=problem, spec=spec
         )
     mine = [it for it in problem.items if it.model == model.name and it.option is not None]
-    placed = [it for it in mine if it.key in packing.assigned]
-    used = {it.option for it in placed}
-    option = next((o for o in found.options if o.name in used), found.options[0])
+    option, placed = _placed_option(found, model.name, problem, packing)
     choice = next(c for c in problem.choices if c.model == model.name)
     short = choice_shortfall(problem, packing, choice)
     unplaced: list[Unplaced] = []
@@ -1153,7 +1160,7 @@ def _traffic_report(
     for it in placed:
         for on_card in beside.get(it.key, []):
             neighbours = max(neighbours, len(on_card))
-            others_s = max(others_s, sum(turns.get(k[0], full) for k in on_card) if full else 0.0)
+            others_s = max(others_s, sum(turns.get(k[0], full) for k in on_card))
     load = option.at(found.work, rate, len(placed) or option.copies, others_s)
     shared_miss = violations(load, found.work) if others_s > 0 else []
     if shared_miss:

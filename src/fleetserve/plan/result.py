@@ -159,8 +159,9 @@ class TrafficPlan(_Frozen):
         default=0,
         ge=0,
         description="The most other replicas on one card with one of its replicas: without "
-        "MPS the card takes the engines in turns, and each of its steps waits up to one turn "
-        "of each (counted in the latencies below).",
+        "MPS the card takes the engines in turns, and each of its steps waits on theirs - a "
+        "neighbour planned from its traffic for its steady step, one of unknown load for a "
+        "full turn (counted in the latencies below).",
     )
     ttft_ms: dict[str, float] = Field(
         default_factory=dict, description="Predicted TTFT per percentile at the rate (ms)."

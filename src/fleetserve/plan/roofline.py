@@ -8,7 +8,7 @@ card (``Hardware.share``), so it scales compute and memory bandwidth alike: a pl
 cards full and sizes for the busy hour, when each replica gets about its cap. Engines that
 share a card also wait on each other's turns (:meth:`EnginePerf.time_sliced`);
 :meth:`EngineSteps.beside` is this replica among others, which the planner applies once
-it knows the cards (``planner._beside``). A step of ``p`` prefill tokens (one
+it knows the cards (``planner._traffic_report``). A step of ``p`` prefill tokens (one
 chunk, no cached prefix) beside ``n`` decodes of mean context ``c`` is the sum of
 :meth:`EnginePerf.load` of the chunk and ``n`` decodes as
 :meth:`EnginePerf.decode_step_time` counts them (``n`` may be fractional: the steady
