@@ -25,7 +25,7 @@ from fleetserve.errors import UsageError
 from fleetserve.perf.calibration import Calibration, add_calibration_argument
 from fleetserve.plan.milp import NODE_LIMIT
 from fleetserve.plan.planner import DEFAULT_TIME_LIMIT_S, plan_fleet
-from fleetserve.plan.result import PlanResult
+from fleetserve.plan.result import PlanResult, TrafficPlan
 from fleetserve.spec import load_spec
 
 
@@ -198,8 +198,7 @@ def render_table(result: PlanResult, console: Console) -> None:
                 str(t.tensor_parallel),
                 str(t.max_num_seqs),
                 f"{t.memory_mb:,}",
-                # replicas beside it on one card: its latencies wait on their turns
-                f"{t.cores_percent} (+{t.beside} on card)" if t.beside else str(t.cores_percent),
+                _cores(t),
                 f"{t.goodput_per_replica:,.2f}",
                 " / ".join(f"{k} {v:,.0f}" for k, v in t.ttft_ms.items()) or "-",
                 " / ".join(f"{k} {v:,.1f}" for k, v in t.tpot_ms.items()) or "-",
@@ -215,6 +214,14 @@ def render_table(result: PlanResult, console: Console) -> None:
         console.print(f"[red]unplaced[/] {u.model}#{u.index}: {u.reason}")
         for fix in u.fixes:
             console.print(f"    fix: {fix}")
+
+
+def _cores(t: TrafficPlan) -> str:
+    if t.beside:  # replicas beside it on one card: its latencies wait on their turns
+        return f"{t.cores_percent} (+{t.beside} on card)"
+    if t.own_cards:  # moved off shared cards, where an SLO broke
+        return f"{t.cores_percent} (own cards)"
+    return str(t.cores_percent)
 
 
 __all__ = ["UsageError", "register", "render_table", "run"]

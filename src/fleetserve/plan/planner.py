@@ -16,14 +16,15 @@ search. The answer never depends on the clock unless the safety-net time limit w
 and then the result says so. (3) Explain each replica left out, once per model (copies
 share the answer): the binding constraint (GPU memory, cores, slices per card,
 isolation, host RAM, CPUs, a vLLM refusal), by how much, and fixes computed with the same
-memory model.
+memory model. (4) A traffic-planned model that breaks an SLO only beside its card's other
+engines is planned again on whole cards (:func:`plan_fleet`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -125,6 +126,9 @@ class _ModelPlan:
     """Pool -> (nodes, cards per node) of one replica there (:func:`node_span`)."""
     traffic: TrafficOptions | None = None
     """For a model planned from its traffic: its options (sizing per option, not pool)."""
+    own_cards: str | None = None
+    """Set, its options hold whole cards, and this says why: the SLO that broke beside
+    other engines on shared ones (:func:`plan_fleet`)."""
 
 
 def node_span(
@@ -157,14 +161,17 @@ def _replica_count(model: ModelSpec, scenario: str) -> int:
 
 
 def fit_pool(
-    model: ModelSpec, config: ModelConfig, pc: PoolCard, spec: FleetSpec
+    model: ModelSpec, config: ModelConfig, pc: PoolCard, spec: FleetSpec, *, whole: bool = False
 ) -> tuple[Sizing, tuple[int, int]] | Rejection:
-    """One replica of ``model`` on pool ``pc``: its sizing and node span, or why not."""
+    """One replica of ``model`` on pool ``pc`` (``whole``: on whole cards): its sizing and
+    node span, or why not."""
     name = pc.spec.name
     if pc.shape is None or pc.gpu is None:
         return Rejection("pool", 0, f"pool '{name}' has no GPUs")
     shape = pc.shape
-    sized = size_replica(model, config, pc.gpu, shape.card_mb, split_count=shape.split_count)
+    sized = size_replica(
+        model, config, pc.gpu, shape.card_mb, split_count=shape.split_count, whole=whole
+    )
     if isinstance(sized, Rejection):
         return sized
     span = node_span(model.tensor_parallel, model.pipeline_parallel, shape.cards_per_node)
@@ -197,17 +204,22 @@ def _demand(model: ModelSpec, sizing: Sizing, span: tuple[int, int]) -> Demand:
 
 
 def build_problem(
-    spec: FleetSpec, pools: list[PoolCard], scenario: str, perf: PerfModel | None = None
+    spec: FleetSpec,
+    pools: list[PoolCard],
+    scenario: str,
+    perf: PerfModel | None = None,
+    own_cards: Mapping[str, str] | None = None,
 ) -> tuple[Problem, dict[str, _ModelPlan]]:
     """Size every model on every pool it may use, and list the replicas to place: the
-    spec's count, or for a model with ``traffic`` its options (:mod:`.traffic`)."""
+    spec's count, or for a model with ``traffic`` its options (:mod:`.traffic`; those of
+    the traffic-planned models in ``own_cards`` on whole cards)."""
     dedicated = {t.name for t in spec.tenants if t.isolation == "dedicated"}
     plans: dict[str, _ModelPlan] = {}
     items: list[Item] = []
     choices: list[Choice] = []
     for m_index, model in enumerate(spec.models):
         config = model_config_for(model, index=m_index)
-        plan = _ModelPlan(model, config, {}, {})
+        plan = _ModelPlan(model, config, {}, {}, own_cards=(own_cards or {}).get(model.name))
         plans[model.name] = plan
         allowed = set(model.pools) if model.pools is not None else None
         mine = [pc for pc in pools if allowed is None or pc.spec.name in allowed]
@@ -277,7 +289,9 @@ def _traffic_items(
         config,
         gpu_pools,
         perf,
-        lambda trial, name: fit_pool(trial, config, by_name[name], spec),
+        lambda trial, name: fit_pool(
+            trial, config, by_name[name], spec, whole=plan.own_cards is not None
+        ),
     )
     plan.traffic = found
     plan.rejections.update(found.rejections)
@@ -1023,6 +1037,9 @@ def compose_result(
 
 Key = tuple[str, int]
 
+#: How a ``card_sharing`` reason ends while whole cards are still to try (plan_fleet).
+WHOLE_CARDS_HINT = "; give it whole cards, or fewer models per card"
+
 
 def card_neighbours(packing: Packing) -> dict[Key, list[list[Key]]]:
     """Per placed replica: for each of its cards, the other replicas on it (none: its cards
@@ -1168,9 +1185,11 @@ def _traffic_report(
         reason = (
             f"{shared_miss[0][1]} beside {neighbours} other replica(s) on one card: without "
             f"MPS its steps wait on their turns, {others_s * 1000:,.1f} ms a round (its "
-            f"{option.capacity.rate:,.2f} req/s per replica were sized without them); give "
-            "it whole cards, or fewer models per card"
+            f"{option.capacity.rate:,.2f} req/s per replica were sized without them)"
+            f"{WHOLE_CARDS_HINT}"
         )
+    elif plan.own_cards is not None:
+        reason = f"{reason}; on whole cards because on shared ones {plan.own_cards}"
     cost: float | None = None
     if problem.priced:
         cost = 0.0
@@ -1200,6 +1219,7 @@ def _traffic_report(
         binding=binding,
         reason=reason,
         beside=neighbours,
+        own_cards=plan.own_cards is not None,
         ttft_ms=_ms(load, "ttft") if load.stable else {},
         tpot_ms=_ms(load, "tpot") if load.stable else {},
         cost_per_hour=cost,
@@ -1292,7 +1312,9 @@ def plan_fleet(
     """Place every replica of ``spec`` (``min`` or ``max`` replicas) on its pools.
 
     A model with ``traffic`` is sized by ``perf`` (default: the roofline of
-    :mod:`fleetserve.perf` with ``calibration``'s constants, else the backend's defaults).
+    :mod:`fleetserve.perf` with ``calibration``'s constants, else the backend's defaults);
+    one whose SLO breaks only beside the engines on its shared cards is planned again on
+    whole cards (the design note below).
 
     The answer is decided by ``node_limit`` (branch-and-bound nodes per objective level),
     so it is the same on any machine; ``time_limit_s`` is a safety net whose hit the
@@ -1309,11 +1331,72 @@ def plan_fleet(
         from fleetserve.plan.roofline import Roofline  # noqa: PLC0415
 
         perf = Roofline(calibration)
-    problem, plans = build_problem(spec, pools, scenario, perf)
+    moved: dict[str, str] = {}
+    result = _plan_once(
+        spec, pools, scenario, perf, moved, time_limit_s=time_limit_s, node_limit=node_limit
+    )
+    # Design note. A traffic option's capacity is sized alone on its slice; the packing then
+    # decides its neighbours, and the report predicts it beside them (card_sharing when an
+    # SLO breaks only there). The first such model (spec order) is planned again on whole
+    # cards - its options re-sized for them, the fleet re-packed around it - and the new
+    # plan is kept unless it leaves more replicas unplaced; then the next. One model a
+    # round, because its move may be what its neighbours needed (two crowded 7Bs on one
+    # card: one on a card of its own leaves the other alone on its slice). A whole-card
+    # replica has no neighbours, so each round moves a model for good and the rounds end.
+    while True:
+        crowded = next((t for t in result.traffic if t.binding == "card_sharing"), None)
+        if crowded is None:
+            return result
+        why = crowded.reason.removesuffix(WHOLE_CARDS_HINT)
+        trial = _plan_once(
+            spec,
+            pools,
+            scenario,
+            perf,
+            moved | {crowded.model: why},
+            time_limit_s=time_limit_s,
+            node_limit=node_limit,
+        )
+        if len(trial.unplaced) > len(result.unplaced):
+            return _whole_cards_short(result, trial, crowded.model)
+        result = trial
+        moved[crowded.model] = why
+
+
+def _plan_once(
+    spec: FleetSpec,
+    pools: list[PoolCard],
+    scenario: str,
+    perf: PerfModel | None,
+    own_cards: Mapping[str, str],
+    *,
+    time_limit_s: float,
+    node_limit: int,
+) -> PlanResult:
+    problem, plans = build_problem(spec, pools, scenario, perf, own_cards)
     packing = solve(problem, time_limit_s=time_limit_s, node_limit=node_limit)
     return compose_result(
         spec, pools=pools, plans=plans, problem=problem, packing=packing, scenario=scenario
     )
+
+
+def _whole_cards_short(result: PlanResult, trial: PlanResult, crowded: str) -> PlanResult:
+    """``result`` with the crowded model's report saying what whole cards would leave
+    out (``trial``: the plan with them) - the other crowded models stay as they are: the
+    move that would have helped them costs replicas."""
+    short = [u for u in trial.unplaced if u.model == crowded] or trial.unplaced
+    lost = len(trial.unplaced) - len(result.unplaced)
+    why = (
+        f"; whole cards for it leave {lost} more replica(s) unplaced "
+        f"({short[0].model}: {short[0].reason})"
+    )
+    traffic = [
+        t.model_copy(update={"reason": t.reason.removesuffix(WHOLE_CARDS_HINT) + why})
+        if t.model == crowded
+        else t
+        for t in result.traffic
+    ]
+    return result.model_copy(update={"traffic": traffic})
 
 
 def _check_prices(spec: FleetSpec) -> None:

@@ -163,6 +163,12 @@ class TrafficPlan(_Frozen):
         "neighbour planned from its traffic for its steady step, one of unknown load for a "
         "full turn (counted in the latencies below).",
     )
+    own_cards: bool = Field(
+        default=False,
+        description="Its replicas hold whole cards although slices would hold them: on "
+        "shared cards an SLO broke beside the other engines (the reason says which), and "
+        "the fleet was planned again around whole cards for it.",
+    )
     ttft_ms: dict[str, float] = Field(
         default_factory=dict, description="Predicted TTFT per percentile at the rate (ms)."
     )

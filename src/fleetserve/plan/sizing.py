@@ -191,8 +191,10 @@ def size_replica(
     *,
     split_count: int = 10,
     batched_tokens: int | None = None,
+    whole: bool = False,
 ) -> Sizing | Rejection:
-    """Size one replica of ``model`` on cards of ``card_mb`` MiB (slice or whole cards).
+    """Size one replica of ``model`` on cards of ``card_mb`` MiB (slice or whole cards;
+    ``whole``: whole cards even where a slice would hold it - the card's time is its own).
 
     A replica vLLM would refuse to start (:mod:`fleetserve.plan.vllm_rules`) is rejected
     with the field at fault and the fixes that pass the same rules.
@@ -242,7 +244,7 @@ def size_replica(
         )
         return memory, need, engine
 
-    if cards == 1:
+    if cards == 1 and not whole:
         memory, need, engine = attempt(whole=False)
         slice_mb = need + margin_mb(need)
         if slice_mb <= card_mb:

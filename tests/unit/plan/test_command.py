@@ -165,3 +165,32 @@ def test_the_table_says_when_a_replica_shares_its_card(
     assert main(["plan", path, "--format", "json"]) == 0
     traffic = json.loads(capsys.readouterr().out)["traffic"]
     assert [t["beside"] for t in traffic] == [1, 1]
+
+
+def test_the_table_says_when_a_model_was_moved_to_cards_of_its_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two 7B chats whose TPOT target breaks while they share an A6000 (55.6 ms against
+    55): with a second card, the first gets a whole card and the row says why."""
+    model = """
+  - name: {name}
+    config: qwen2.5-7b
+    max_model_len: 4096
+    traffic:
+      rate: 1
+      prompt_tokens: {{mean: 300, p99: 1000}}
+      output_tokens: {{mean: 100, p99: 300}}
+    slo: {{ttft_ms: {{p99: 3000}}, tpot_ms: {{p50: 55}}}}"""
+    text = (
+        "pools: [{name: two, gpu: {type: RTX-A6000, count: 2}, cpu: 32, memory_gb: 256, "
+        "max_nodes: 1}]\nmodels:" + model.format(name="a") + model.format(name="b") + "\n"
+    )
+    path = _spec(tmp_path, text)
+    assert main(["plan", path]) == 0
+    out = capsys.readouterr().out
+    assert out.count("100 (own cards)") == 1
+    assert "on whole cards because on shared ones TPOT p50" in out
+    assert main(["plan", path, "--format", "json"]) == 0
+    traffic = json.loads(capsys.readouterr().out)["traffic"]
+    assert [t["own_cards"] for t in traffic] == [True, False]
+    assert all(t["met"] for t in traffic)
