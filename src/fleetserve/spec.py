@@ -558,8 +558,9 @@ class ModelSpec(StrictModel):
             "`process` (experimental): a `vllm serve` of the same options beside each "
             "replica, on a Unix socket in the replica's own directory, which takes that "
             "work off the replica's event loop; for small models at high concurrency. "
-            "One GPU per replica and no adapter_dir; its engine metrics stay on that "
-            "server's /metrics (not exported as ray_vllm_*)."
+            "One GPU per replica and no adapter_dir; its engine metrics are read from "
+            "that server's /metrics and exported through Ray as ray_vllm_*, as the "
+            "in-replica engine's are."
         ),
     )
     adapter_dir: str | None = Field(

@@ -179,17 +179,19 @@ def start_fleetserve(
     *,
     fake_token_delay: float | None = None,
     env: dict[str, str] | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> StartedServer:
     """``fleetserve serve`` of the fleet ``spec`` (YAML text, written to ``tmp/fleet.yaml``) on
     a free port, its log in ``tmp/serve.log``; returns once it is ready.
 
     ``fake_token_delay`` given: the fake engine, streaming a token per that many seconds;
     otherwise the spec's real engines (and the long start timeout they need here).
+    ``extra_args``: more ``fleetserve serve`` options (``--metrics-export-port N``).
     """
     path = tmp / "fleet.yaml"
     path.write_text(spec)
     port = free_port()
-    args = [str(path), "--port", str(port)]
+    args = [str(path), "--port", str(port), *extra_args]
     timeout_s = START_TIMEOUT_S
     if fake_token_delay is not None:
         args += ["--engine", "fake", "--fake-token-delay", f"{fake_token_delay:g}"]

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve.engine.signals import (
     GENERATED_SERIES,
@@ -31,6 +32,7 @@ from fleetserve.engine.signals import (
     SERIES,
     metrics_values,
 )
+from fleetserve.observe.metrics import ALL_METRICS, ray_exported_name
 from fleetserve.spec import DEFAULT_MODEL_NAME as MODEL
 from fleetserve.spec import DEFAULT_MODEL_SOURCE
 
@@ -48,11 +50,13 @@ models:
 
 
 class ProcessFleet:
-    def __init__(self, url: str, server: Any, mark: str, servers: Any) -> None:
+    def __init__(self, url: str, server: Any, mark: str, servers: Any, metrics_url: str) -> None:
         self.url = url
         self.server = server
         self.mark = mark
         self._servers = servers
+        self.metrics_url = metrics_url
+        """Ray's metrics export of this fleet's node."""
 
     def processes(self) -> dict[int, str]:
         return self._servers.marked_processes(self.mark)  # type: ignore[no-any-return]
@@ -72,13 +76,16 @@ def process_fleet(
     tmp_path_factory: pytest.TempPathFactory, real_engine: Path, servers: Any
 ) -> Iterator[ProcessFleet]:
     mark = f"frontend-{uuid.uuid4().hex[:12]}"
+    metrics_port = servers.free_port()
     started = servers.start_fleetserve(
         tmp_path_factory.mktemp("frontend-process"),
         SPEC,
         "frontend: process",
         env={servers.mark_var: mark},
+        extra_args=("--metrics-export-port", str(metrics_port)),
     )
-    fleet = ProcessFleet(started.url, started.server, mark, servers)
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    fleet = ProcessFleet(started.url, started.server, mark, servers, metrics_url)
     try:
         yield fleet
     finally:
@@ -188,6 +195,74 @@ def test_the_routers_signals_read_vllms_own_metrics(
     assert set(found) == {*SERIES, RUNNING_SERIES, GENERATED_SERIES, KV_CAPACITY_TOKENS}
     assert found[KV_CAPACITY_TOKENS] > 0
     assert found[GENERATED_SERIES] >= 2
+
+
+def sums(text: str) -> dict[str, float]:
+    """Each sample name's total over its label sets (``le`` buckets kept apart)."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            le = s.labels.get("le")
+            key = s.name if le is None else f"{s.name}{{le={float(le):g}}}"
+            out[key] = out.get(key, 0.0) + float(s.value)
+    return out
+
+
+def test_the_engines_metrics_reach_rays_export_as_the_in_replica_engines_do(
+    process_fleet: ProcessFleet, vllm_url: str
+) -> None:
+    """Dashboards, alerts and ``fleetserve top`` read ``ray_vllm_*``. The replica relays its
+    server's /metrics to Ray's (engine/metrics_relay.py): every vLLM series the dashboards
+    name is exported with the server's counts - counters and histogram buckets equal to
+    what the server itself says - and tagged with the replica."""
+    (socket,) = process_fleet.engine_sockets()
+    for prompt in ("One", "Two two", "Three three three"):
+        r = httpx.post(
+            f"{process_fleet.url}/v1/completions",
+            json={"model": MODEL, "prompt": prompt, "max_tokens": 3},
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text
+    server = sums(engine_metrics(socket))
+    pairs = {
+        ray_exported_name(name, "counter"): server[name]
+        for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+    }
+    ttft = "vllm:time_to_first_token_seconds"
+    for suffix in ("_count", "_bucket{le=0.1}", "_bucket{le=inf}"):
+        pairs[ray_exported_name(ttft, "histogram") + suffix] = server[ttft + suffix]
+    assert pairs["ray_vllm_time_to_first_token_seconds_count"] >= 3
+    # Ray's agent exports what its workers reported within its last interval (10 s)
+    deadline, exported = time.monotonic() + 90, {}
+    while time.monotonic() < deadline:
+        exported = sums(httpx.get(process_fleet.metrics_url, timeout=10).text)
+        if all(exported.get(k) == v for k, v in pairs.items()):
+            break
+        time.sleep(2)
+    assert {k: exported.get(k) for k in pairs} == pairs
+    # every vLLM series a panel names is there (a counter at 0 is never exported: none are
+    # asked for that the requests above leave at 0)
+    at_zero = {
+        m.recorded
+        for m in ALL_METRICS
+        if m.kind == "counter"
+        and not server.get(m.recorded if m.recorded.endswith("_total") else f"{m.recorded}_total")
+    }
+    wanted = {
+        m.count if m.kind == "histogram" else m.name
+        for m in ALL_METRICS
+        if m.source == "vllm" and m.recorded not in at_zero
+    }
+    assert wanted <= set(exported), sorted(wanted - set(exported))
+    text = httpx.get(process_fleet.metrics_url, timeout=10).text
+    replicas = {
+        s.labels.get("ReplicaId")
+        for f in text_string_to_metric_families(text)
+        if f.name.startswith("ray_vllm_")
+        for s in f.samples
+    }
+    assert len(replicas) == 1
+    assert replicas != {""}
 
 
 def test_nothing_is_left_after_the_fleet_stops(process_fleet: ProcessFleet, vllm_url: str) -> None:

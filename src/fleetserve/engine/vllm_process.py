@@ -18,10 +18,11 @@ when its engine core dies), the routing signals and request counts from ``/metri
 (every :data:`SCRAPE_S`), the loaded adapters from ``/v1/models``, and abort on client
 disconnect from the connection closing (vLLM's own disconnect handling). The process
 group is the server's own session; the reaper watches it like an engine core, so it never
-outlives the replica. Not carried over (refused by the spec): engines over several GPUs
-(vLLM's Ray executor would have to join the replica's placement group from outside Ray)
-and ``adapter_dir``'s resolver (it lives inside vLLM's layer). Engine metrics stay on the
-server's ``/metrics``; they are not exported through Ray as ``ray_vllm_*``.
+outlives the replica. The engine's metrics are relayed from the same reads to Ray's, as
+the ``ray_vllm_*`` series the in-replica engine exports (:mod:`.metrics_relay`). Not
+carried over (refused by the spec): engines over several GPUs (vLLM's Ray executor would
+have to join the replica's placement group from outside Ray) and ``adapter_dir``'s
+resolver (it lives inside vLLM's layer).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import aiohttp
 from fleetserve.engine.card_turns import card_turn, visible_cards
 from fleetserve.engine.config import EngineConfig, vllm_server_argv
 from fleetserve.engine.cpu_binding import CoreClaim, engine_cores, host_cores, spawned_on
+from fleetserve.engine.metrics_relay import MetricsRelay, RaySink
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
 from fleetserve.engine.reaper import EngineProcesses
 from fleetserve.engine.signals import MetricsSignals
@@ -89,6 +91,7 @@ class VllmProcessEngine:
         self._session: aiohttp.ClientSession | None = None
         self._scraper: asyncio.Task[None] | None = None
         self._signals = MetricsSignals()
+        self._relay: tuple[MetricsRelay, RaySink] | None = None
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._cores: CoreClaim | None = None
         self._reader: threading.Thread | None = None
@@ -156,6 +159,7 @@ class VllmProcessEngine:
             self._reader.start()
             self._processes.guard()
             await self._wait_ready()
+        self._relay = _ray_relay()
         self._scraper = asyncio.get_running_loop().create_task(self._scrape())
 
     async def _wait_ready(self) -> None:
@@ -282,12 +286,19 @@ class VllmProcessEngine:
         session = self._session
         if session is None:
             return
+        text: str | None = None
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
             async with session.get(
                 "http://engine/metrics", timeout=aiohttp.ClientTimeout(total=5)
             ) as r:
                 if r.status == 200:
-                    self._signals.update(await r.text(), time.monotonic())
+                    text = await r.text()
+        if text is None:
+            return
+        self._signals.update(text, time.monotonic())
+        if self._relay is not None:
+            # off the loop: a second's observations of a busy engine are thousands of calls
+            await asyncio.to_thread(_relay_once, self._relay, text)
 
     # -- stop -----------------------------------------------------------------------------
 
@@ -312,6 +323,26 @@ class VllmProcessEngine:
         directory, self._dir = self._dir, None
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def _ray_relay() -> tuple[MetricsRelay, RaySink] | None:
+    """The relay of the engine's metrics to Ray's, in a Serve replica (else None: outside
+    Ray nothing exports them, and the server's /metrics has them all)."""
+    import ray  # noqa: PLC0415 - the replica's process has it loaded already
+    from ray import serve  # noqa: PLC0415
+
+    if not ray.is_initialized():
+        return None
+    try:
+        replica = serve.get_replica_context().replica_id.unique_id
+    except Exception:  # not in a Serve replica (a driver's test): no ReplicaId to tag with
+        replica = ""
+    return MetricsRelay(replica), RaySink()
+
+
+def _relay_once(relay: tuple[MetricsRelay, RaySink], text: str) -> None:
+    reader, sink = relay
+    sink.apply(reader.read(text))
 
 
 def _head(response: aiohttp.ClientResponse) -> ResponseHead:

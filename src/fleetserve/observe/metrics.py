@@ -39,13 +39,19 @@ RAY_NAMESPACE = "ray"
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")
 
 
+def ray_metric_name(recorded_name: str) -> str:
+    """The name ``ray.util.metrics`` takes for a Prometheus name, as vLLM's Ray wrappers
+    write it (``vllm:x`` -> ``vllm_x``; OpenTelemetry allows ``[a-zA-Z0-9_]`` only)."""
+    return _INVALID.sub("_", recorded_name)
+
+
 def ray_exported_name(recorded_name: str, kind: MetricKind) -> str:
     """The name Prometheus stores for a metric recorded in Ray as ``recorded_name``.
 
     ``ray_exported_name("vllm:prompt_tokens", "counter") == "ray_vllm_prompt_tokens_total"``.
     For histograms this is the family name (append ``_bucket``/``_sum``/``_count``).
     """
-    name = f"{RAY_NAMESPACE}_{_INVALID.sub('_', recorded_name)}"
+    name = f"{RAY_NAMESPACE}_{ray_metric_name(recorded_name)}"
     if kind == "counter" and not name.endswith("_total"):
         name += "_total"
     return name
