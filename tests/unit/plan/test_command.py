@@ -141,10 +141,8 @@ def test_an_unreadable_calibration_is_one_line(
     assert "cannot read" in capsys.readouterr().err
 
 
-def test_the_table_says_when_a_replica_shares_its_card(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Two 7B chats fill one A6000 between them: each row says so, and the JSON counts it."""
+def _two_chats(tmp_path: Path, cards: int, tpot_ms: float) -> str:
+    """Two 7B chats at 1 req/s on one node of ``cards`` A6000s (two fit one card)."""
     model = """
   - name: {name}
     config: qwen2.5-7b
@@ -153,12 +151,22 @@ def test_the_table_says_when_a_replica_shares_its_card(
       rate: 1
       prompt_tokens: {{mean: 300, p99: 1000}}
       output_tokens: {{mean: 100, p99: 300}}
-    slo: {{ttft_ms: {{p99: 3000}}, tpot_ms: {{p50: 80}}}}"""
+    slo: {{ttft_ms: {{p99: 3000}}, tpot_ms: {{p50: {tpot}}}}}"""
     text = (
-        "pools: [{name: one, gpu: {type: RTX-A6000, count: 1}, cpu: 32, memory_gb: 256, "
-        "max_nodes: 1}]\nmodels:" + model.format(name="a") + model.format(name="b") + "\n"
+        f"pools: [{{name: one, gpu: {{type: RTX-A6000, count: {cards}}}, cpu: 32, "
+        "memory_gb: 256, max_nodes: 1}]\nmodels:"
+        + model.format(name="a", tpot=tpot_ms)
+        + model.format(name="b", tpot=tpot_ms)
+        + "\n"
     )
-    path = _spec(tmp_path, text)
+    return _spec(tmp_path, text)
+
+
+def test_the_table_says_when_a_replica_shares_its_card(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two 7B chats fill one A6000 between them: each row says so, and the JSON counts it."""
+    path = _two_chats(tmp_path, cards=1, tpot_ms=80)
     assert main(["plan", path]) == 0
     out = capsys.readouterr().out
     assert out.count("(+1 on card)") == 2
@@ -172,20 +180,7 @@ def test_the_table_says_when_a_model_was_moved_to_cards_of_its_own(
 ) -> None:
     """Two 7B chats whose TPOT target breaks while they share an A6000 (55.6 ms against
     55): with a second card, the first gets a whole card and the row says why."""
-    model = """
-  - name: {name}
-    config: qwen2.5-7b
-    max_model_len: 4096
-    traffic:
-      rate: 1
-      prompt_tokens: {{mean: 300, p99: 1000}}
-      output_tokens: {{mean: 100, p99: 300}}
-    slo: {{ttft_ms: {{p99: 3000}}, tpot_ms: {{p50: 55}}}}"""
-    text = (
-        "pools: [{name: two, gpu: {type: RTX-A6000, count: 2}, cpu: 32, memory_gb: 256, "
-        "max_nodes: 1}]\nmodels:" + model.format(name="a") + model.format(name="b") + "\n"
-    )
-    path = _spec(tmp_path, text)
+    path = _two_chats(tmp_path, cards=2, tpot_ms=55)
     assert main(["plan", path]) == 0
     out = capsys.readouterr().out
     assert out.count("100 (own cards)") == 1
