@@ -1337,30 +1337,59 @@ def plan_fleet(
     )
     # Design note. A traffic option's capacity is sized alone on its slice; the packing then
     # decides its neighbours, and the report predicts it beside them (card_sharing when an
-    # SLO breaks only there). The first such model (spec order) is planned again on whole
-    # cards - its options re-sized for them, the fleet re-packed around it - and the new
-    # plan is kept unless it leaves more replicas unplaced; then the next. One model a
-    # round, because its move may be what its neighbours needed (two crowded 7Bs on one
-    # card: one on a card of its own leaves the other alone on its slice). A whole-card
-    # replica has no neighbours, so each round moves a model for good and the rounds end.
+    # SLO breaks only there). Such models are planned again on whole cards - their options
+    # re-sized for them, the fleet re-packed around them - and the new plan is kept unless
+    # it leaves more replicas unplaced (then only the first of them is tried, and if that
+    # fails too the shared plan stands, saying what whole cards would cost). Of the models
+    # crowded on one card only one moves a round (:func:`_movers`), because its move may be
+    # all the others there needed (two crowded 7Bs on one card: one on a card of its own
+    # leaves the other alone on its slice); models on different cards move in the same
+    # round, so a fleet of many crowded pairs takes a few rounds, not one per model. A
+    # whole-card replica has no neighbours, so each round moves models for good and the
+    # rounds end.
     while True:
-        crowded = next((t for t in result.traffic if t.binding == "card_sharing"), None)
-        if crowded is None:
+        movers = _movers(result)
+        if not movers:
             return result
-        why = crowded.reason.removesuffix(WHOLE_CARDS_HINT)
-        trial = _plan_once(
-            spec,
-            pools,
-            scenario,
-            perf,
-            moved | {crowded.model: why},
-            time_limit_s=time_limit_s,
-            node_limit=node_limit,
-        )
-        if len(trial.unplaced) > len(result.unplaced):
-            return _whole_cards_short(result, trial, crowded.model)
+        trial = None
+        for batch in (movers, movers[:1]) if len(movers) > 1 else (movers,):
+            trial = _plan_once(
+                spec,
+                pools,
+                scenario,
+                perf,
+                moved | _batch_reasons(batch),
+                time_limit_s=time_limit_s,
+                node_limit=node_limit,
+            )
+            if len(trial.unplaced) <= len(result.unplaced):
+                moved |= _batch_reasons(batch)
+                break
+        else:
+            assert trial is not None
+            return _whole_cards_short(result, trial, movers[0].model)
         result = trial
-        moved[crowded.model] = why
+
+
+def _batch_reasons(batch: list[TrafficPlan]) -> dict[str, str]:
+    """Model -> the shared-card miss that moves it (its report's reason, less the hint)."""
+    return {t.model: t.reason.removesuffix(WHOLE_CARDS_HINT) for t in batch}
+
+
+def _movers(result: PlanResult) -> list[TrafficPlan]:
+    """The ``card_sharing`` models to move to whole cards this round: in spec order, each
+    one whose cards hold none of the models already chosen (the design note above)."""
+    cards: dict[str, set[tuple[str, int, int]]] = {}
+    for r in result.replicas:
+        cards.setdefault(r.model, set()).update((r.pool, r.node, g) for g in r.gpus)
+    taken: set[tuple[str, int, int]] = set()
+    out = []
+    for t in result.traffic:
+        mine = cards.get(t.model, set())
+        if t.binding == "card_sharing" and not mine & taken:
+            out.append(t)
+            taken |= mine
+    return out
 
 
 def _plan_once(
