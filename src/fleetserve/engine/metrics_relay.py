@@ -149,6 +149,8 @@ class MetricsRelay:
     def _scalars(self, family: Any) -> list[Record]:
         kind: Kind = "counter" if family.type == "counter" else "gauge"
         samples = [s for s in family.samples if not s.name.endswith("_created")]
+        if not samples:  # labelled, no child yet: its labels are not known until one is
+            return []
         keys = {k for s in samples for k in s.labels}
         series = self._known(family, kind, keys, ())
         if series is None:

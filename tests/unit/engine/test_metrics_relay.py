@@ -132,3 +132,20 @@ def test_text_that_is_not_prometheus_is_skipped(caplog: pytest.LogCaptureFixture
     with caplog.at_level(logging.WARNING):
         assert MetricsRelay().read("vllm:x{engine=0 1\n") == []
     assert "could not be parsed" in caplog.text
+
+
+def test_a_family_without_samples_yet_is_made_when_its_first_child_appears() -> None:
+    """prometheus_client writes a labelled metric with no child as its HELP and TYPE only:
+    its labels are unknown until a child appears, so the series is made then."""
+    empty = """\
+# HELP vllm:request_success_total Count of successfully processed requests.
+# TYPE vllm:request_success_total counter
+"""
+    relay = MetricsRelay("r")
+    assert relay.read(empty) == []
+    child = (
+        empty + 'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 2.0\n'
+    )
+    [record] = relay.read(child)
+    assert record.series.tag_keys == ("engine", "finished_reason", "model_name", "ReplicaId")
+    assert record.value == 2
