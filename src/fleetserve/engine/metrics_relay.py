@@ -231,11 +231,11 @@ class RaySink:
                     log.warning("cannot record %s on Ray's metrics", record.series.name)
 
     def _apply(self, record: Record) -> None:
-        from ray.util import metrics  # noqa: PLC0415 - only inside Ray
-
         series = record.series
         metric: Any = self._metrics.get(series.name)
         if metric is None:
+            from ray.util import metrics  # noqa: PLC0415 - only inside Ray
+
             if series.kind == "gauge":
                 metric = metrics.Gauge(series.name, series.description, series.tag_keys)
             elif series.kind == "counter":

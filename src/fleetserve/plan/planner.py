@@ -1037,9 +1037,6 @@ def compose_result(
 
 Key = tuple[str, int]
 
-#: How a ``card_sharing`` reason ends while whole cards are still to try (plan_fleet).
-WHOLE_CARDS_HINT = "; give it whole cards, or fewer models per card"
-
 
 def card_neighbours(packing: Packing) -> dict[Key, list[list[Key]]]:
     """Per placed replica: for each of its cards, the other replicas on it (none: its cards
@@ -1186,7 +1183,6 @@ def _traffic_report(
             f"{shared_miss[0][1]} beside {neighbours} other replica(s) on one card: without "
             f"MPS its steps wait on their turns, {others_s * 1000:,.1f} ms a round (its "
             f"{option.capacity.rate:,.2f} req/s per replica were sized without them)"
-            f"{WHOLE_CARDS_HINT}"
         )
     elif plan.own_cards is not None:
         reason = f"{reason}; on whole cards because on shared ones {plan.own_cards}"
@@ -1331,10 +1327,8 @@ def plan_fleet(
         from fleetserve.plan.roofline import Roofline  # noqa: PLC0415
 
         perf = Roofline(calibration)
-    moved: dict[str, str] = {}
-    result = _plan_once(
-        spec, pools, scenario, perf, moved, time_limit_s=time_limit_s, node_limit=node_limit
-    )
+    moved: dict[str, str] = {}  # model -> the shared-card miss that moved it to whole cards
+
     # Design note. A traffic option's capacity is sized alone on its slice; the packing then
     # decides its neighbours, and the report predicts it beside them (card_sharing when an
     # SLO breaks only there). Such models are planned again on whole cards - their options
@@ -1347,33 +1341,33 @@ def plan_fleet(
     # round, so a fleet of many crowded pairs takes a few rounds, not one per model. A
     # whole-card replica has no neighbours, so each round moves models for good and the
     # rounds end.
+    def moving(batch: list[TrafficPlan]) -> dict[str, str]:
+        return moved | {t.model: t.reason for t in batch}  # the miss that moves each
+
+    def attempt(batch: list[TrafficPlan]) -> PlanResult:
+        return _plan_once(
+            spec,
+            pools,
+            scenario,
+            perf,
+            moving(batch),
+            time_limit_s=time_limit_s,
+            node_limit=node_limit,
+        )
+
+    result = attempt([])
     while True:
         movers = _movers(result)
         if not movers:
             return result
-        trial = None
-        for batch in (movers, movers[:1]) if len(movers) > 1 else (movers,):
-            trial = _plan_once(
-                spec,
-                pools,
-                scenario,
-                perf,
-                moved | _batch_reasons(batch),
-                time_limit_s=time_limit_s,
-                node_limit=node_limit,
-            )
-            if len(trial.unplaced) <= len(result.unplaced):
-                moved |= _batch_reasons(batch)
-                break
-        else:
-            assert trial is not None
+        trial = attempt(movers)
+        if len(trial.unplaced) > len(result.unplaced) and len(movers) > 1:
+            movers = movers[:1]
+            trial = attempt(movers)
+        if len(trial.unplaced) > len(result.unplaced):
             return _whole_cards_short(result, trial, movers[0].model)
+        moved = moving(movers)
         result = trial
-
-
-def _batch_reasons(batch: list[TrafficPlan]) -> dict[str, str]:
-    """Model -> the shared-card miss that moves it (its report's reason, less the hint)."""
-    return {t.model: t.reason.removesuffix(WHOLE_CARDS_HINT) for t in batch}
 
 
 def _movers(result: PlanResult) -> list[TrafficPlan]:
@@ -1410,18 +1404,19 @@ def _plan_once(
 
 
 def _whole_cards_short(result: PlanResult, trial: PlanResult, crowded: str) -> PlanResult:
-    """``result`` with the crowded model's report saying what whole cards would leave
-    out (``trial``: the plan with them) - the other crowded models stay as they are: the
-    move that would have helped them costs replicas."""
+    """``result``, whose ``card_sharing`` models stay where they are, with each report's
+    way out: for ``crowded`` what whole cards would leave out (``trial``: the plan with
+    them), for the others - not tried - whole cards or fewer models per card."""
     short = [u for u in trial.unplaced if u.model == crowded] or trial.unplaced
     lost = len(trial.unplaced) - len(result.unplaced)
-    why = (
+    tried = (
         f"; whole cards for it leave {lost} more replica(s) unplaced "
         f"({short[0].model}: {short[0].reason})"
     )
+    untried = "; give it whole cards, or fewer models per card"
     traffic = [
-        t.model_copy(update={"reason": t.reason.removesuffix(WHOLE_CARDS_HINT) + why})
-        if t.model == crowded
+        t.model_copy(update={"reason": t.reason + (tried if t.model == crowded else untried)})
+        if t.binding == "card_sharing"
         else t
         for t in result.traffic
     ]
