@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 import yaml
 
+from fleetserve.engine.compile_cache import compile_env
 from fleetserve.modelstore.store import ModelStore
 from fleetserve.serve.control.ports import free_port
 from fleetserve.spec import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE
@@ -75,7 +76,8 @@ def fleetserve_server(spec: dict[str, Any], work: Path, name: str) -> Server:
 def vllm_server(spec_model: dict[str, Any], work: Path, name: str) -> Server:
     """Plain ``vllm serve`` with the engine options fleetserve derives for ``spec_model``."""
     port = free_port()
-    server = Server(name, vllm_argv(spec_model, port), port, "/v1/models", work / f"{name}.log")
+    argv = vllm_argv(spec_model, port)
+    server = Server(name, argv, port, "/v1/models", work / f"{name}.log", compile_env())
     server.launch()
     return server
 

@@ -66,6 +66,7 @@ from typing import Any
 import httpx
 import yaml
 
+from fleetserve.engine.compile_cache import compile_env
 from fleetserve.engine.config import EngineConfig, vllm_server_argv
 from fleetserve.host import probe
 from fleetserve.modelstore.store import ModelStore
@@ -248,14 +249,23 @@ def make_servers(
         port = free_port()
         if target == "vllm":
             argv = _vllm_argv(config, port, vllm_nice)
-            servers.append(Server("vllm serve", argv, port, "/v1/models", logs / "vllm.log"))
+            servers.append(
+                Server("vllm serve", argv, port, "/v1/models", logs / "vllm.log", compile_env())
+            )
         elif target == "vllm-floor":
             # The floor process must be in the server's session (the scheduler's group the
             # server's CPU is shared in): this script starts it, then becomes `vllm serve`.
             argv = [sys.executable, __file__, "--with-floor", str(floor_pct), "--"]
             argv += _vllm_argv(config, port, vllm_nice)
             servers.append(
-                Server("vllm serve + floor", argv, port, "/v1/models", logs / "vllm-floor.log")
+                Server(
+                    "vllm serve + floor",
+                    argv,
+                    port,
+                    "/v1/models",
+                    logs / "vllm-floor.log",
+                    compile_env(),
+                )
             )
         elif target == "fleetserve":
             argv = [sys.executable, "-m", "fleetserve.cli", "serve", "--port", str(port)]

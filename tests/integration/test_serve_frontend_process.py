@@ -25,6 +25,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetserve.engine.compile_cache import AOT_COMPILE_ENV
 from fleetserve.engine.signals import (
     GENERATED_SERIES,
     KV_CAPACITY_TOKENS,
@@ -61,13 +62,20 @@ class ProcessFleet:
     def processes(self) -> dict[int, str]:
         return self._servers.marked_processes(self.mark)  # type: ignore[no-any-return]
 
+    def engine_servers(self) -> dict[int, str]:
+        """PID -> command line of this fleet's vLLM servers (one per replica)."""
+        return {
+            pid: cmd
+            for pid, cmd in self.processes().items()
+            if "vllm.entrypoints.openai.api_server" in cmd and "--uds" in cmd.split()
+        }
+
     def engine_sockets(self) -> list[str]:
         """The Unix sockets of this fleet's vLLM servers (their command lines say where)."""
         out = []
-        for cmd in self.processes().values():
+        for cmd in self.engine_servers().values():
             parts = cmd.split()
-            if "vllm.entrypoints.openai.api_server" in cmd and "--uds" in parts:
-                out.append(parts[parts.index("--uds") + 1])
+            out.append(parts[parts.index("--uds") + 1])
         return sorted(set(out))
 
 
@@ -177,6 +185,16 @@ def test_a_client_that_leaves_aborts_its_request(
     while running(socket) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert running(socket) == 0
+
+
+def test_vllms_server_compiles_into_a_cache_its_next_start_loads(
+    process_fleet: ProcessFleet, vllm_url: str, servers: Any
+) -> None:
+    # the same environment as the in-replica engine's (engine/compile_cache.py)
+    pids = list(process_fleet.engine_servers())
+    assert pids, process_fleet.processes()
+    found = {pid: servers.environ(pid).get(AOT_COMPILE_ENV) for pid in pids}
+    assert found == dict.fromkeys(pids, "0")
 
 
 def test_the_routers_signals_read_vllms_own_metrics(

@@ -35,6 +35,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from fleetserve.engine.asgi_bridge import AsgiBridge
 from fleetserve.engine.card_turns import card_turn, visible_cards
+from fleetserve.engine.compile_cache import compile_env
 from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.cpu_binding import (
     BIND_ENV,
@@ -100,6 +101,8 @@ class VllmEngine:
     async def start(self) -> None:
         # spawn, not fork: this process runs Ray's threads (vllm serve's CLI does the same).
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        # A CPU build's cache that loads on the next start (engine/compile_cache.py).
+        os.environ.update(compile_env())
         token_env = self._config.hf_token_env
         if token_env and os.environ.get(token_env):
             os.environ["HF_TOKEN"] = os.environ[token_env]

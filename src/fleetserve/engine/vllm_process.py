@@ -46,6 +46,7 @@ from typing import IO
 import aiohttp
 
 from fleetserve.engine.card_turns import card_turn, visible_cards
+from fleetserve.engine.compile_cache import compile_env
 from fleetserve.engine.config import EngineConfig, vllm_server_argv
 from fleetserve.engine.cpu_binding import CoreClaim, engine_cores, host_cores, spawned_on
 from fleetserve.engine.metrics_relay import MetricsRelay, RaySink
@@ -111,6 +112,7 @@ class VllmProcessEngine:
         config = self._config
         parse_vllm_args(config)  # vLLM's own parser: a bad option fails here, with a message
         env = dict(os.environ)
+        env.update(compile_env(env))  # a CPU build's cache that loads next start
         if config.hf_token_env and os.environ.get(config.hf_token_env):
             env["HF_TOKEN"] = os.environ[config.hf_token_env]
         self._cores = claim_engine_cores(config)  # its binding is in os.environ now
