@@ -10,11 +10,13 @@ each way: ``vllm-default`` (vLLM's own environment) and ``fleetserve`` (plus
 :func:`~fleetserve.engine.compile_cache.compile_env`). Each arm gets its own
 ``VLLM_CACHE_ROOT`` and Inductor cache under ``--workdir``, emptied first, so its first
 start is cold and the later ones are restarts over its own cache. Reported per start:
-seconds to ``/v1/models`` answering, vLLM's own "init engine ... took" and whether it
-loaded or compiled again.
-Starts run one at a time (two would fight for the CPUs).
+seconds to ``/v1/models`` answering, vLLM's own "init engine ... took", and what vLLM
+said of its cache. Starts run one at a time (two would fight for the CPUs).
 
-    .venv/bin/python benchmarks/engine_start.py --rounds 2
+    PYTHONPATH=src .venv/bin/python benchmarks/engine_start.py --rounds 2
+    # then restarts over those caches, with each arm's single-stream decode speed
+    PYTHONPATH=src .venv/bin/python benchmarks/engine_start.py --rounds 0 --keep-cache \
+        --decode-tokens 128
 """
 
 from __future__ import annotations
@@ -57,7 +59,25 @@ def engine_argv(port: int) -> list[str]:
     return vllm_server_argv(config.vllm_cli_args(), host="127.0.0.1", port=port)
 
 
-def one_start(arm: str, n: int, workdir: Path, timeout_s: float) -> dict[str, Any]:
+def decode_speed(url: str, tokens: int, requests: int = 4) -> float:
+    """Single-stream decode tok/s: ``requests`` greedy completions of ``tokens`` in turn
+    (whether the two compile paths run the same model equally fast)."""
+    model = default_fleet().models[0].name
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": tokens}
+    body |= {"temperature": 0, "ignore_eos": True}
+    with httpx.Client(base_url=url, timeout=600) as c:
+        c.post("/v1/completions", json=body).raise_for_status()  # warm-up
+        t0, out = time.monotonic(), 0
+        for _ in range(requests):
+            r = c.post("/v1/completions", json=body)
+            r.raise_for_status()
+            out += r.json()["usage"]["completion_tokens"]
+        return out / (time.monotonic() - t0)
+
+
+def one_start(
+    arm: str, n: int, workdir: Path, timeout_s: float, decode_tokens: int = 0
+) -> dict[str, Any]:
     port = free_port()
     # vLLM's cache and Inductor's own (kernels it compiled), both the arm's
     env = {
@@ -79,16 +99,19 @@ def one_start(arm: str, n: int, workdir: Path, timeout_s: float) -> dict[str, An
             start_new_session=True,
             env=env,
         )
-    ready = None
+    ready = decode = None
+    url = f"http://127.0.0.1:{port}"
     try:
         while time.monotonic() - t0 < timeout_s and proc.poll() is None:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
                     ready = time.monotonic() - t0
                     break
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
+        if ready is not None and decode_tokens:
+            decode = decode_speed(url, decode_tokens)
     finally:
         os.killpg(proc.pid, 15)
         try:
@@ -103,9 +126,12 @@ def one_start(arm: str, n: int, workdir: Path, timeout_s: float) -> dict[str, An
         "start": n,
         "ready_s": round(ready, 1) if ready is not None else None,
         "init_engine_s": float(init.group(1)) if init else None,
-        "cache": "compiled again"
+        # vLLM says when its AOT cache fails to load or loads; with AOT off it says
+        # nothing, and what a restart reuses is Inductor's caches
+        "cache": "AOT load failed, compiled again"
         if RECOMPILED in text
-        else ("loaded" if any(m in text for m in LOADED) else "compiled (cold)"),
+        else ("vLLM's cache loaded" if any(m in text for m in LOADED) else "no vLLM cache read"),
+        **({"decode_tok_s": round(decode, 1)} if decode is not None else {}),
         "log": str(log),
     }
 
@@ -116,29 +142,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=Path("/tmp/fleetserve-engine-start"))
     p.add_argument("--timeout-s", type=float, default=900)
     p.add_argument("--output", type=Path, help="write the rows as JSON here")
+    p.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=0,
+        help="after each start, single-stream decode tok/s over completions of this length",
+    )
+    p.add_argument(
+        "--keep-cache",
+        action="store_true",
+        help="keep each arm's caches from an earlier run: every start is then a restart",
+    )
     a = p.parse_args(argv)
     arms = ("vllm-default", "fleetserve")
     for arm in arms:
-        shutil.rmtree(a.workdir / arm, ignore_errors=True)
-        (a.workdir / arm).mkdir(parents=True)
+        if not a.keep_cache:
+            shutil.rmtree(a.workdir / arm, ignore_errors=True)
+        (a.workdir / arm).mkdir(parents=True, exist_ok=True)
     rows = []
-    for n in range(a.rounds + 1):  # start 0 is each arm's cold one
+    for n in range(a.rounds + 1):  # start 0 is each arm's cold one (unless --keep-cache)
         for arm in arms if n % 2 == 0 else reversed(arms):
-            row = one_start(arm, n, a.workdir, a.timeout_s)
+            row = one_start(arm, n, a.workdir, a.timeout_s, a.decode_tokens)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    print("\n| arm | cold start s (init) | restarts s (init), median | restart cache |")
-    print("|---|---|---|---|")
+    first = "first start" if a.keep_cache else "cold start"
+    print(f"\n| arm | {first} s (init) | restarts s (init), median | cache | decode tok/s |")
+    print("|---|---|---|---|---|")
     for arm in arms:
         mine = [r for r in rows if r["arm"] == arm]
         cold, warm = mine[0], mine[1:]
         ready = [r["ready_s"] for r in warm if r["ready_s"] is not None]
         init = [r["init_engine_s"] for r in warm if r["init_engine_s"] is not None]
+        decode = [str(r["decode_tok_s"]) for r in mine if "decode_tok_s" in r]
         print(
             f"| {arm} | {cold['ready_s']} ({cold['init_engine_s']}) | "
-            f"{statistics.median(ready) if ready else '-'} "
-            f"({statistics.median(init) if init else '-'}) | "
-            f"{', '.join(sorted({r['cache'] for r in warm}))} |"
+            f"{round(statistics.median(ready), 1) if ready else '-'} "
+            f"({round(statistics.median(init), 2) if init else '-'}) | "
+            f"{', '.join(sorted({r['cache'] for r in mine}))} | {', '.join(decode) or '-'} |"
         )
     if a.output:
         a.output.write_text(json.dumps(rows, indent=1))

