@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,26 +36,13 @@ import httpx
 
 from fleetserve.engine.compile_cache import compile_env
 from fleetserve.engine.config import EngineConfig, vllm_server_argv
-from fleetserve.host import probe
-from fleetserve.modelstore.store import ModelStore
-from fleetserve.plan.local import local_deployment
 from fleetserve.serve.control.ports import free_port
 from fleetserve.spec import default_fleet
+from overhead import Server, engine_config  # same directory: run as a script
 
 INIT = re.compile(rb"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s")
 RECOMPILED = b"Compiling model again due to a load failure"
 LOADED = (b"Directly load AOT compilation", b"Directly load the compiled graph")
-
-
-def engine_argv(port: int) -> list[str]:
-    spec = default_fleet()
-    model = spec.models[0]
-    settings = local_deployment(spec, probe()).models[model.name].engine
-    if model.source is None:
-        raise SystemExit(f"models[0].source: the default fleet's model {model.name!r} has none")
-    path = ModelStore().resolve(model.source)
-    config = EngineConfig.from_spec(model, model_path=path, settings=settings)
-    return vllm_server_argv(config.vllm_cli_args(), host="127.0.0.1", port=port)
 
 
 def decode_speed(url: str, tokens: int, requests: int = 4) -> float:
@@ -75,56 +61,31 @@ def decode_speed(url: str, tokens: int, requests: int = 4) -> float:
         return out / (time.monotonic() - t0)
 
 
-def one_start(
-    arm: str, n: int, workdir: Path, timeout_s: float, decode_tokens: int = 0
-) -> dict[str, Any]:
+def one_start(config: EngineConfig, arm: str, n: int, a: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     # vLLM's cache and Inductor's own (kernels it compiled), both the arm's
     env = {
-        **os.environ,
-        "VLLM_CACHE_ROOT": str(workdir / arm / "cache"),
-        "TORCHINDUCTOR_CACHE_DIR": str(workdir / arm / "inductor"),
+        "VLLM_CACHE_ROOT": str(a.workdir / arm / "cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(a.workdir / arm / "inductor"),
     }
-    env.pop("VLLM_USE_AOT_COMPILE", None)  # each arm's own choice, not the caller's
     if arm == "fleetserve":
-        env.update(compile_env(env))
-    log = workdir / arm / f"start-{n}.log"
-    t0 = time.monotonic()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            engine_argv(port),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=env,
-        )
-    ready = decode = None
-    url = f"http://127.0.0.1:{port}"
+        env |= compile_env()
+    argv = vllm_server_argv(config.vllm_cli_args(), host="127.0.0.1", port=port)
+    log = a.workdir / arm / f"start-{n}.log"
+    server = Server(arm, argv, port, "/v1/models", log, env)
+    decode = None
     try:
-        while time.monotonic() - t0 < timeout_s and proc.poll() is None:
-            try:
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                    ready = time.monotonic() - t0
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        if ready is not None and decode_tokens:
-            decode = decode_speed(url, decode_tokens)
+        ready = server.start(a.timeout_s)
+        if a.decode_tokens:
+            decode = decode_speed(server.url, a.decode_tokens)
     finally:
-        os.killpg(proc.pid, 15)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
+        server.stop()
     text = log.read_bytes()
     init = INIT.search(text)
     return {
         "arm": arm,
         "start": n,
-        "ready_s": round(ready, 1) if ready is not None else None,
+        "ready_s": round(ready, 1),
         "init_engine_s": float(init.group(1)) if init else None,
         # vLLM says when its AOT cache fails to load or loads; with AOT off it says
         # nothing, and what a restart reuses is Inductor's caches
@@ -159,10 +120,13 @@ def main(argv: list[str] | None = None) -> int:
         if not a.keep_cache:
             shutil.rmtree(a.workdir / arm, ignore_errors=True)
         (a.workdir / arm).mkdir(parents=True, exist_ok=True)
+    # each arm makes its own compile choice: a caller's setting would make both arms one
+    os.environ.pop("VLLM_USE_AOT_COMPILE", None)
+    config = engine_config(default_fleet())
     rows = []
     for n in range(a.rounds + 1):  # start 0 is each arm's cold one (unless --keep-cache)
         for arm in arms if n % 2 == 0 else reversed(arms):
-            row = one_start(arm, n, a.workdir, a.timeout_s, a.decode_tokens)
+            row = one_start(config, arm, n, a)
             print(json.dumps(row), flush=True)
             rows.append(row)
     first = "first start" if a.keep_cache else "cold start"
@@ -171,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     for arm in arms:
         mine = [r for r in rows if r["arm"] == arm]
         cold, warm = mine[0], mine[1:]
-        ready = [r["ready_s"] for r in warm if r["ready_s"] is not None]
+        ready = [r["ready_s"] for r in warm]
         init = [r["init_engine_s"] for r in warm if r["init_engine_s"] is not None]
         decode = [str(r["decode_tok_s"]) for r in mine if "decode_tok_s" in r]
         print(
