@@ -407,9 +407,9 @@ def environ(pid: int) -> dict[str, str]:
 
 
 def _environ_has(pid: int, var: bytes) -> bool:
+    """Whether ``pid`` started with ``var`` (``b"NAME="``) set; False for one that ended."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return any(item.startswith(var) for item in f.read().split(b"\0"))
+        return var.decode().removesuffix("=") in environ(pid)
     except OSError:
         return False
 
