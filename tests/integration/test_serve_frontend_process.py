@@ -2,14 +2,14 @@
 
 The engine adapter's seams are in tests/unit/engine/test_vllm_process.py; here the whole
 path runs: the official ``openai`` SDK through the ingress, Serve and the relay to a
-replica that forwards to vLLM's server beside it. It must answer as `vllm serve` does
-(same engine options, greedy: same text, usage and error bodies), abort what a client
-leaves, report the engine's load to the routers, and leave no process behind when the fleet
-stops.
+replica that forwards to vLLM's server beside it. It must answer as that `vllm serve`
+does when asked on its own socket (greedy: same text, usage and error bodies), abort what
+a client leaves, report the engine's load to the routers, and leave no process behind when
+the fleet stops.
 
-Every test here also takes ``vllm_url``: they run in that server's group (tests/conftest.py
-``SHARED_ORDER``), so this fleet's engine and the shared `vllm serve` are the only two
-running meanwhile on this small host.
+The engine runs eager: what is tested is the path around vLLM's server, which compiling
+the model does not change, and an eager start takes ~90 s less here (docs/testing.md).
+The compile environment fleetserve gives that server is checked all the same.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ models:
     concurrency: 8
     max_num_seqs: 64
     frontend: process
+    engine_args: {{enforce_eager: true}}
 """
 
 
@@ -113,30 +114,32 @@ def running(socket: str) -> float:
     )
 
 
-def test_answers_as_vllm_serve_does(process_fleet: ProcessFleet, vllm_url: str) -> None:
+def test_answers_as_vllm_serve_does(process_fleet: ProcessFleet) -> None:
     # the replica's server runs beside it, not inside: one vllm serve per replica
-    assert len(process_fleet.engine_sockets()) == 1, process_fleet.processes()
+    (socket,) = process_fleet.engine_sockets()
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "What is the capital of France?"}],
         "max_tokens": 24,
         "temperature": 0,
     }
-    ours = httpx.post(f"{process_fleet.url}/v1/chat/completions", json=body, timeout=300)
-    theirs = httpx.post(f"{vllm_url}/v1/chat/completions", json=body, timeout=300)
-    assert ours.status_code == theirs.status_code == 200, ours.text
-    a, b = ours.json(), theirs.json()
-    assert a["choices"][0]["message"] == b["choices"][0]["message"]
-    assert a["usage"] == b["usage"]
-    # vLLM's own validation error, byte for byte in its body
-    bad = {"model": MODEL, "messages": [], "max_tokens": 4}
-    ours = httpx.post(f"{process_fleet.url}/v1/chat/completions", json=bad, timeout=60)
-    theirs = httpx.post(f"{vllm_url}/v1/chat/completions", json=bad, timeout=60)
-    assert ours.status_code == theirs.status_code == 400
-    assert ours.json() == theirs.json()
+    transport = httpx.HTTPTransport(uds=socket)
+    with httpx.Client(base_url="http://engine", transport=transport, timeout=300) as vllm:
+        ours = httpx.post(f"{process_fleet.url}/v1/chat/completions", json=body, timeout=300)
+        theirs = vllm.post("/v1/chat/completions", json=body)
+        assert ours.status_code == theirs.status_code == 200, ours.text
+        a, b = ours.json(), theirs.json()
+        assert a["choices"][0]["message"] == b["choices"][0]["message"]
+        assert a["usage"] == b["usage"]
+        # vLLM's own validation error, byte for byte in its body
+        bad = {"model": MODEL, "messages": [], "max_tokens": 4}
+        ours = httpx.post(f"{process_fleet.url}/v1/chat/completions", json=bad, timeout=60)
+        theirs = vllm.post("/v1/chat/completions", json=bad)
+        assert ours.status_code == theirs.status_code == 400
+        assert ours.json() == theirs.json()
 
 
-def test_streams_through_the_openai_sdk(process_fleet: ProcessFleet, vllm_url: str) -> None:
+def test_streams_through_the_openai_sdk(process_fleet: ProcessFleet) -> None:
     client = openai.OpenAI(base_url=f"{process_fleet.url}/v1", api_key="none", max_retries=0)
     stream = client.chat.completions.create(
         model=MODEL,
@@ -156,9 +159,7 @@ def test_streams_through_the_openai_sdk(process_fleet: ProcessFleet, vllm_url: s
     assert usage.completion_tokens == 16
 
 
-def test_a_client_that_leaves_aborts_its_request(
-    process_fleet: ProcessFleet, vllm_url: str
-) -> None:
+def test_a_client_that_leaves_aborts_its_request(process_fleet: ProcessFleet) -> None:
     (socket,) = process_fleet.engine_sockets()
     body = {
         "model": MODEL,
@@ -187,8 +188,8 @@ def test_a_client_that_leaves_aborts_its_request(
     assert running(socket) == 0
 
 
-def test_vllms_server_compiles_into_a_cache_its_next_start_loads(
-    process_fleet: ProcessFleet, vllm_url: str, servers: Any
+def test_vllms_server_gets_the_in_replica_engines_compile_environment(
+    process_fleet: ProcessFleet, servers: Any
 ) -> None:
     # the same environment as the in-replica engine's (engine/compile_cache.py)
     pids = list(process_fleet.engine_servers())
@@ -197,9 +198,7 @@ def test_vllms_server_compiles_into_a_cache_its_next_start_loads(
     assert found == dict.fromkeys(pids, "0")
 
 
-def test_the_routers_signals_read_vllms_own_metrics(
-    process_fleet: ProcessFleet, vllm_url: str
-) -> None:
+def test_the_routers_signals_read_vllms_own_metrics(process_fleet: ProcessFleet) -> None:
     """The replica's routing signals come from its server's /metrics by series name: every
     name must be one this vLLM exports (a renamed series would leave routing blind)."""
     (socket,) = process_fleet.engine_sockets()
@@ -227,7 +226,7 @@ def sums(text: str) -> dict[str, float]:
 
 
 def test_the_engines_metrics_reach_rays_export_as_the_in_replica_engines_do(
-    process_fleet: ProcessFleet, vllm_url: str
+    process_fleet: ProcessFleet,
 ) -> None:
     """Dashboards, alerts and ``fleetserve top`` read ``ray_vllm_*``. The replica relays its
     server's /metrics to Ray's (engine/metrics_relay.py): every vLLM series the dashboards
@@ -283,7 +282,7 @@ def test_the_engines_metrics_reach_rays_export_as_the_in_replica_engines_do(
     assert replicas != {""}
 
 
-def test_nothing_is_left_after_the_fleet_stops(process_fleet: ProcessFleet, vllm_url: str) -> None:
+def test_nothing_is_left_after_the_fleet_stops(process_fleet: ProcessFleet) -> None:
     (socket,) = process_fleet.engine_sockets()
     assert Path(socket).exists()
     process_fleet.server.stop()
