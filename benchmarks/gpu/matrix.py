@@ -849,9 +849,9 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
     name = a.name or a.model.name
 
     def fleet_spec(cap: int, frontend: str) -> Path:
-        replicas = {"replicas": {"max_ongoing_requests": cap}} if cap else {}
-        if frontend != "replica":
-            replicas["frontend"] = frontend
+        replicas: dict[str, Any] = {"replicas": {"max_ongoing_requests": cap}} if cap else {}
+        # always written: the spec's default (`auto`) is `process` on a card of its own
+        replicas["frontend"] = frontend
         entry = model_entry(
             a.model,
             name,
@@ -1768,7 +1768,7 @@ def main() -> None:
         "--fleet-frontends",
         nargs="+",
         default=["replica"],
-        choices=["replica", "process"],
+        choices=["replica", "process", "auto"],
         help="fleets side by side, one per frontend (the spec's frontend: vLLM's OpenAI "
         "layer in the replica, or a vllm serve beside it); crossed with --fleet-caps",
     )

@@ -550,17 +550,19 @@ class ModelSpec(StrictModel):
     adapters: list[AdapterSpec] = Field(
         default_factory=list, description="LoRA adapters served by this model's replicas."
     )
-    frontend: Literal["replica", "process"] = Field(
-        default="replica",
+    frontend: Literal["auto", "replica", "process"] = Field(
+        default="auto",
         description=(
             "Where vLLM's OpenAI layer (templating, tokenising, detokenising, SSE framing) "
             "runs. `replica`: inside the Serve replica's process, called without a socket. "
-            "`process` (experimental): a `vllm serve` of the same options beside each "
-            "replica, on a Unix socket in the replica's own directory, which takes that "
-            "work off the replica's event loop; for small models at high concurrency. "
-            "One GPU per replica and no adapter_dir; its engine metrics are read from "
-            "that server's /metrics and exported through Ray as ray_vllm_*, as the "
-            "in-replica engine's are."
+            "`process`: a `vllm serve` of the same options beside each replica, on a Unix "
+            "socket in the replica's own directory, which takes that work off the replica's "
+            "event loop (one GPU per replica and no adapter_dir; its engine metrics are read "
+            "from that server's /metrics and exported through Ray as ray_vllm_*, as the "
+            "in-replica engine's are). `auto`: `process` for a replica that has one GPU to "
+            "itself and no adapter_dir, else `replica` (on a GPU, under a wave of requests, "
+            "TTFT p50 stayed within ~12 ms of `vllm serve`'s with `process` and rose 47-66 "
+            "ms with `replica`; docs/benchmarks.md)."
         ),
     )
     adapter_dir: str | None = Field(

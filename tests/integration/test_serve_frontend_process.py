@@ -115,8 +115,11 @@ def running(socket: str) -> float:
 
 
 def test_answers_as_vllm_serve_does(process_fleet: ProcessFleet) -> None:
-    # the replica's server runs beside it, not inside: one vllm serve per replica
+    # the replica's server runs beside it, not inside: one vllm serve per replica, and
+    # fleetserve says so as it starts
     (socket,) = process_fleet.engine_sockets()
+    started = " ".join(process_fleet.server.log.read_text(errors="replace").split())  # unwrapped
+    assert f"{MODEL} ({DEFAULT_MODEL_SOURCE}, its vLLM server beside the replica)" in started
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "What is the capital of France?"}],

@@ -11,6 +11,7 @@ line (``EngineConfig.vllm_cli_args``, what the replica parses).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from fleetserve.k8s.render.groups import plan_worker_groups
 from fleetserve.plan import plan_fleet
 from fleetserve.plan.deployment import FleetDeployment, deployment_name
 from fleetserve.plan.local import local_deployment, plan_local
+from fleetserve.plan.result import PlanResult
 from fleetserve.serve.control import runner
 from fleetserve.serve.control.app import build_app, build_application
 from fleetserve.serve.control.runner import FleetServer, ServeOptions
@@ -82,13 +84,18 @@ def _flag(args: list[str], flag: str) -> str:
     return args[args.index(flag) + 1]
 
 
-@pytest.mark.parametrize(
-    ("example", "hami"),
-    [("hami-multi-model", True), ("whole-gpu-tp", False), ("pipeline-across-nodes", False)],
-)
-def test_the_app_ray_builds_from_a_rayservice_is_what_the_rayservice_says(
-    example: str, hami: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@dataclass(frozen=True)
+class Rendered:
+    spec: FleetSpec
+    plan_min: PlanResult
+    plan_max: PlanResult
+    application: dict[str, Any]
+    """The RayService's Serve application, as written."""
+    built: dict[str, Any]
+    """Its model deployments as Ray builds them from the application's own args."""
+
+
+def _render_and_build(example: str, monkeypatch: pytest.MonkeyPatch) -> Rendered:
     spec = load_spec(EXAMPLES / f"{example}.yaml")
     plan_min, plan_max = plan_fleet(spec, scenario="min"), plan_fleet(spec, scenario="max")
     (rayservice,) = [o for o in render(spec, plan_min, plan_max) if o["kind"] == "RayService"]
@@ -98,7 +105,6 @@ def test_the_app_ray_builds_from_a_rayservice_is_what_the_rayservice_says(
 
         app = yaml.safe_load(app)
     (application,) = app["applications"]
-    written = {d["name"]: d for d in application["deployments"]}
     # What Ray runs: the app built from the RayService's own args (weights paths given, so
     # nothing is downloaded), its options overridden by deployments[] - which must change
     # nothing.
@@ -107,7 +113,24 @@ def test_the_app_ray_builds_from_a_rayservice_is_what_the_rayservice_says(
         for key in tenant.get("api_keys", []):
             monkeypatch.setenv(key["env"], f"sk-{key['env'].lower()}")
     args["model_paths"] = {m.name: f"/models/{i}" for i, m in enumerate(spec.models)}
-    built = _models(build_app(args))
+    return Rendered(spec, plan_min, plan_max, application, _models(build_app(args)))
+
+
+@pytest.mark.parametrize(
+    ("example", "hami"),
+    [("hami-multi-model", True), ("whole-gpu-tp", False), ("pipeline-across-nodes", False)],
+)
+def test_the_app_ray_builds_from_a_rayservice_is_what_the_rayservice_says(
+    example: str, hami: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rendered = _render_and_build(example, monkeypatch)
+    spec, plan_min, plan_max, built = (
+        rendered.spec,
+        rendered.plan_min,
+        rendered.plan_max,
+        rendered.built,
+    )
+    written = {d["name"]: d for d in rendered.application["deployments"]}
     groups = {g.model.name: g for g in plan_worker_groups(spec, plan_min, plan_max)}
     sliced = False
     for model in spec.models:
@@ -214,3 +237,47 @@ def test_a_rayservice_app_and_a_local_app_read_the_same_object(
         assert _built_view(built[model.name]) == _built_view(served[model.name])
         assert _vllm_args(built[model.name]) == _vllm_args(served[model.name])
     assert ApiKeyTable.from_spec(SPEC).enabled is False
+
+
+def _frontends(built: dict[str, Any]) -> dict[str, str]:
+    return {n: EngineConfig.model_validate(d.init_args[0]).frontend for n, d in built.items()}
+
+
+def test_auto_frontend_puts_vllm_serve_beside_a_replica_with_a_card_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``frontend: auto`` (the default) is ``process`` where it was measured to help - one
+    GPU the replica has to itself, no adapter_dir - and ``replica`` everywhere else; the
+    engine the replica builds is the one the plan resolved, on both paths."""
+    # RayService: a pod of one whole card per replica, beside a model over four cards
+    assert _frontends(_render_and_build("whole-gpu-tp", monkeypatch).built) == {
+        "mistral-7b": "process",
+        "llama-3-70b": "replica",
+    }
+    # HAMi slices share their card with other models' replicas
+    assert set(_frontends(_render_and_build("hami-multi-model", monkeypatch).built).values()) == {
+        "replica"
+    }
+    # serve on a GPU host: one model with the card to itself...
+    gpu = HostFacts(cpus=16, memory_mb=128 * 1024, gpu_memory_mb=[81_559])
+    alone = parse_spec(
+        {"models": [{"name": "m", "source": "x", "config": "gemma-3-12b", "max_model_len": 4096}]}
+    )
+    deployment, built = _serve_check(alone, gpu, monkeypatch)
+    assert deployment.models["m"].frontend == "process"
+    assert _frontends(built) == {"m": "process"}
+    # ...unless the spec says otherwise, it autoscales into what its card has left, or it
+    # serves an adapter_dir
+    for fields in (
+        {"frontend": "replica"},
+        {"replicas": {"min": 1, "max": 2}},
+        {"adapter_dir": "/adapters"},  # adapters found on first use: the replica resolves them
+    ):
+        model = {**alone.models[0].model_dump(exclude_defaults=True), **fields}
+        _, built = _serve_check(parse_spec({"models": [model]}), gpu, monkeypatch)
+        assert _frontends(built) == {"m": "replica"}, fields
+    # two models sharing the card, and a CPU host
+    _, built = _serve_check(SPEC, gpu, monkeypatch)
+    assert set(_frontends(built).values()) == {"replica"}
+    _, built = _serve_check(alone, HostFacts(cpus=8, memory_mb=64 * 1024), monkeypatch)
+    assert _frontends(built) == {"m": "replica"}

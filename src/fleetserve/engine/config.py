@@ -18,7 +18,8 @@ from fleetserve.engine.settings import EngineSettings
 from fleetserve.spec import ModelSpec
 
 EngineKind = Literal["vllm", "fake"]
-#: Where vLLM's OpenAI layer runs (``ModelSpec.frontend``).
+#: Where vLLM's OpenAI layer runs (``ModelSpec.frontend`` as the plan resolved it:
+#: ``ModelDeployment.frontend``).
 Frontend = Literal["replica", "process"]
 
 
@@ -116,13 +117,15 @@ class EngineConfig(BaseModel):
         pipeline_parallel: int | None = None,
         kind: EngineKind = "vllm",
         fake_token_delay_s: float = 0.0,
+        frontend: Frontend = "replica",
     ) -> EngineConfig:
         """The engine of one model of the fleet spec. ``engine_args``, ``tensor_parallel``
         and ``pipeline_parallel``: as the plan resolved them (``ModelDeployment``); default
-        the spec's."""
+        the spec's. ``frontend``: as the plan resolved it (``ModelDeployment.frontend``, the
+        one reader of the spec's ``auto``)."""
         return cls(
             kind=kind,
-            frontend=model.frontend,
+            frontend=frontend,
             name=model.name,
             model_path=model_path,
             settings=settings,

@@ -47,6 +47,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleetserve.engine.config import Frontend
 from fleetserve.engine.settings import EngineSettings
 from fleetserve.errors import CapacityError, RenderError
 from fleetserve.plan.result import PlanResult, ReplicaPlacement
@@ -225,6 +226,11 @@ class ModelDeployment(_Frozen):
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Extra vLLM arguments (the spec's, resolved)."
     )
+    frontend: Frontend = Field(
+        default="replica",
+        description="Where vLLM's OpenAI layer runs (the spec's frontend, `auto` resolved: "
+        ":func:`planned_frontend`).",
+    )
     ray: RayOptions
     serve: dict[str, Any] = Field(description="Serve's deployment options (see serve_options).")
 
@@ -317,6 +323,14 @@ def node_deployment(spec: FleetSpec, plan: PlanResult) -> FleetDeployment:
                 tensor_parallel=first[m.name].tensor_parallel,
                 pipeline_parallel=first[m.name].pipeline_parallel,
                 engine_args=dict(m.engine_args),
+                frontend=planned_frontend(
+                    m,
+                    cards=first[m.name].tensor_parallel * first[m.name].pipeline_parallel
+                    if first[m.name].gpus
+                    else 0,
+                    card_to_itself=m.name in own_cards
+                    or (first[m.name].whole_cards and len(first[m.name].gpus) == 1),
+                ),
                 ray=RayOptions(
                     num_cpus=m.resources.cpu,
                     num_gpus=1.0 if m.name in own_cards else first[m.name].num_gpus,
@@ -327,6 +341,28 @@ def node_deployment(spec: FleetSpec, plan: PlanResult) -> FleetDeployment:
             for m in spec.models
         }
     )
+
+
+def planned_frontend(model: ModelSpec, *, cards: int, card_to_itself: bool) -> Frontend:
+    """Where ``model``'s OpenAI layer runs: the spec's ``frontend``, ``auto`` resolved.
+
+    Design note. ``auto`` means ``process`` - a ``vllm serve`` beside the replica - where it
+    was measured to help and is allowed: a replica with one GPU to itself (a single card the
+    plan gave it alone; a pod of one whole card, not a HAMi slice) and no ``adapter_dir``
+    (adapters found on first use need the replica's own resolver). Measured on one GPU
+    (docs/benchmarks.md, GPU section): both frontends kept ``vllm serve``'s throughput
+    (0.995-1.003 on the 12B), but under a wave of 64 requests the in-replica frontend's
+    event loop took them in one by one and TTFT p50 rose 47-66 ms, where the process
+    frontend stayed within 12 ms (12B and 270M). Everywhere else ``replica``: a CPU host
+    (the 2-core hosts' engine and server would share the same cores, unmeasured), a replica
+    over several cards (its server would run one), a card shared with other replicas (not
+    measured with a server each). ``cards``: the replica's GPUs (0 on a CPU).
+    """
+    if model.frontend != "auto":
+        return model.frontend
+    if cards == 1 and card_to_itself and model.adapter_dir is None:
+        return "process"
+    return "replica"
 
 
 def _own_card_models(spec: FleetSpec, plan: PlanResult) -> set[str]:
@@ -438,6 +474,11 @@ def pod_deployment(
         tensor_parallel=model.tensor_parallel,
         pipeline_parallel=model.pipeline_parallel,
         engine_args=engine_args,
+        frontend=planned_frontend(
+            model,
+            cards=pod.gpus * pod.pods_per_replica,
+            card_to_itself=pod.gpus == 1 and pod.pods_per_replica == 1 and not pod.hami_slice,
+        ),
         ray=ray,
         serve=serve_options(spec, model, pod.max_replicas),
     )
@@ -458,6 +499,7 @@ __all__ = [
     "deployment_name",
     "is_fleetserve_app",
     "node_deployment",
+    "planned_frontend",
     "planned_model",
     "planned_spec",
     "pod_deployment",

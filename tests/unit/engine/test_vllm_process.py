@@ -63,7 +63,9 @@ def spec(**model: Any) -> Any:
 
 def test_the_spec_refuses_what_the_server_beside_the_replica_cannot_run(tmp_path: Path) -> None:
     assert spec(frontend="process").models[0].frontend == "process"
-    assert spec().models[0].frontend == "replica"
+    assert spec().models[0].frontend == "auto"  # resolved by the plan (test_one_writer.py)
+    # auto is never refused: where the server beside the replica cannot run, it is `replica`
+    assert spec(tensor_parallel=2, adapter_dir=str(tmp_path)).models[0].frontend == "auto"
     with pytest.raises(Exception, match="frontend 'process' with tensor_parallel 2"):
         spec(frontend="process", tensor_parallel=2)
     with pytest.raises(Exception, match="frontend 'process' with adapter_dir"):

@@ -130,6 +130,7 @@ def build_application(
             pipeline_parallel=planned.pipeline_parallel,
             kind=engine,
             fake_token_delay_s=fake_token_delay_s,
+            frontend=planned.frontend,
         )
         handles[model.name] = (
             _deployment(ModelServer)

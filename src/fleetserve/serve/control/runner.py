@@ -212,7 +212,16 @@ class FleetServer:
         n = len(spec.models)
         self.console.print(
             f"fleetserve: serving {n} model{'s' if n != 1 else ''}: "
-            + ", ".join(f"{m.name} ({m.source})" for m in spec.models)
+            + ", ".join(
+                f"{m.name} ({m.source}"
+                + (
+                    ", its vLLM server beside the replica"
+                    if deployment.models[m.name].frontend == "process"
+                    else ""
+                )
+                + ")"
+                for m in spec.models
+            )
         )
         paths = resolve_model_paths(spec, o.engine)
         if not self._ray_initialized():
