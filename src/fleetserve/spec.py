@@ -560,7 +560,7 @@ class ModelSpec(StrictModel):
             "event loop (one GPU per replica and no adapter_dir; its engine metrics are read "
             "from that server's /metrics and exported through Ray as ray_vllm_*, as the "
             "in-replica engine's are). `auto`: `process` for a replica that has one GPU to "
-            "itself and no adapter_dir, else `replica` (on a GPU, under a wave of requests, "
+            "itself and no LoRA adapters, else `replica` (on a GPU, under a wave of requests, "
             "TTFT p50 stayed within ~12 ms of `vllm serve`'s with `process` and rose 47-66 "
             "ms with `replica`; docs/benchmarks.md)."
         ),

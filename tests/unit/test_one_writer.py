@@ -267,11 +267,12 @@ def test_auto_frontend_puts_vllm_serve_beside_a_replica_with_a_card_of_its_own(
     assert deployment.models["m"].frontend == "process"
     assert _frontends(built) == {"m": "process"}
     # ...unless the spec says otherwise, it autoscales into what its card has left, or it
-    # serves an adapter_dir
+    # serves LoRA adapters
     for fields in (
         {"frontend": "replica"},
         {"replicas": {"min": 1, "max": 2}},
         {"adapter_dir": "/adapters"},  # adapters found on first use: the replica resolves them
+        {"adapters": [{"name": "a", "source": "/adapters/a"}]},
     ):
         model = {**alone.models[0].model_dump(exclude_defaults=True), **fields}
         _, built = _serve_check(parse_spec({"models": [model]}), gpu, monkeypatch)

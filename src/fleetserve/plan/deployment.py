@@ -348,8 +348,9 @@ def planned_frontend(model: ModelSpec, *, cards: int, card_to_itself: bool) -> F
 
     Design note. ``auto`` means ``process`` - a ``vllm serve`` beside the replica - where it
     was measured to help and is allowed: a replica with one GPU to itself (a single card the
-    plan gave it alone; a pod of one whole card, not a HAMi slice) and no ``adapter_dir``
-    (adapters found on first use need the replica's own resolver). Measured on one GPU
+    plan gave it alone; a pod of one whole card, not a HAMi slice) and no LoRA adapters
+    (``adapter_dir``'s, found on first use, need the replica's own resolver; listed ones
+    are allowed in ``process`` but were never run through it on a card). Measured on one GPU
     (docs/benchmarks.md, GPU section): both frontends kept ``vllm serve``'s throughput
     (0.995-1.003 on the 12B), but under a wave of 64 requests the in-replica frontend's
     event loop took them in one by one and TTFT p50 rose 47-66 ms, where the process
@@ -360,7 +361,7 @@ def planned_frontend(model: ModelSpec, *, cards: int, card_to_itself: bool) -> F
     """
     if model.frontend != "auto":
         return model.frontend
-    if cards == 1 and card_to_itself and model.adapter_dir is None:
+    if cards == 1 and card_to_itself and model.adapter_dir is None and not model.adapters:
         return "process"
     return "replica"
 
