@@ -44,6 +44,7 @@ import random
 import re
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -882,7 +883,9 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
     order = ["vllm", *specs] if not a.fleet_first else [*specs, "vllm"]
     if not a.baseline:
         order.remove("vllm")
-    for target in order:
+    elif a.baseline_after:  # bracketing the fleets: a drift of the host shows in its two
+        order = ["vllm", *specs, "vllm"]
+    for serving, target in enumerate(order, 1):
         if target == "vllm":
             argv = [
                 *vllm_server_argv(options, host="127.0.0.1", port=8100),
@@ -906,10 +909,13 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
                 n = a.prompts[min(i, len(a.prompts) - 1)] or min(4096, max(64, 16 * c))
                 profiled = a.profile_conc if a.profile_conc is not None else [min(a.conc)]
                 prof = a.profile_s if c in profiled else 0
-                row = bench(srv, name, str(a.model), c, n, out, target, profile_s=prof)
-                rows.append({"target": target, **row})
-                # written as it goes: a phase cut by the device's time limit keeps its rows
-                (out / "overhead.json").write_text(json.dumps(rows, indent=1))
+                for r in range(a.rounds):
+                    row = bench(
+                        srv, name, str(a.model), c, n, out, target, profile_s=prof if not r else 0
+                    )
+                    rows.append({"target": target, "serving": serving, "round": r + 1, **row})
+                    # written as it goes: a phase cut by the device's time limit keeps its rows
+                    (out / "overhead.json").write_text(json.dumps(rows, indent=1))
         finally:
             stop(srv)
     if specs:
@@ -921,25 +927,39 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def print_overhead(rows: list[dict[str, Any]]) -> None:
-    by = {(r["target"], r["conc"]): r for r in rows if "tok_s" in r}
-    fleets = sorted({t for t, _ in by if t != "vllm"})
+    """The fleets against `vllm serve`, per concurrency: each target's median over its
+    rounds (every run of it, both of `vllm serve`'s with --baseline-after), and the range
+    of the fleet's per-round ratios to that median - one round cannot tell 3 % apart on a
+    host whose `vllm serve` moves more than that."""
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if "tok_s" in r:
+            runs.setdefault((r["target"], r["conc"]), []).append(r)
+    fleets = sorted({t for t, _ in runs if t != "vllm"})
+
+    def median(cell: list[dict[str, Any]], key: str) -> float:
+        return float(statistics.median(r[key] for r in cell))
+
     print(
-        "\n| c | fleet | vllm tok/s | fleetserve tok/s | ratio | vllm TTFT p50 "
-        "| fleetserve TTFT p50 | delta ms | serving CPU ms/tok vllm / fleetserve |"
+        "\n| c | fleet | runs vllm / fleet | vllm tok/s | fleetserve tok/s | ratio | ratio range "
+        "| vllm TTFT p50 | fleetserve TTFT p50 | delta ms | serving CPU ms/tok vllm / fleetserve |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c, fleet in sorted(
-        {(c, t) for t, c in by if t != "vllm"}, key=lambda x: (x[0], fleets.index(x[1]))
+        {(c, t) for t, c in runs if t != "vllm"}, key=lambda x: (x[0], fleets.index(x[1]))
     ):
-        v, f = by.get(("vllm", c)), by.get((fleet, c))
+        v, f = runs.get(("vllm", c)), runs.get((fleet, c))
         if not (v and f):
             continue
+        v_tok, f_tok = median(v, "tok_s"), median(f, "tok_s")
+        ratios = [r["tok_s"] / v_tok for r in f]
+        v_ttft, f_ttft = median(v, "ttft_p50_ms"), median(f, "ttft_p50_ms")
         print(
-            f"| {c} | {fleet} | {v['tok_s']:.0f} | {f['tok_s']:.0f} | "
-            f"{f['tok_s'] / v['tok_s']:.3f} | "
-            f"{v['ttft_p50_ms']:.1f} | {f['ttft_p50_ms']:.1f} | "
-            f"{f['ttft_p50_ms'] - v['ttft_p50_ms']:+.1f} | "
-            f"{v['serving_cpu_ms_per_token']:.3f} / {f['serving_cpu_ms_per_token']:.3f} |"
+            f"| {c} | {fleet} | {len(v)} / {len(f)} | {v_tok:.0f} | {f_tok:.0f} | "
+            f"{f_tok / v_tok:.3f} | {min(ratios):.3f}-{max(ratios):.3f} | "
+            f"{v_ttft:.1f} | {f_ttft:.1f} | {f_ttft - v_ttft:+.1f} | "
+            f"{median(v, 'serving_cpu_ms_per_token'):.3f} / "
+            f"{median(f, 'serving_cpu_ms_per_token'):.3f} |"
         )
 
 
@@ -1750,6 +1770,19 @@ def main() -> None:
         "client's extra streams then queue in the server)",
     )
     o.add_argument("--fleet-first", action="store_true")
+    o.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="runs of each concurrency in a row on each server; the table gives each "
+        "target's median and the range of the fleet's ratios",
+    )
+    o.add_argument(
+        "--baseline-after",
+        action="store_true",
+        help="`vllm serve` both before and after the fleets: its runs bracket theirs, so a "
+        "host that drifts during the phase shows as its two servings differing",
+    )
     o.add_argument(
         "--fleet-caps",
         type=int,
