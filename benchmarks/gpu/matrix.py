@@ -848,6 +848,8 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
 
     out = a.out
     name = a.name or a.model.name
+    if a.rounds < 1:
+        raise SystemExit(f"matrix.py overhead: --rounds {a.rounds}: at least one run per cell")
 
     def fleet_spec(cap: int, frontend: str) -> Path:
         replicas: dict[str, Any] = {"replicas": {"max_ongoing_requests": cap}} if cap else {}

@@ -561,8 +561,8 @@ class ModelSpec(StrictModel):
             "from that server's /metrics and exported through Ray as ray_vllm_*, as the "
             "in-replica engine's are). `auto`: `process` for a replica that has one GPU to "
             "itself and no LoRA adapters, else `replica` (on a GPU, under a wave of requests, "
-            "TTFT p50 stayed within ~12 ms of `vllm serve`'s with `process` and rose 47-66 "
-            "ms with `replica`; docs/benchmarks.md)."
+            "TTFT p50 stayed at most ~11 ms above `vllm serve`'s with `process` and rose "
+            "47-66 ms with `replica`; docs/benchmarks.md)."
         ),
     )
     adapter_dir: str | None = Field(

@@ -11,9 +11,8 @@ line (``EngineConfig.vllm_cli_args``, what the replica parses).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from ray.serve.config import AutoscalingConfig, RequestRouterConfig
@@ -84,8 +83,7 @@ def _flag(args: list[str], flag: str) -> str:
     return args[args.index(flag) + 1]
 
 
-@dataclass(frozen=True)
-class Rendered:
+class Rendered(NamedTuple):
     spec: FleetSpec
     plan_min: PlanResult
     plan_max: PlanResult
@@ -123,14 +121,8 @@ def _render_and_build(example: str, monkeypatch: pytest.MonkeyPatch) -> Rendered
 def test_the_app_ray_builds_from_a_rayservice_is_what_the_rayservice_says(
     example: str, hami: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rendered = _render_and_build(example, monkeypatch)
-    spec, plan_min, plan_max, built = (
-        rendered.spec,
-        rendered.plan_min,
-        rendered.plan_max,
-        rendered.built,
-    )
-    written = {d["name"]: d for d in rendered.application["deployments"]}
+    spec, plan_min, plan_max, application, built = _render_and_build(example, monkeypatch)
+    written = {d["name"]: d for d in application["deployments"]}
     groups = {g.model.name: g for g in plan_worker_groups(spec, plan_min, plan_max)}
     sliced = False
     for model in spec.models:
@@ -247,7 +239,7 @@ def test_auto_frontend_puts_vllm_serve_beside_a_replica_with_a_card_of_its_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``frontend: auto`` (the default) is ``process`` where it was measured to help - one
-    GPU the replica has to itself, no adapter_dir - and ``replica`` everywhere else; the
+    GPU the replica has to itself, no LoRA adapters - and ``replica`` everywhere else; the
     engine the replica builds is the one the plan resolved, on both paths."""
     # RayService: a pod of one whole card per replica, beside a model over four cards
     assert _frontends(_render_and_build("whole-gpu-tp", monkeypatch).built) == {

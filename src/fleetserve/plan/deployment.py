@@ -323,14 +323,7 @@ def node_deployment(spec: FleetSpec, plan: PlanResult) -> FleetDeployment:
                 tensor_parallel=first[m.name].tensor_parallel,
                 pipeline_parallel=first[m.name].pipeline_parallel,
                 engine_args=dict(m.engine_args),
-                frontend=planned_frontend(
-                    m,
-                    cards=first[m.name].tensor_parallel * first[m.name].pipeline_parallel
-                    if first[m.name].gpus
-                    else 0,
-                    card_to_itself=m.name in own_cards
-                    or (first[m.name].whole_cards and len(first[m.name].gpus) == 1),
-                ),
+                frontend=_node_frontend(m, first[m.name], own_card=m.name in own_cards),
                 ray=RayOptions(
                     num_cpus=m.resources.cpu,
                     num_gpus=1.0 if m.name in own_cards else first[m.name].num_gpus,
@@ -354,16 +347,26 @@ def planned_frontend(model: ModelSpec, *, cards: int, card_to_itself: bool) -> F
     (docs/benchmarks.md, GPU section): both frontends kept ``vllm serve``'s throughput
     (0.995-1.003 on the 12B), but under a wave of 64 requests the in-replica frontend's
     event loop took them in one by one and TTFT p50 rose 47-66 ms, where the process
-    frontend stayed within 12 ms (12B and 270M). Everywhere else ``replica``: a CPU host
-    (the 2-core hosts' engine and server would share the same cores, unmeasured), a replica
-    over several cards (its server would run one), a card shared with other replicas (not
-    measured with a server each). ``cards``: the replica's GPUs (0 on a CPU).
+    frontend's stayed at most 11 ms above ``vllm serve``'s (12B and 270M). Everywhere else
+    ``replica``: a CPU host (the 2-core hosts' engine and server would share the same cores,
+    unmeasured), a replica over several cards (its server would run one), a card shared
+    with other replicas (not measured with a server each). ``cards``: the replica's GPUs
+    (0 on a CPU).
     """
     if model.frontend != "auto":
         return model.frontend
     if cards == 1 and card_to_itself and model.adapter_dir is None and not model.adapters:
         return "process"
     return "replica"
+
+
+def _node_frontend(model: ModelSpec, replica: ReplicaPlacement, *, own_card: bool) -> Frontend:
+    """:func:`planned_frontend` of a replica on a shared node: its cards are those it was
+    placed on (none on a CPU host or an unsized cluster), and it has one to itself when Ray
+    reserves it whole (:func:`_own_card_models`, or a whole-card placement)."""
+    cards = replica.tensor_parallel * replica.pipeline_parallel if replica.gpus else 0
+    whole = own_card or (replica.whole_cards and len(replica.gpus) == 1)
+    return planned_frontend(model, cards=cards, card_to_itself=whole)
 
 
 def _own_card_models(spec: FleetSpec, plan: PlanResult) -> set[str]:

@@ -210,18 +210,14 @@ class FleetServer:
         spec = o.spec
         keys, deployment = self.check()
         n = len(spec.models)
+
+        def beside(model: str) -> str:
+            frontend = deployment.models[model].frontend
+            return ", its vLLM server beside the replica" if frontend == "process" else ""
+
         self.console.print(
             f"fleetserve: serving {n} model{'s' if n != 1 else ''}: "
-            + ", ".join(
-                f"{m.name} ({m.source}"
-                + (
-                    ", its vLLM server beside the replica"
-                    if deployment.models[m.name].frontend == "process"
-                    else ""
-                )
-                + ")"
-                for m in spec.models
-            )
+            + ", ".join(f"{m.name} ({m.source}{beside(m.name)})" for m in spec.models)
         )
         paths = resolve_model_paths(spec, o.engine)
         if not self._ray_initialized():
