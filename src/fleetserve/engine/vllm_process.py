@@ -360,12 +360,20 @@ def _head(response: aiohttp.ClientResponse) -> ResponseHead:
 
 
 def _copy_output(stream: IO[bytes], tail: collections.deque[str]) -> None:
-    """The server's output into the replica's log, its last lines kept (a thread: no
-    event-loop work per log line)."""
+    """The server's output into the replica worker's own stderr - the file Ray keeps for
+    it, where the in-replica engine's processes write too - its last lines kept (a
+    thread: no event-loop work per log line).
+
+    Not ``sys.stderr``: in a Serve replica without ``--verbose`` that is Serve's logger,
+    which buffers records until an error, so vLLM's log (its KV cache size, its warnings)
+    was found nowhere while the server ran (fourteenth session, on a GPU). Nor ``print``:
+    Serve replaces it too, and its stand-in prints a tuple for any other file."""
+    out = sys.__stderr__ or sys.stderr
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace").rstrip()
         tail.append(line)
-        print(line, file=sys.stderr, flush=True)
+        out.write(line + "\n")
+        out.flush()
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

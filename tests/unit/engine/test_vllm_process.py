@@ -6,6 +6,8 @@ tests/integration/test_serve_frontend_process.py)."""
 from __future__ import annotations
 
 import asyncio
+import collections
+import io
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -15,6 +17,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from fleetserve.engine import vllm_process
 from fleetserve.engine.config import EngineConfig, vllm_server_argv
 from fleetserve.engine.factory import create_engine
 from fleetserve.engine.protocol import EngineRequest, ResponseHead
@@ -273,3 +276,21 @@ async def test_a_server_that_exits_while_starting_is_an_error_with_its_output(
         await engine.start()
     await engine.shutdown()
     assert engine.stats().in_flight == 0
+
+
+def test_the_servers_output_goes_to_the_workers_own_stderr_not_serves_logger(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a Serve replica without --verbose, ``sys.stderr`` and ``print`` are Serve's, and
+    Serve buffers what they get until an error: vLLM's log (its KV cache size, its
+    warnings) must go to the stderr file the worker started with, as the in-replica
+    engine's processes write theirs."""
+    worker_stderr, serves_logger = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "__stderr__", worker_stderr)
+    monkeypatch.setattr(sys, "stderr", serves_logger)
+    tail: collections.deque[str] = collections.deque(maxlen=2)
+    lines = b"INFO starting\nINFO GPU KV cache size: 1,070,390 tokens\nready\n"
+    vllm_process._copy_output(io.BytesIO(lines), tail)
+    assert worker_stderr.getvalue() == lines.decode()
+    assert serves_logger.getvalue() == ""
+    assert list(tail) == ["INFO GPU KV cache size: 1,070,390 tokens", "ready"]
