@@ -113,10 +113,17 @@ DERIVED_MARKERS = frozenset({"engine", "ray"})
 #: Shared servers, in the order their tests run after all other tests: the tests of one
 #: server run together, so it is released (``release_after_last_use``) soon. A test goes
 #: with the last fixture of this list that it uses, and within that group the tests that
-#: also use an earlier one go first (the parity tests, last users of ``vllm_url``, open the
-#: ``engine_fleet`` group). ``retiring_engine_fleet`` ends the session's real-engine fleet
-#: (a kill test), so it runs after every other user.
-SHARED_ORDER = ("fake_fleet", "vllm_url", "engine_fleet", "retiring_engine_fleet")
+#: also use an earlier one go first (the parity tests, which ask both frontends, open the
+#: ``process_fleet`` group). ``retiring_process_fleet`` stops that fleet after its other
+#: users; ``retiring_engine_fleet`` ends the session's default real-engine fleet (a kill
+#: test), so it runs after every other user.
+SHARED_ORDER = (
+    "fake_fleet",
+    "engine_fleet",
+    "process_fleet",
+    "retiring_process_fleet",
+    "retiring_engine_fleet",
+)
 
 
 def _shared_group(item: pytest.Item) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""Session-wide servers for engine tests: ONE fleetserve and ONE `vllm serve` per session.
+"""Session-wide servers for engine tests: ONE fleetserve per frontend, shared.
 
 An engine start costs minutes on a loaded 2-core host, so every test that needs a real
 engine on the default fleet shares these:
@@ -8,9 +8,11 @@ engine on the default fleet shares these:
   own (``metrics_port``, for the live-Prometheus test); ``fleetserve_url`` is its base URL
   (no ``/v1``). Its last test, ``retiring_engine_fleet``, is the kill test of the real
   engine: the fleet's end is what it checks, so no second engine starts for it;
-* ``vllm_url`` - base URL of vLLM's own OpenAI server on the same model directory with the
-  same engine options (from the same :class:`EngineConfig`), started lazily: only a
-  session whose tests ask for it pays for it.
+* ``process_fleet`` - the same fleet with ``frontend: process``: its replica forwards to
+  vLLM's own OpenAI server beside it. That server runs the default model with the engine
+  options fleetserve gives it (``default_engine_args``, checked on its command line), so
+  it is also the session's `vllm serve`: ``vllm`` is a client of it, on its socket, for
+  the parity tests and the default-model checks. ``retiring_process_fleet`` stops it last.
 
 Each is stopped after the last test that uses it (``release_after_last_use`` in
 tests/conftest.py; their tests run together, after the rest) with SIGTERM (fleetserve's
@@ -40,9 +42,9 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
-from fleetserve.engine.compile_cache import compile_env
-from fleetserve.engine.config import EngineConfig, vllm_server_argv
+from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.cpu_binding import BIND_ENV
 from fleetserve.errors import ServeError
 from fleetserve.host import probe
@@ -674,28 +676,93 @@ def default_engine_args() -> list[str]:
     return EngineConfig.from_spec(model, model_path=path, settings=settings).vllm_cli_args()
 
 
+def process_fleet_spec() -> str:
+    """The default fleet with ``frontend: process`` - nothing else changed, so its server's
+    engine options are the default fleet's (``default_engine_args``)."""
+    model = default_fleet().models[0]
+    entry = model.model_dump(mode="json", exclude_defaults=True) | {"frontend": "process"}
+    return yaml.safe_dump({"models": [entry]})
+
+
+@dataclasses.dataclass
+class ProcessFleet:
+    """The session's ``fleetserve serve`` of the default fleet with ``frontend: process``:
+    its replica forwards to vLLM's own OpenAI server beside it, on a Unix socket."""
+
+    url: str  # base URL, no /v1
+    server: ServerProcess
+    #: ``MARK_VAR``'s value in the environment of every process of the server.
+    mark: str
+    #: Ray's metrics export of this fleet's node.
+    metrics_url: str
+    #: Set once ``retiring_process_fleet`` has stopped it.
+    retired: bool = False
+
+    def processes(self) -> dict[int, str]:
+        return marked_processes(self.mark)
+
+    def engine_servers(self) -> dict[int, str]:
+        """PID -> command line of this fleet's vLLM servers (one per replica)."""
+        return {
+            pid: cmd
+            for pid, cmd in self.processes().items()
+            if "vllm.entrypoints.openai.api_server" in cmd and "--uds" in cmd.split()
+        }
+
+    def engine_sockets(self) -> list[str]:
+        """The Unix sockets of this fleet's vLLM servers (their command lines say where)."""
+        out = []
+        for cmd in self.engine_servers().values():
+            parts = cmd.split()
+            out.append(parts[parts.index("--uds") + 1])
+        return sorted(set(out))
+
+
 @pytest.fixture(scope="session")
-def vllm_url(
+def process_fleet(
     tmp_path_factory: pytest.TempPathFactory,
     real_engine: Path,
-    default_engine_args: list[str],
+    servers: type[Servers],
     release_after_last_use: Any,
     request: pytest.FixtureRequest,
-) -> Iterator[str]:
-    """vLLM's own OpenAI server on the default model, same engine options as fleetserve.
+) -> Iterator[ProcessFleet]:
+    """``fleetserve serve`` of the default fleet with ``frontend: process``: the tests of
+    that frontend, and - its vLLM server being vLLM's own OpenAI server with the default
+    model's engine options - the session's `vllm serve` (``vllm``)."""
+    mark = f"frontend-{uuid.uuid4().hex[:12]}"
+    metrics_port = free_port()
+    started = start_fleetserve(
+        tmp_path_factory.mktemp("frontend-process"),
+        process_fleet_spec(),
+        "frontend: process",
+        env={MARK_VAR: mark},
+        extra_args=("--metrics-export-port", str(metrics_port)),
+    )
+    release_after_last_use(request, started.server.stop)
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    yield ProcessFleet(started.url, started.server, mark, metrics_url)
+    started.server.stop()
 
-    ``VLLM_TEST_URL`` points the tests at a server that is already running instead.
-    """
-    if os.environ.get("VLLM_TEST_URL"):
-        yield os.environ["VLLM_TEST_URL"].rstrip("/")
-        return
-    port = free_port()
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    argv = vllm_server_argv(default_engine_args, host="127.0.0.1", port=port)
-    # the engine environment fleetserve gives its own engines (engine/compile_cache.py)
-    server = ServerProcess("vllm serve", argv, log, env=compile_env())
-    url = f"http://127.0.0.1:{port}"
-    release_after_last_use(request, server.stop)
-    server.wait_ready(f"{url}/v1/models")
-    yield url
-    server.stop()
+
+@pytest.fixture
+def retiring_process_fleet(process_fleet: ProcessFleet) -> Iterator[ProcessFleet]:
+    """The session's ``process_fleet`` for a test that stops it: after its other users."""
+    assert not process_fleet.retired, "the session's process fleet was already retired"
+    try:
+        yield process_fleet
+    finally:
+        process_fleet.retired = True
+
+
+@pytest.fixture(scope="session")
+def vllm(process_fleet: ProcessFleet, default_engine_args: list[str]) -> Iterator[httpx.Client]:
+    """A client of vLLM's own OpenAI server on the default model with the engine options
+    fleetserve gives it: ``process_fleet``'s server, asked on its socket (no engine start
+    of its own). Its command line must carry exactly ``default_engine_args``."""
+    assert not process_fleet.retired, "a test used vllm after retiring_process_fleet"
+    (cmd,) = process_fleet.engine_servers().values()
+    assert f" {' '.join(default_engine_args)} " in f" {cmd} ", (default_engine_args, cmd)
+    (socket,) = process_fleet.engine_sockets()
+    transport = httpx.HTTPTransport(uds=socket)
+    with httpx.Client(base_url="http://engine", transport=transport, timeout=300) as client:
+        yield client

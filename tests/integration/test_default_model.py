@@ -1,4 +1,4 @@
-"""The prepared default model, served by vLLM's own OpenAI server (the session's ``vllm_url``,
+"""The prepared default model, served by vLLM's own OpenAI server (the session's ``vllm``,
 shared with the parity tests: no engine start of its own).
 
 Checks what the preparation promises, through the layer users hit (vLLM's OpenAI API, not
@@ -21,8 +21,8 @@ MODEL = "gemma-3-270m"
 MODEL_TOKEN, NEWLINE = 4368, 107  # "model", "\n" in Gemma's vocabulary
 
 
-def post(base: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    response = httpx.post(f"{base}{path}", json={"model": MODEL, **body}, timeout=300)
+def post(vllm: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    response = vllm.post(path, json={"model": MODEL, **body})
     assert response.status_code == 200, response.text
     data: dict[str, Any] = response.json()
     return data
@@ -34,13 +34,13 @@ def distinct_trigram_ratio(text: str) -> float:
     return len(set(grams)) / max(1, len(grams))
 
 
-def test_completion_prompt_starts_with_one_bos(vllm_url: str) -> None:
-    tokens = post(vllm_url, "/tokenize", {"prompt": "Once upon a time,"})["tokens"]
+def test_completion_prompt_starts_with_one_bos(vllm: httpx.Client) -> None:
+    tokens = post(vllm, "/tokenize", {"prompt": "Once upon a time,"})["tokens"]
     assert tokens[0] == BOS_ID
     assert tokens.count(BOS_ID) == 1
 
 
-def test_chat_prompt_starts_with_one_bos(vllm_url: str) -> None:
+def test_chat_prompt_starts_with_one_bos(vllm: httpx.Client) -> None:
     body = {
         "messages": [
             {"role": "system", "content": "Answer briefly."},
@@ -48,16 +48,16 @@ def test_chat_prompt_starts_with_one_bos(vllm_url: str) -> None:
         ],
         "add_generation_prompt": True,
     }
-    tokens = post(vllm_url, "/tokenize", body)["tokens"]
+    tokens = post(vllm, "/tokenize", body)["tokens"]
     assert tokens[:2] == [BOS_ID, START_OF_TURN_ID]
     assert tokens.count(BOS_ID) == 1  # template's BOS only: no second one from the tokenizer
     assert tokens[-3:] == [START_OF_TURN_ID, MODEL_TOKEN, NEWLINE]
 
 
-def test_greedy_completion_is_sensible_text(vllm_url: str) -> None:
+def test_greedy_completion_is_sensible_text(vllm: httpx.Client) -> None:
     def complete(prompt: str, max_tokens: int) -> str:
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-        text: str = post(vllm_url, "/v1/completions", body)["choices"][0]["text"]
+        text: str = post(vllm, "/v1/completions", body)["choices"][0]["text"]
         return text
 
     # Without BOS this model answers " not." here and loops "upon a time,upon a time,..."
@@ -73,7 +73,7 @@ def test_greedy_completion_is_sensible_text(vllm_url: str) -> None:
     assert distinct_trigram_ratio(story) > 0.6, f"repetition loop: {story!r}"
 
 
-def test_chat_completion_stops_at_end_of_turn(vllm_url: str) -> None:
+def test_chat_completion_stops_at_end_of_turn(vllm: httpx.Client) -> None:
     # The base model's <end_of_turn> embedding is untrained (cosine 0.995 to <unusedN>), so
     # it never ends a turn by itself; push it to emit <end_of_turn> right after 3 tokens
     # (min_tokens holds back only stop tokens) and check that generation_config.json makes
@@ -86,7 +86,7 @@ def test_chat_completion_stops_at_end_of_turn(vllm_url: str) -> None:
         "min_tokens": 3,
         "logit_bias": {str(END_OF_TURN_ID): 100},
     }
-    data = post(vllm_url, "/v1/chat/completions", body)
+    data = post(vllm, "/v1/chat/completions", body)
     choice = data["choices"][0]
     content = choice["message"]["content"]
     assert choice["finish_reason"] == "stop", data

@@ -1,22 +1,22 @@
 """``frontend: process`` on the real engine: the replica's own ``vllm serve`` on a Unix socket.
 
 The engine adapter's seams are in tests/unit/engine/test_vllm_process.py; here the whole
-path runs: the official ``openai`` SDK through the ingress, Serve and the relay to a
-replica that forwards to vLLM's server beside it. It must answer as that `vllm serve`
-does when asked on its own socket (greedy: same text, usage and error bodies), abort what
-a client leaves, report the engine's load to the routers, and leave no process behind when
-the fleet stops.
+path runs on the session's ``process_fleet`` (the default fleet with ``frontend: process``,
+tests/integration/conftest.py): the official ``openai`` SDK through the ingress, Serve
+and the relay to a replica that forwards to vLLM's server beside it. It must answer as
+that `vllm serve` does when asked on its own socket (greedy: same text, usage and error
+bodies), abort what a client leaves, report the engine's load to the routers, export the
+engine's series through Ray, and leave no process behind when the fleet stops.
 
-The engine runs eager: what is tested is the path around vLLM's server, which compiling
-the model does not change, and an eager start takes ~90 s less here (docs/testing.md).
-The compile environment fleetserve gives that server is checked all the same.
+That server is also the session's `vllm serve` of the default model (the parity tests
+compare the in-replica frontend with it), so it runs compiled, with the default fleet's
+engine options, and this file starts no engine of its own.
 """
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,67 +39,6 @@ from fleetserve.spec import DEFAULT_MODEL_SOURCE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-SPEC = f"""
-models:
-  - name: {MODEL}
-    source: {DEFAULT_MODEL_SOURCE}
-    max_model_len: 4096
-    concurrency: 8
-    max_num_seqs: 64
-    frontend: process
-    engine_args: {{enforce_eager: true}}
-"""
-
-
-class ProcessFleet:
-    def __init__(self, url: str, server: Any, mark: str, servers: Any, metrics_url: str) -> None:
-        self.url = url
-        self.server = server
-        self.mark = mark
-        self._servers = servers
-        self.metrics_url = metrics_url
-        """Ray's metrics export of this fleet's node."""
-
-    def processes(self) -> dict[int, str]:
-        return self._servers.marked_processes(self.mark)  # type: ignore[no-any-return]
-
-    def engine_servers(self) -> dict[int, str]:
-        """PID -> command line of this fleet's vLLM servers (one per replica)."""
-        return {
-            pid: cmd
-            for pid, cmd in self.processes().items()
-            if "vllm.entrypoints.openai.api_server" in cmd and "--uds" in cmd.split()
-        }
-
-    def engine_sockets(self) -> list[str]:
-        """The Unix sockets of this fleet's vLLM servers (their command lines say where)."""
-        out = []
-        for cmd in self.engine_servers().values():
-            parts = cmd.split()
-            out.append(parts[parts.index("--uds") + 1])
-        return sorted(set(out))
-
-
-@pytest.fixture(scope="module")
-def process_fleet(
-    tmp_path_factory: pytest.TempPathFactory, real_engine: Path, servers: Any
-) -> Iterator[ProcessFleet]:
-    mark = f"frontend-{uuid.uuid4().hex[:12]}"
-    metrics_port = servers.free_port()
-    started = servers.start_fleetserve(
-        tmp_path_factory.mktemp("frontend-process"),
-        SPEC,
-        "frontend: process",
-        env={servers.mark_var: mark},
-        extra_args=("--metrics-export-port", str(metrics_port)),
-    )
-    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-    fleet = ProcessFleet(started.url, started.server, mark, servers, metrics_url)
-    try:
-        yield fleet
-    finally:
-        started.server.stop()
-
 
 def engine_metrics(socket: str) -> str:
     with httpx.Client(transport=httpx.HTTPTransport(uds=socket), timeout=10) as c:
@@ -114,7 +53,7 @@ def running(socket: str) -> float:
     )
 
 
-def test_answers_as_vllm_serve_does(process_fleet: ProcessFleet) -> None:
+def test_answers_as_vllm_serve_does(process_fleet: Any) -> None:
     # the replica's server runs beside it, not inside: one vllm serve per replica, and
     # fleetserve says so as it starts
     (socket,) = process_fleet.engine_sockets()
@@ -142,7 +81,7 @@ def test_answers_as_vllm_serve_does(process_fleet: ProcessFleet) -> None:
         assert ours.json() == theirs.json()
 
 
-def test_streams_through_the_openai_sdk(process_fleet: ProcessFleet) -> None:
+def test_streams_through_the_openai_sdk(process_fleet: Any) -> None:
     client = openai.OpenAI(base_url=f"{process_fleet.url}/v1", api_key="none", max_retries=0)
     stream = client.chat.completions.create(
         model=MODEL,
@@ -162,7 +101,7 @@ def test_streams_through_the_openai_sdk(process_fleet: ProcessFleet) -> None:
     assert usage.completion_tokens == 16
 
 
-def test_a_client_that_leaves_aborts_its_request(process_fleet: ProcessFleet) -> None:
+def test_a_client_that_leaves_aborts_its_request(process_fleet: Any) -> None:
     (socket,) = process_fleet.engine_sockets()
     body = {
         "model": MODEL,
@@ -192,7 +131,7 @@ def test_a_client_that_leaves_aborts_its_request(process_fleet: ProcessFleet) ->
 
 
 def test_vllms_server_gets_the_in_replica_engines_compile_environment(
-    process_fleet: ProcessFleet, servers: Any
+    process_fleet: Any, servers: Any
 ) -> None:
     # the same environment as the in-replica engine's (engine/compile_cache.py)
     pids = list(process_fleet.engine_servers())
@@ -201,7 +140,19 @@ def test_vllms_server_gets_the_in_replica_engines_compile_environment(
     assert found == dict.fromkeys(pids, "0")
 
 
-def test_the_routers_signals_read_vllms_own_metrics(process_fleet: ProcessFleet) -> None:
+def test_vllms_log_is_in_the_replica_workers_log(process_fleet: Any) -> None:
+    """What vLLM's server prints (here: the KV cache it sized) lands in the file Ray keeps
+    for the replica's worker, as the in-replica engine's output does - not in Serve's
+    buffered logger, where it stayed unseen."""
+    (pid,) = process_fleet.engine_servers()
+    replica = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    log = Path(os.readlink(f"/proc/{replica}/fd/2"))
+    assert log.name.endswith(".err"), log
+    text = log.read_text(errors="replace")
+    assert "KV cache size" in text, text[-2000:]
+
+
+def test_the_routers_signals_read_vllms_own_metrics(process_fleet: Any) -> None:
     """The replica's routing signals come from its server's /metrics by series name: every
     name must be one this vLLM exports (a renamed series would leave routing blind)."""
     (socket,) = process_fleet.engine_sockets()
@@ -229,7 +180,7 @@ def sums(text: str) -> dict[str, float]:
 
 
 def test_the_engines_metrics_reach_rays_export_as_the_in_replica_engines_do(
-    process_fleet: ProcessFleet,
+    process_fleet: Any,
 ) -> None:
     """Dashboards, alerts and ``fleetserve top`` read ``ray_vllm_*``. The replica relays its
     server's /metrics to Ray's (engine/metrics_relay.py): every vLLM series the dashboards
@@ -285,7 +236,8 @@ def test_the_engines_metrics_reach_rays_export_as_the_in_replica_engines_do(
     assert replicas != {""}
 
 
-def test_nothing_is_left_after_the_fleet_stops(process_fleet: ProcessFleet) -> None:
+def test_nothing_is_left_after_the_fleet_stops(retiring_process_fleet: Any) -> None:
+    process_fleet = retiring_process_fleet
     (socket,) = process_fleet.engine_sockets()
     assert Path(socket).exists()
     process_fleet.server.stop()

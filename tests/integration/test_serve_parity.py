@@ -1,9 +1,14 @@
 """Parity: the same greedy requests to `vllm serve` and to fleetserve give identical text and
-token counts (same model directory, same engine options)."""
+token counts (same model directory, same engine options).
+
+`vllm serve` here is the session's ``vllm`` (tests/integration/conftest.py): vLLM's own
+OpenAI server that ``process_fleet`` runs beside its replica, its command line checked to
+carry the engine options fleetserve gives the default model."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -23,15 +28,22 @@ CHATS = [
 PROMPTS = ["Once upon a time", "def fibonacci(n):"]
 
 
-def post(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    r = httpx.post(f"{url}{path}", json=body, timeout=300)
+@pytest.fixture
+def fleetserve(fleetserve_url: str) -> Iterator[httpx.Client]:
+    """A client of the session's default fleet (the in-replica frontend)."""
+    with httpx.Client(base_url=fleetserve_url, timeout=300) as client:
+        yield client
+
+
+def post(client: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    r = client.post(path, json=body)
     assert r.status_code == 200, r.text
     return r.json()  # type: ignore[no-any-return]
 
 
-def stream(url: str, path: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def stream(client: httpx.Client, path: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     text, usage = "", {}
-    with httpx.stream("POST", f"{url}{path}", json=body, timeout=300) as r:
+    with client.stream("POST", path, json=body) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -44,25 +56,27 @@ def stream(url: str, path: str, body: dict[str, Any]) -> tuple[str, dict[str, An
 
 
 @pytest.mark.parametrize("messages", CHATS)
-def test_chat_is_identical(fleetserve_url: str, vllm_url: str, messages: list[Any]) -> None:
+def test_chat_is_identical(
+    fleetserve: httpx.Client, vllm: httpx.Client, messages: list[Any]
+) -> None:
     body = {"model": MODEL, "messages": messages, "max_tokens": 32, "temperature": 0}
-    ours = post(fleetserve_url, "/v1/chat/completions", body)
-    theirs = post(vllm_url, "/v1/chat/completions", body)
+    ours = post(fleetserve, "/v1/chat/completions", body)
+    theirs = post(vllm, "/v1/chat/completions", body)
     assert ours["choices"][0]["message"]["content"] == theirs["choices"][0]["message"]["content"]
     assert ours["choices"][0]["finish_reason"] == theirs["choices"][0]["finish_reason"]
     assert ours["usage"] == theirs["usage"]
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_completion_is_identical(fleetserve_url: str, vllm_url: str, prompt: str) -> None:
+def test_completion_is_identical(fleetserve: httpx.Client, vllm: httpx.Client, prompt: str) -> None:
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 32, "temperature": 0}
-    ours = post(fleetserve_url, "/v1/completions", body)
-    theirs = post(vllm_url, "/v1/completions", body)
+    ours = post(fleetserve, "/v1/completions", body)
+    theirs = post(vllm, "/v1/completions", body)
     assert ours["choices"][0]["text"] == theirs["choices"][0]["text"]
     assert ours["usage"] == theirs["usage"]
 
 
-def test_streamed_chat_is_identical(fleetserve_url: str, vllm_url: str) -> None:
+def test_streamed_chat_is_identical(fleetserve: httpx.Client, vllm: httpx.Client) -> None:
     body = {
         "model": MODEL,
         "messages": CHATS[0],
@@ -71,15 +85,15 @@ def test_streamed_chat_is_identical(fleetserve_url: str, vllm_url: str) -> None:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    ours = stream(fleetserve_url, "/v1/chat/completions", body)
-    theirs = stream(vllm_url, "/v1/chat/completions", body)
+    ours = stream(fleetserve, "/v1/chat/completions", body)
+    theirs = stream(vllm, "/v1/chat/completions", body)
     assert ours == theirs
     assert ours[1]["completion_tokens"] > 0
 
 
-def test_errors_are_identical(fleetserve_url: str, vllm_url: str) -> None:
+def test_errors_are_identical(fleetserve: httpx.Client, vllm: httpx.Client) -> None:
     body = {"model": MODEL, "messages": CHATS[0], "max_tokens": 100_000}
-    ours = httpx.post(f"{fleetserve_url}/v1/chat/completions", json=body, timeout=60)
-    theirs = httpx.post(f"{vllm_url}/v1/chat/completions", json=body, timeout=60)
+    ours = fleetserve.post("/v1/chat/completions", json=body)
+    theirs = vllm.post("/v1/chat/completions", json=body)
     assert ours.status_code == theirs.status_code == 400
     assert ours.json() == theirs.json()
