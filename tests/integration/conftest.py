@@ -697,6 +697,8 @@ class ProcessFleet:
     metrics_url: str
     #: Set once ``retiring_process_fleet`` has stopped it.
     retired: bool = False
+    #: Every server socket ``engine_sockets`` has found (a replaced replica's included).
+    seen_sockets: set[str] = dataclasses.field(default_factory=set)
 
     def processes(self) -> dict[int, str]:
         return marked_processes(self.mark)
@@ -715,6 +717,7 @@ class ProcessFleet:
         for cmd in self.engine_servers().values():
             parts = cmd.split()
             out.append(parts[parts.index("--uds") + 1])
+        self.seen_sockets.update(out)
         return sorted(set(out))
 
 
@@ -746,8 +749,8 @@ def process_fleet(
 
 @pytest.fixture
 def retiring_process_fleet(process_fleet: ProcessFleet) -> Iterator[ProcessFleet]:
-    """The session's ``process_fleet`` for a test that stops it: after its other users."""
-    assert not process_fleet.retired, "the session's process fleet was already retired"
+    """The session's ``process_fleet`` for a test that breaks or stops it: after its other
+    users (the retiring tests themselves run in file order)."""
     try:
         yield process_fleet
     finally:

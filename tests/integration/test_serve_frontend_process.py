@@ -15,7 +15,10 @@ engine options, and this file starts no engine of its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,13 @@ from fleetserve.spec import DEFAULT_MODEL_NAME as MODEL
 from fleetserve.spec import DEFAULT_MODEL_SOURCE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def engine_metrics(socket: str) -> str:
@@ -145,7 +155,7 @@ def test_vllms_log_is_in_the_replica_workers_log(process_fleet: Any) -> None:
     for the replica's worker, as the in-replica engine's output does - not in Serve's
     buffered logger, where it stayed unseen."""
     (pid,) = process_fleet.engine_servers()
-    replica = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    replica = _ppid(pid)
     log = Path(os.readlink(f"/proc/{replica}/fd/2"))
     assert log.name.endswith(".err"), log
     text = log.read_text(errors="replace")
@@ -236,13 +246,76 @@ def test_the_engines_metrics_reach_rays_export_as_the_in_replica_engines_do(
     assert replicas != {""}
 
 
+def test_a_dead_engine_ends_its_streams_and_is_refused_at_once(
+    retiring_process_fleet: Any,
+) -> None:
+    """vLLM's engine core killed under the server beside the replica (the OOM killer, a
+    GPU fault): the stream in flight ends with an error event, not a silent cut; vLLM's
+    server exits, as fleetserve counts on; and every request after it is refused at once
+    with 503 + Retry-After until Serve replaces the replica - never a 500 from the dead
+    engine, never held. (Serve's replacement of a replica is tested on the fake engine,
+    tests/integration/test_serve_chaos.py; here what is vLLM's own: how its server dies.)"""
+    fleet = retiring_process_fleet
+    fleet.engine_sockets()  # kept for the next test's check that none is left
+    (server,) = fleet.engine_servers()
+    engine = [pid for pid in fleet.processes() if _ppid(pid) == server]
+    assert engine, fleet.processes()
+    events: list[str] = []
+    first = threading.Event()
+
+    def consume() -> None:
+        body = {
+            "model": MODEL,
+            "prompt": "Once upon a time",
+            "max_tokens": 3000,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        with httpx.stream("POST", f"{fleet.url}/v1/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    first.set()
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    assert first.wait(60)
+    for pid in engine:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    reader.join(90)
+    assert not reader.is_alive(), "the stream did not end after its engine died"
+    assert events[-1] == "[DONE]", events[-3:]
+    assert '"error"' in events[-2], events[-3:]
+    # vllm serve exits once its engine core is gone (what the replica's refusal reads)
+    deadline = time.monotonic() + 60
+    while server in fleet.processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert server not in fleet.processes(), "vLLM's server outlived its engine core"
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+    for _ in range(5):
+        began = time.monotonic()
+        r = httpx.post(f"{fleet.url}/v1/completions", json=body, timeout=60)
+        took = time.monotonic() - began
+        if r.status_code == 200:  # Serve already runs a new replica: nothing to refuse
+            break
+        assert r.status_code == 503, r.text
+        assert "retry-after" in r.headers, r.headers
+        assert took < 12, took  # at most one health-check period before Serve knows
+        time.sleep(0.5)
+
+
 def test_nothing_is_left_after_the_fleet_stops(retiring_process_fleet: Any) -> None:
+    """Stopped after its engine died (the test above), maybe while Serve starts the
+    replica that replaces it: no process of the fleet is left, nor the socket directory
+    of any of its servers."""
     process_fleet = retiring_process_fleet
-    (socket,) = process_fleet.engine_sockets()
-    assert Path(socket).exists()
+    process_fleet.engine_sockets()  # a replacement's server, if one runs by now
+    sockets = process_fleet.seen_sockets
+    assert sockets
     process_fleet.server.stop()
     deadline = time.monotonic() + 60
     while process_fleet.processes() and time.monotonic() < deadline:
         time.sleep(1)
     assert process_fleet.processes() == {}
-    assert not Path(socket).parent.exists()
+    assert [s for s in sockets if Path(s).parent.exists()] == []
