@@ -12,7 +12,8 @@ engine on the default fleet shares these:
   vLLM's own OpenAI server beside it. That server runs the default model with the engine
   options fleetserve gives it (``default_engine_args``, checked on its command line), so
   it is also the session's `vllm serve`: ``vllm`` is a client of it, on its socket, for
-  the parity tests and the default-model checks. ``retiring_process_fleet`` stops it last.
+  the parity tests and the default-model checks. Its ``retiring_process_fleet`` tests,
+  last, kill its engine and then stop it.
 
 Each is stopped after the last test that uses it (``release_after_last_use`` in
 tests/conftest.py; their tests run together, after the rest) with SIGTERM (fleetserve's
@@ -448,6 +449,32 @@ def reapers(processes: dict[int, str]) -> list[int]:
     ]
 
 
+class BackgroundStream:
+    """A streamed POST read on a thread of its own, for a test that breaks its server
+    while the stream is in flight: the SSE ``data:`` payloads arrive in ``events``, and
+    ``first`` is set with the first of them."""
+
+    def __init__(self, url: str, body: dict[str, Any], timeout_s: float = 120) -> None:
+        self.events: list[str] = []
+        self.first = threading.Event()
+        self._thread = threading.Thread(
+            target=self._read, args=(url, body, timeout_s), name="stream", daemon=True
+        )
+        self._thread.start()
+
+    def _read(self, url: str, body: dict[str, Any], timeout_s: float) -> None:
+        with httpx.stream("POST", url, json=body, timeout=timeout_s) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    self.events.append(line[6:])
+                    self.first.set()
+
+    def join(self, timeout_s: float) -> bool:
+        """Whether the stream ended within ``timeout_s``."""
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+
 class Servers:
     """Helpers for tests that start their own server (conftest is not importable)."""
 
@@ -456,6 +483,7 @@ class Servers:
     reapers = staticmethod(reapers)
 
     Process = ServerProcess
+    Stream = BackgroundStream
     ready_line = FLEETSERVE_READY
     mark_var = MARK_VAR
     free_port = staticmethod(free_port)
@@ -695,7 +723,7 @@ class ProcessFleet:
     mark: str
     #: Ray's metrics export of this fleet's node.
     metrics_url: str
-    #: Set once ``retiring_process_fleet`` has stopped it.
+    #: Set once a ``retiring_process_fleet`` test has broken or stopped it.
     retired: bool = False
     #: Every server socket ``engine_sockets`` has found (a replaced replica's included).
     seen_sockets: set[str] = dataclasses.field(default_factory=set)

@@ -144,32 +144,17 @@ def test_every_process_of_a_started_ray_runs_at_normal_priority(fleet: Fleet) ->
 # ---------------------------------------------------------------- chaos under load
 
 
-def test_killing_the_model_replica_fails_fast_and_recovers(fleet: Fleet) -> None:
+def test_killing_the_model_replica_fails_fast_and_recovers(fleet: Fleet, servers: Any) -> None:
     replica = fleet.find(f"ServeReplica:fleetserve:model-{fleet.model}")
     engines = fleet.engines()
     assert len(replica) == 1
     assert len(engines) == 1
-    events: list[str] = []
-    first = threading.Event()
-
-    def consume() -> None:
-        with httpx.stream(
-            "POST",
-            f"{fleet.url}/v1/chat/completions",
-            json=fleet.chat(2000, stream=True),
-            timeout=120,
-        ) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    events.append(line[6:])
-                    first.set()
-
-    reader = threading.Thread(target=consume)
-    reader.start()
-    assert first.wait(30)
+    stream = servers.Stream(f"{fleet.url}/v1/chat/completions", fleet.chat(2000, stream=True))
+    assert stream.first.wait(30)
     os.kill(replica[0], signal.SIGKILL)
     killed = time.monotonic()
-    reader.join(60)
+    stream.join(60)
+    events = stream.events
     # The in-flight stream ends with an error event, not a silent cut, and names no internals.
     assert events[-1] == "[DONE]"
     assert '"error"' in events[-2]

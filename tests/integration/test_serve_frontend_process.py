@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,15 @@ from fleetserve.spec import DEFAULT_MODEL_NAME as MODEL
 from fleetserve.spec import DEFAULT_MODEL_SOURCE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+#: A stream that would run for minutes: what a test breaks or leaves mid-way.
+LONG_STREAM = {
+    "model": MODEL,
+    "prompt": "Once upon a time",
+    "max_tokens": 3000,
+    "ignore_eos": True,
+    "stream": True,
+}
 
 
 def _ppid(pid: int) -> int | None:
@@ -113,14 +121,9 @@ def test_streams_through_the_openai_sdk(process_fleet: Any) -> None:
 
 def test_a_client_that_leaves_aborts_its_request(process_fleet: Any) -> None:
     (socket,) = process_fleet.engine_sockets()
-    body = {
-        "model": MODEL,
-        "prompt": "Once upon a time",
-        "max_tokens": 3000,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    with httpx.stream("POST", f"{process_fleet.url}/v1/completions", json=body, timeout=300) as r:
+    with httpx.stream(
+        "POST", f"{process_fleet.url}/v1/completions", json=LONG_STREAM, timeout=300
+    ) as r:
         assert r.status_code == 200
         # The iterator is held, not left by `break`: a generator left that way is closed at
         # once, and httpx then closes the connection - the very abort this test waits for,
@@ -247,7 +250,7 @@ def test_the_engines_metrics_reach_rays_export_as_the_in_replica_engines_do(
 
 
 def test_a_dead_engine_ends_its_streams_and_is_refused_at_once(
-    retiring_process_fleet: Any,
+    retiring_process_fleet: Any, servers: Any
 ) -> None:
     """vLLM's engine core killed under the server beside the replica (the OOM killer, a
     GPU fault): the stream in flight ends with an error event, not a silent cut; vLLM's
@@ -260,33 +263,14 @@ def test_a_dead_engine_ends_its_streams_and_is_refused_at_once(
     (server,) = fleet.engine_servers()
     engine = [pid for pid in fleet.processes() if _ppid(pid) == server]
     assert engine, fleet.processes()
-    events: list[str] = []
-    first = threading.Event()
-
-    def consume() -> None:
-        body = {
-            "model": MODEL,
-            "prompt": "Once upon a time",
-            "max_tokens": 3000,
-            "ignore_eos": True,
-            "stream": True,
-        }
-        with httpx.stream("POST", f"{fleet.url}/v1/completions", json=body, timeout=120) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    events.append(line[6:])
-                    first.set()
-
-    reader = threading.Thread(target=consume)
-    reader.start()
-    assert first.wait(60)
+    stream = servers.Stream(f"{fleet.url}/v1/completions", LONG_STREAM)
+    assert stream.first.wait(60)
     for pid in engine:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    reader.join(90)
-    assert not reader.is_alive(), "the stream did not end after its engine died"
-    assert events[-1] == "[DONE]", events[-3:]
-    assert '"error"' in events[-2], events[-3:]
+    assert stream.join(90), "the stream did not end after its engine died"
+    assert stream.events[-1] == "[DONE]", stream.events[-3:]
+    assert '"error"' in stream.events[-2], stream.events[-3:]
     # vllm serve exits once its engine core is gone (what the replica's refusal reads)
     deadline = time.monotonic() + 60
     while server in fleet.processes() and time.monotonic() < deadline:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -205,25 +204,13 @@ def test_probes_answer_quickly(fleet: Fleet) -> None:
         assert time.monotonic() - start < 1.0
 
 
-def test_drain_timeout_ends_streams_with_an_error_event(fleet: Fleet) -> None:
+def test_drain_timeout_ends_streams_with_an_error_event(fleet: Fleet, servers: Any) -> None:
     """Runs last: SIGTERM stops the module's server (drain_timeout_s 1.5 < the stream)."""
-    events: list[str] = []
-    first = threading.Event()
-
-    def consume() -> None:
-        with httpx.stream(
-            "POST", f"{fleet.url}/v1/chat/completions", json=chat(140, stream=True), timeout=60
-        ) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    events.append(line[6:])
-                    first.set()
-
-    reader = threading.Thread(target=consume)
-    reader.start()
-    assert first.wait(30)
+    stream = servers.Stream(f"{fleet.url}/v1/chat/completions", chat(140, stream=True), 60)
+    assert stream.first.wait(30)
     fleet.server.proc.send_signal(signal.SIGTERM)
-    reader.join(60)
+    stream.join(60)
+    events = stream.events
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
     assert error["code"] == 503
