@@ -479,6 +479,7 @@ class Servers:
     """Helpers for tests that start their own server (conftest is not importable)."""
 
     vllm_roles = staticmethod(vllm_roles)
+    ppid = staticmethod(_ppid)
     environ = staticmethod(environ)
     reapers = staticmethod(reapers)
 

@@ -51,13 +51,6 @@ LONG_STREAM = {
 }
 
 
-def _ppid(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def engine_metrics(socket: str) -> str:
     with httpx.Client(transport=httpx.HTTPTransport(uds=socket), timeout=10) as c:
         return c.get("http://engine/metrics").text
@@ -153,12 +146,12 @@ def test_vllms_server_gets_the_in_replica_engines_compile_environment(
     assert found == dict.fromkeys(pids, "0")
 
 
-def test_vllms_log_is_in_the_replica_workers_log(process_fleet: Any) -> None:
+def test_vllms_log_is_in_the_replica_workers_log(process_fleet: Any, servers: Any) -> None:
     """What vLLM's server prints (here: the KV cache it sized) lands in the file Ray keeps
     for the replica's worker, as the in-replica engine's output does - not in Serve's
     buffered logger, where it stayed unseen."""
     (pid,) = process_fleet.engine_servers()
-    replica = _ppid(pid)
+    replica = servers.ppid(pid)
     log = Path(os.readlink(f"/proc/{replica}/fd/2"))
     assert log.name.endswith(".err"), log
     text = log.read_text(errors="replace")
@@ -261,7 +254,7 @@ def test_a_dead_engine_ends_its_streams_and_is_refused_at_once(
     fleet = retiring_process_fleet
     fleet.engine_sockets()  # kept for the next test's check that none is left
     (server,) = fleet.engine_servers()
-    engine = [pid for pid in fleet.processes() if _ppid(pid) == server]
+    engine = [pid for pid in fleet.processes() if servers.ppid(pid) == server]
     assert engine, fleet.processes()
     stream = servers.Stream(f"{fleet.url}/v1/completions", LONG_STREAM)
     assert stream.first.wait(60)
