@@ -574,10 +574,20 @@ def run_client(argv: list[str]) -> tuple[int, str]:
 # ----------------------------------------------------------------------------- fleetserve
 
 
-def write_spec(path: Path, models: list[dict[str, Any]], port: int, gpu_policy: str = "") -> Path:
+def write_spec(
+    path: Path,
+    models: list[dict[str, Any]],
+    port: int,
+    gpu_policy: str = "",
+    server: dict[str, Any] | None = None,
+) -> Path:
     """A fleet spec; ``gpu_policy`` ``spread`` puts a model's replicas on different cards
-    of the node (the default, binpack, fills one card first)."""
-    spec: dict[str, Any] = {"models": models, "server": {"host": "127.0.0.1", "port": port}}
+    of the node (the default, binpack, fills one card first); ``server``: more of the
+    spec's server settings."""
+    spec: dict[str, Any] = {
+        "models": models,
+        "server": {"host": "127.0.0.1", "port": port, **(server or {})},
+    }
     if gpu_policy:
         spec["policy"] = {"gpu": gpu_policy}
     path.write_text(yaml.safe_dump(spec))
@@ -858,8 +868,10 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
 
     def fleet_spec(cap: int, frontend: str) -> Path:
         replicas: dict[str, Any] = {"replicas": {"max_ongoing_requests": cap}} if cap else {}
-        # always written: the spec's default (`auto`) is `process` on a card of its own
-        replicas["frontend"] = frontend
+        # always written: the spec's default (`auto`) is `process` on a card of its own;
+        # `process-relay`: that frontend with every token through the replica (no handoff)
+        replicas["frontend"] = frontend.removesuffix("-relay")
+        server = {"stream_handoff": False} if frontend.endswith("-relay") else None
         entry = model_entry(
             a.model,
             name,
@@ -869,7 +881,7 @@ def phase_overhead(a: argparse.Namespace) -> list[dict[str, Any]]:
             **({"tensor_parallel": a.tensor_parallel} if a.tensor_parallel > 1 else {}),
             **replicas,
         )
-        return write_spec(out / f"{fleet_name(cap, frontend)}.yaml", [entry], 8200)
+        return write_spec(out / f"{fleet_name(cap, frontend)}.yaml", [entry], 8200, server=server)
 
     def fleet_name(cap: int, frontend: str) -> str:
         return (
@@ -1819,9 +1831,11 @@ def main() -> None:
         "--fleet-frontends",
         nargs="+",
         default=["replica"],
-        choices=["replica", "process", "auto"],
+        choices=["replica", "process", "process-relay", "auto"],
         help="fleets side by side, one per frontend (the spec's frontend: vLLM's OpenAI "
-        "layer in the replica, or a vllm serve beside it); crossed with --fleet-caps",
+        "layer in the replica, or a vllm serve beside it, whose streams the ingress reads "
+        "itself - `process-relay`: through the replica, server.stream_handoff false); "
+        "crossed with --fleet-caps",
     )
     o.add_argument(
         "--fleet-env",

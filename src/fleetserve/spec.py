@@ -1034,6 +1034,15 @@ class ServerSpec(StrictModel):
         "one message per chunk (for networks where Ray pods may not reach each other on "
         "any port).",
     )
+    stream_handoff: bool = Field(
+        default=True,
+        description="With `stream_relay: multiplexed`: a replica whose vLLM server runs "
+        "beside it (`frontend: process`) on the ingress's Ray node hands each request's "
+        "stream to the ingress, which sends the request to that server's Unix socket and "
+        "reads the response itself - one hop less for every token. The replica still "
+        "admits the request (routing, `max_ongoing_requests`, autoscaling counts) and "
+        "holds it until the stream ends. Off: every response passes through the replica.",
+    )
 
 
 #: Render's own volume in every pod: Ray's temp directory (a spec volume may not shadow it).

@@ -296,3 +296,25 @@ def test_nothing_is_left_after_the_fleet_stops(retiring_process_fleet: Any) -> N
         time.sleep(1)
     assert process_fleet.processes() == {}
     assert [s for s in sockets if Path(s).parent.exists()] == []
+
+
+def test_the_ingress_reads_each_stream_from_vllms_server_itself(process_fleet: Any) -> None:
+    # server.stream_handoff (on by default): the replica admits each request and hands its
+    # stream to the ingress on its node, which reads it from vLLM's server directly
+    def counters() -> dict[str, int]:
+        r = httpx.get(f"{process_fleet.url}/ready?engine=1", timeout=60)
+        detail: dict[str, int] = r.json()["models"][MODEL]
+        return detail
+
+    before = counters()
+    client = openai.OpenAI(base_url=f"{process_fleet.url}/v1", api_key="none", max_retries=0)
+    for stream in (False, True):
+        out = client.completions.create(
+            model=MODEL, prompt="Say hi.", max_tokens=4, temperature=0, stream=stream
+        )
+        if stream:
+            assert "".join(c.choices[0].text for c in out if c.choices)  # type: ignore[union-attr]
+    after = counters()
+    assert after["handed_off"] - before["handed_off"] == 2, (before, after)
+    assert after["completed"] - before["completed"] == 2, (before, after)
+    assert after["in_flight"] == 0

@@ -54,6 +54,9 @@ class EngineStats:
     in_flight: int = 0
     aborted: int = 0
     completed: int = 0
+    #: Of those exchanges, the ones whose stream the ingress read from the engine's own
+    #: server (:class:`HandoffEngine`), not through the replica.
+    handed_off: int = 0
     extra: dict[str, float] = field(default_factory=dict)
     alive: bool = True
     """False once the engine died under a replica that still runs (vLLM's engine core
@@ -82,3 +85,22 @@ class Engine(Protocol):
 
     async def shutdown(self) -> None:
         """Release the engine (idempotent)."""
+
+
+@runtime_checkable
+class HandoffEngine(Protocol):
+    """An engine whose requests an HTTP server of its own answers on a Unix socket
+    (``frontend: process``): the ingress on the replica's node may send a request there
+    and read its stream itself, one hop less for every token. The replica still admits
+    the request (Serve's slot, routing, the cache ledger) and holds it until the ingress
+    hands it back.
+
+    What must stay true: :meth:`handoff` refuses (EngineError) whenever :meth:`Engine.handle`
+    would; every successful :meth:`handoff` is followed by exactly one :meth:`handed_back`,
+    and the request counts in ``in_flight`` between the two."""
+
+    def handoff(self) -> str:
+        """The server's socket path for one request (EngineError when it is gone)."""
+
+    def handed_back(self, finished: bool) -> None:
+        """The ingress ended the request: read to its end (True) or left (False)."""

@@ -52,6 +52,7 @@ from fleetserve.engine.cpu_binding import CoreClaim, engine_cores, host_cores, s
 from fleetserve.engine.metrics_relay import MetricsRelay, RaySink
 from fleetserve.engine.protocol import EngineRequest, EngineStats, ResponseHead
 from fleetserve.engine.reaper import EngineProcesses
+from fleetserve.engine.server_hop import forward, open_session
 from fleetserve.engine.signals import MetricsSignals
 from fleetserve.errors import EngineError
 
@@ -65,12 +66,8 @@ PROBE_S = 0.5
 STOP_GRACE_S = 10.0
 #: Lines of the server's output kept to explain a failed start.
 TAIL_LINES = 40
-#: Response headers the ingress writes itself (the body is re-framed there).
-_HOP_HEADERS = frozenset(
-    {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
-)
-#: Request headers the hop to the server sets itself.
-_REQUEST_SKIPPED = frozenset({"host", "content-length", "connection", "transfer-encoding"})
+#: The server's socket in the engine's own directory.
+SOCKET_NAME = "vllm.sock"
 
 
 class VllmProcessEngine:
@@ -87,6 +84,7 @@ class VllmProcessEngine:
             )
         self._config = config
         self._dir: Path | None = None
+        self._socket: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._processes: EngineProcesses | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -99,6 +97,8 @@ class VllmProcessEngine:
         self.in_flight = 0
         self.aborted = 0
         self.completed = 0
+        #: Requests whose stream the ingress read from the server itself (:meth:`handoff`).
+        self.handed_off = 0
 
     # -- start ----------------------------------------------------------------------------
 
@@ -118,17 +118,13 @@ class VllmProcessEngine:
         self._cores = claim_engine_cores(config)  # its binding is in os.environ now
         env.update(os.environ)
         self._dir = Path(tempfile.mkdtemp(prefix="fleetserve-engine-"))
-        socket_path = str(self._dir / "vllm.sock")
+        socket_path = self._socket = str(self._dir / SOCKET_NAME)
         argv = [
             *vllm_server_argv(config.vllm_cli_args(), uds=socket_path),
             # one log line per request would cost the server what this engine saves
             "--disable-uvicorn-access-log",
         ]
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.UnixConnector(path=socket_path, limit=0),
-            timeout=aiohttp.ClientTimeout(total=None),
-            auto_decompress=False,
-        )
+        self._session = open_session(socket_path)
         cards = visible_cards() if on_gpu() else []
         # Engines sharing a card start in turn (engine/card_turns.py): held until ready.
         # On a CPU host the whole server starts on the engine's claimed cores: its engine
@@ -204,37 +200,37 @@ class VllmProcessEngine:
     async def _forward(
         self, session: aiohttp.ClientSession, request: EngineRequest
     ) -> AsyncIterator[ResponseHead | bytes]:
-        url = "http://engine" + request.path
-        if request.query_string:
-            url += "?" + request.query_string
-        headers = [(k, v) for k, v in request.headers if k.lower() not in _REQUEST_SKIPPED]
         self.in_flight += 1
         finished = False
-        response: aiohttp.ClientResponse | None = None
         try:
-            response = await session.request(
-                request.method,
-                url,
-                data=request.body or None,
-                headers=headers,
-                skip_auto_headers=("Accept-Encoding", "User-Agent", "Accept"),
-            )
-            yield _head(response)
-            async for chunk in response.content.iter_any():
-                if chunk:
-                    yield chunk
+            async for item in forward(session, request):
+                yield item
             finished = True
             self.completed += 1
         finally:
             self.in_flight -= 1
-            if response is not None:
-                if finished:
-                    response.release()
-                else:
-                    # closing the connection is the client's disconnect: vLLM aborts
-                    response.close()
             if not finished:
                 self.aborted += 1
+
+    # -- handoff (the ingress reads the stream from the server itself) --------------------
+
+    def handoff(self) -> str:
+        """The server's socket, for one request whose stream the ingress on this node reads
+        from the server itself; counted in flight until :meth:`handed_back`. EngineError
+        when the server is gone (refused as :meth:`handle` refuses)."""
+        self._require_session()
+        assert self._socket is not None  # set with the session
+        self.in_flight += 1
+        self.handed_off += 1
+        return self._socket
+
+    def handed_back(self, finished: bool) -> None:
+        """The ingress ended a handed-off stream: read to its end, or left before it."""
+        self.in_flight -= 1
+        if finished:
+            self.completed += 1
+        else:
+            self.aborted += 1
 
     # -- state ----------------------------------------------------------------------------
 
@@ -275,6 +271,7 @@ class VllmProcessEngine:
             in_flight=self.in_flight,
             aborted=self.aborted,
             completed=self.completed,
+            handed_off=self.handed_off,
             extra=dict(self._signals.values),
             alive=alive,
         )
@@ -345,18 +342,6 @@ def _ray_relay() -> tuple[MetricsRelay, RaySink] | None:
 def _relay_once(relay: tuple[MetricsRelay, RaySink], text: str) -> None:
     reader, sink = relay
     sink.apply(reader.read(text))
-
-
-def _head(response: aiohttp.ClientResponse) -> ResponseHead:
-    headers: list[tuple[str, str]] = []
-    media_type = "application/octet-stream"
-    for name, value in response.headers.items():
-        key = name.lower()
-        if key == "content-type":
-            media_type = value
-        elif key not in _HOP_HEADERS:
-            headers.append((key, value))
-    return ResponseHead(status=response.status, headers=tuple(headers), media_type=media_type)
 
 
 def _copy_output(stream: IO[bytes], tail: collections.deque[str]) -> None:

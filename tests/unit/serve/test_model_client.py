@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Coroutine
+import subprocess
+from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from ray.serve.exceptions import BackPressureError
 
+from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.protocol import EngineRequest, ResponseHead
+from fleetserve.engine.server_hop import open_session
+from fleetserve.engine.settings import EngineSettings
+from fleetserve.engine.vllm_process import VllmProcessEngine
 from fleetserve.serve.ingress import model_client
 from fleetserve.serve.ingress.model_client import (
     HandleModelClient,
     ModelOverloadedError,
     ModelUnavailableError,
 )
+from fleetserve.serve.replica.model_server import answer_relayed
 from fleetserve.serve.replica.relay import RelayReceiver, RelaySender, RelayTicket, relay_stream
 
 #: The relay's sockets live on one loop: the fixture's and the test's (the session's).
@@ -232,3 +240,184 @@ async def test_with_timelines_on_a_request_passes_every_point_in_order(
     assert [points[p] for p in order] == sorted(points[p] for p in order)
     assert points["i_recv"] == 1
     assert points["r_head"] <= points["i_head"] <= points["i_data"] <= points["i_end"]
+
+
+# -- handed-off streams (frontend: process) ----------------------------------------------
+
+
+class ServerReplica:
+    """A model replica as ModelServer runs it (``answer_relayed``), its engine the real
+    process-frontend adapter on a small aiohttp server standing in for ``vllm serve``."""
+
+    def __init__(self, engine: VllmProcessEngine, node: str = "node-a") -> None:
+        self.engine = engine
+        self.sender = RelaySender(node)
+        self.responses: list[FakeResponse] = []
+        self.handle_relayed = self
+
+    def options(self, **_: Any) -> ServerReplica:
+        return self
+
+    def remote(self, request: EngineRequest, ticket: RelayTicket) -> FakeResponse:
+        response = FakeResponse(answer_relayed(self.sender, ticket, self.engine, request))
+        self.responses.append(response)
+        return response
+
+
+class StandIn:
+    """``vllm serve`` on a Unix socket: a stream of ``events`` SSE events, 10 ms apart."""
+
+    def __init__(self, events: int) -> None:
+        self.events = events
+        self.requests: list[tuple[str, bytes]] = []
+        self.left = asyncio.Event()  # a client closed its stream before the end
+        self.app = web.Application()
+        self.app.router.add_post("/v1/completions", self._completions)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append((request.path, await request.read()))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            for i in range(self.events):
+                await response.write(f"data: {i}\n\n".encode())
+                await asyncio.sleep(0.01)
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.left.set()
+            raise
+        return response
+
+
+@pytest.fixture
+async def stand_in(tmp_path: Path) -> AsyncIterator[tuple[StandIn, VllmProcessEngine]]:
+    """A 3-event stand-in server and the process engine on it (its server process: a
+    live ``sleep``, which the adapter checks is running)."""
+    server = StandIn(3)
+    runner = web.AppRunner(server.app)
+    await runner.setup()
+    path = str(tmp_path / "vllm.sock")
+    await web.UnixSite(runner, path).start()
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    engine = VllmProcessEngine(
+        EngineConfig(
+            name="m",
+            model_path="/models/m",
+            settings=EngineSettings(
+                gpu_memory_utilization=0.5,
+                max_num_seqs=8,
+                max_model_len=1024,
+                max_num_batched_tokens=1024,
+            ),
+            frontend="process",
+        )
+    )
+    engine._session, engine._proc, engine._socket = open_session(path), proc, path
+    try:
+        yield server, engine
+    finally:
+        await engine.shutdown()  # stops the stand-in process too
+        await runner.cleanup()
+
+
+Ingress = Callable[..., HandleModelClient]
+
+
+@pytest.fixture
+async def ingress(receiver: None) -> AsyncIterator[Ingress]:
+    """HandleModelClients over one replica each; their pools closed after the test."""
+    made: list[HandleModelClient] = []
+
+    def make(replica: ServerReplica, **options: Any) -> HandleModelClient:
+        made.append(HandleModelClient({"m": replica}, **options))
+        return made[-1]
+
+    yield make
+    for client in made:
+        await client.aclose()
+
+
+def _body(items: list[ResponseHead | bytes]) -> bytes:
+    return b"".join(i for i in items if isinstance(i, bytes))
+
+
+@on_session_loop
+async def test_a_process_replica_hands_its_stream_to_the_ingress_on_its_node(
+    ingress: Ingress, stand_in: tuple[StandIn, VllmProcessEngine]
+) -> None:
+    server, engine = stand_in
+    replica = ServerReplica(engine)
+    items = await _read(ingress(replica))
+    assert items[0] == ResponseHead(200, (), "text/event-stream")
+    assert _body(items[1:]) == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+    assert server.requests == [("/v1/completions", b"{}")]
+    # the replica held the request until the ingress released it, then its call ended
+    assert (
+        await replica.responses[0].task
+        == next(iter(replica.sender._connections.values())).result().id
+    )
+    stats = engine.stats()
+    assert (stats.handed_off, stats.completed, stats.aborted, stats.in_flight) == (1, 1, 0, 0)
+    # asked not to (server.stream_handoff: false), it relays (another node: test_relay.py)
+    client = ingress(replica, handoff=False)
+    assert _body((await _read(client))[1:]) == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+    stats = engine.stats()
+    assert (stats.handed_off, stats.completed, stats.in_flight) == (1, 2, 0)
+
+
+@on_session_loop
+async def test_a_client_that_leaves_a_handed_off_stream_aborts_it_and_frees_the_replica(
+    ingress: Ingress, stand_in: tuple[StandIn, VllmProcessEngine]
+) -> None:
+    server, engine = stand_in
+    server.events = 10_000
+    replica = ServerReplica(engine)
+    stream = ingress(replica).open("m", REQUEST)
+    assert isinstance(await anext(stream), ResponseHead)
+    await anext(stream)
+    assert engine.stats().in_flight == 1
+    await stream.aclose()  # type: ignore[attr-defined]
+    await asyncio.wait_for(server.left.wait(), 5)  # the server saw its client leave
+    await asyncio.wait_for(replica.responses[0].task, 5)  # released, not cancelled
+    assert not replica.responses[0].cancelled
+    stats = engine.stats()
+    assert (stats.handed_off, stats.aborted, stats.completed, stats.in_flight) == (1, 1, 0, 0)
+
+
+@on_session_loop
+async def test_a_handed_off_stream_whose_server_is_gone_is_a_clear_503(
+    ingress: Ingress, stand_in: tuple[StandIn, VllmProcessEngine], tmp_path: Path
+) -> None:
+    _, engine = stand_in
+    replica = ServerReplica(engine)
+    # the server's socket is gone between the handoff and the ingress's connect
+    engine._socket = str(tmp_path / "gone.sock")
+    with pytest.raises(ModelUnavailableError, match="failed to answer") as info:
+        await _read(ingress(replica))
+    assert "gone.sock" not in str(info.value)
+    await asyncio.wait_for(replica.responses[0].task, 5)
+    stats = engine.stats()
+    assert (stats.handed_off, stats.aborted, stats.in_flight) == (1, 1, 0)
+    # the server exited (its engine died): refused before any handoff, as handle() refuses
+    assert engine._proc is not None
+    engine._proc.kill()
+    engine._proc.wait()
+    with pytest.raises(ModelUnavailableError, match="failed to answer"):
+        await _read(ingress(replica))
+    assert engine.stats().handed_off == 1
+
+
+@on_session_loop
+async def test_a_lost_relay_connection_ends_the_replicas_hold_on_a_handed_off_stream(
+    ingress: Ingress, stand_in: tuple[StandIn, VllmProcessEngine]
+) -> None:
+    server, engine = stand_in
+    server.events = 10_000
+    replica = ServerReplica(engine)
+    stream = ingress(replica).open("m", REQUEST)
+    assert isinstance(await anext(stream), ResponseHead)
+    assert engine.stats().in_flight == 1
+    for pending in list(replica.sender._connections.values()):
+        pending.result().close()
+    await asyncio.wait_for(replica.responses[0].task, 5)  # the hold ended with it
+    assert engine.stats().in_flight == 0
+    await stream.aclose()  # type: ignore[attr-defined]

@@ -21,13 +21,17 @@ from fleetserve.serve.replica.relay import (
     PAUSE_BYTES,
     FrameDecoder,
     FrameError,
+    Handoff,
     RelayConnection,
+    RelayEndpoint,
     RelayError,
     RelayReceiver,
     RelaySender,
+    RelayTicket,
     StreamInbox,
     encode_frame,
     encode_head,
+    relay_handoff,
     relay_stream,
 )
 
@@ -406,4 +410,44 @@ async def test_the_replica_ignores_a_late_pause_and_drops_a_bad_frame() -> None:
         assert conn.lost is not None
     finally:
         sender.close()
+        receiver.close()
+
+
+def test_only_a_replica_on_the_ingresss_node_may_hand_a_stream_off() -> None:
+    # the ingress reads a handed-off stream from the engine server's Unix socket: only a
+    # replica on its Ray node (one host or pod) shares that file system
+    here = RelayEndpoint("node-a", b"s", unix_path="/tmp/r/s", tcp=("10.0.0.1", 1))
+    tcp_only = RelayEndpoint("node-a", b"s", tcp=("10.0.0.1", 1))
+    sender = RelaySender("node-a")
+    assert sender.can_hand_off(RelayTicket(here, 1, handoff=True))
+    assert not sender.can_hand_off(RelayTicket(here, 1))  # the ingress did not ask
+    assert not RelaySender("node-b").can_hand_off(RelayTicket(here, 1, handoff=True))
+    assert not sender.can_hand_off(RelayTicket(tcp_only, 1, handoff=True))
+
+
+async def test_a_handoff_is_the_streams_last_frame_and_its_release_ends_the_hold() -> None:
+    receiver = await _receiver(tcp_host=None)
+    try:
+        sender = RelaySender("node-a")
+        ticket, inbox = receiver.open_stream(handoff=True)
+        assert ticket.handoff
+        hold = asyncio.ensure_future(relay_handoff(sender, ticket, "/run/engine/vllm.sock"))
+        assert await asyncio.wait_for(inbox.get(), 5) == Handoff("/run/engine/vllm.sock")
+        await asyncio.sleep(0.05)
+        assert not hold.done()  # held until released
+        inbox.release(finished=True)
+        conn_id, finished = await asyncio.wait_for(hold, 5)
+        assert finished
+        assert conn_id == (await sender.connection(ticket.endpoint)).id
+        # a stream left before its end is released as such
+        ticket, inbox = receiver.open_stream(handoff=True)
+        hold = asyncio.ensure_future(relay_handoff(sender, ticket, "/x"))
+        await asyncio.wait_for(inbox.get(), 5)
+        inbox.release(finished=False)
+        assert (await asyncio.wait_for(hold, 5))[1] is False
+        # a late release (the call was cancelled meanwhile) is ignored
+        inbox.release(finished=True)
+        await asyncio.sleep(0.05)
+        assert not (await sender.connection(ticket.endpoint)).lost
+    finally:
         receiver.close()

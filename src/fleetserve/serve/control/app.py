@@ -174,6 +174,7 @@ def build_application(
             quota,
             limits=RequestLimits.from_spec(spec.server).to_args(),
             stream_relay=spec.server.stream_relay,
+            stream_handoff=spec.server.stream_handoff,
         )
     )
     return app

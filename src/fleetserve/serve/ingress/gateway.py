@@ -279,6 +279,7 @@ class Gateway:
                     "in_flight": result.in_flight,
                     "aborted": result.aborted,
                     "completed": result.completed,
+                    "handed_off": result.handed_off,
                 }
 
     # ------------------------------------------------------------------ forwarding

@@ -76,6 +76,7 @@ class Ingress:
         *,
         limits: dict[str, Any] | None = None,
         stream_relay: StreamRelay = "multiplexed",
+        stream_handoff: bool = True,
     ) -> None:
         self.limits = RequestLimits.from_args(limits)
         # Before Serve starts this replica's HTTP server (direct ingress): header limits
@@ -84,7 +85,7 @@ class Ingress:
         install_http_guard(self.limits)
         install_address_reuse()
         # Models with replicas.min 0: a request waits (bounded) for their first replica.
-        models = HandleModelClient(handles, relay=stream_relay)
+        models = HandleModelClient(handles, relay=stream_relay, handoff=stream_handoff)
         self._models = models
         client = ColdStartClient(
             models,

@@ -19,11 +19,14 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal, Protocol
 
+import aiohttp
+
 from fleetserve.engine.protocol import Engine, EngineRequest, EngineStats, ResponseHead
+from fleetserve.engine.server_hop import forward, open_session
 from fleetserve.errors import EngineError, ServeError
 from fleetserve.observe.timeline import RECEIVED_NS, TIMELINE
 from fleetserve.serve.ingress.probes import ModelHealth, model_health, status_name
-from fleetserve.serve.replica.relay import END_OF_STREAM, RelayError, RelayReceiver
+from fleetserve.serve.replica.relay import END_OF_STREAM, Handoff, RelayError, RelayReceiver
 from fleetserve.serve.routing import registry
 
 logger = logging.getLogger(__name__)
@@ -92,13 +95,23 @@ class LocalModelClient:
 class HandleModelClient:
     """Ray Serve deployment handles, by model name."""
 
-    def __init__(self, handles: Mapping[str, Any], relay: StreamRelay = "multiplexed") -> None:
+    def __init__(
+        self,
+        handles: Mapping[str, Any],
+        relay: StreamRelay = "multiplexed",
+        *,
+        handoff: bool = True,
+    ) -> None:
         # Streaming handles are made once: ``.options()`` per request costs a copy.
         self._streams = {
             name: h.options(stream=True, _by_reference=False) for name, h in handles.items()
         }
         self._handles = dict(handles)
         self._relay_mode = relay
+        self._handoff = handoff
+        #: Connection pools to the engines' own servers on this node, by socket path
+        #: (streams handed off by their replicas: serve/replica/relay.py, HANDOFF).
+        self._servers: dict[str, aiohttp.ClientSession] = {}
         self._relay: asyncio.Task[RelayReceiver] | None = None
         # The relayed calls' outcome tasks: held here, since the loop keeps only weak
         # references to tasks and nobody awaits these (their done callback does the work).
@@ -125,7 +138,7 @@ class HandleModelClient:
         except Exception as e:
             logger.error("the stream relay cannot start: %r", e)
             raise ModelUnavailableError(f"model '{model}' cannot be reached; retry later") from e
-        ticket, inbox = receiver.open_stream()
+        ticket, inbox = receiver.open_stream(handoff=self._handoff)
         timeline = TIMELINE if TIMELINE.enabled else None
         if timeline is not None:
             timeline.point(inbox.stream, "i_recv", RECEIVED_NS.get(None))
@@ -145,9 +158,15 @@ class HandleModelClient:
         finished = False
         started = False
         data_seen = False
+        handed: Handoff | None = None
         try:
             while True:
                 item = await inbox.get()
+                if isinstance(item, Handoff):
+                    handed = item
+                    async for part in self._read_server(model, request, item.socket_path):
+                        yield part
+                    break
                 if item is END_OF_STREAM:
                     if timeline is not None:
                         timeline.point(inbox.stream, "i_end")
@@ -170,9 +189,32 @@ class HandleModelClient:
             finished = True
         finally:
             receiver.close_stream(inbox)
-            if not finished:
+            if handed is not None:
+                # The replica holds the request until told (the engine's server already
+                # aborts a stream whose connection closed before its end).
+                inbox.release(finished)
+            elif not finished:
                 # Client gone or error: make sure the replica stops generating.
                 response.cancel()
+
+    async def _read_server(
+        self, model: str, request: EngineRequest, socket_path: str
+    ) -> AsyncIterator[ResponseHead | bytes]:
+        """A handed-off stream, read from the engine's server on ``socket_path``."""
+        session = self._servers.get(socket_path)
+        if session is None or session.closed:
+            session = self._servers[socket_path] = open_session(socket_path)
+        try:
+            async for part in forward(session, request):
+                yield part
+        except (aiohttp.ClientError, OSError) as e:
+            # The server exits when its engine dies, and with its replica: its pool is
+            # of no more use (a new replica's server has a socket of its own).
+            if self._servers.get(socket_path) is session:
+                del self._servers[socket_path]
+            await session.close()
+            logger.warning("model %r: its engine's server failed: %r", model, e)
+            raise ModelUnavailableError(f"model '{model}' failed to answer; retry later") from e
 
     async def _open_streaming(
         self, model: str, request: EngineRequest
@@ -199,9 +241,17 @@ class HandleModelClient:
                 gen.cancel()
 
     def close(self) -> None:
-        """Stop the relay's listeners (the ingress replica is shutting down)."""
+        """Stop the relay's listeners (the ingress replica is shutting down). The pools to
+        engines' servers go with the process (:meth:`aclose` closes them too)."""
         if self._relay is not None and self._relay.done() and _succeeded(self._relay):
             self._relay.result().close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, and the pools to engines' servers, on the loop that serves."""
+        self.close()
+        servers, self._servers = self._servers, {}
+        for session in servers.values():
+            await session.close()
 
     async def stats(self, model: str, timeout_s: float) -> EngineStats:
         try:

@@ -2,7 +2,9 @@
 
 Replicas are started by Serve with the engine's config as a plain dict (it travels in a
 Serve config). ``handle_relayed`` runs one request and sends the engine's response items to
-the ingress over the stream relay (``serve/replica/relay.py``, the default); ``handle`` streams them
+the ingress over the stream relay (``serve/replica/relay.py``, the default), or, for an
+engine with a server of its own (``frontend: process``) and an ingress on this node, hands
+the stream to the ingress to read from that server; ``handle`` streams them
 back over a streaming ``DeploymentHandle`` call (``server.stream_relay: serve``). Serve's
 health check calls ``check_health``; a dead vLLM engine makes the replica unhealthy and
 Serve replaces it.
@@ -19,9 +21,14 @@ from ray import serve
 
 from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.factory import create_engine
-from fleetserve.engine.protocol import EngineRequest, ResponseHead
+from fleetserve.engine.protocol import Engine, EngineRequest, HandoffEngine, ResponseHead
 from fleetserve.engine.signals import KV_CAPACITY_TOKENS, engine_signals
-from fleetserve.serve.replica.relay import RelaySender, RelayTicket, relay_stream
+from fleetserve.serve.replica.relay import (
+    RelaySender,
+    RelayTicket,
+    relay_handoff,
+    relay_stream,
+)
 from fleetserve.serve.routing.ledger import CacheLedger, model_cache_span
 
 
@@ -66,7 +73,7 @@ class ModelServer:
         the request's completion; a streaming call is confirmed before the first item.
         """
         self._ledger.observe(request)
-        yield await relay_stream(self._relay, ticket, self._engine.handle(request))
+        yield await answer_relayed(self._relay, ticket, self._engine, request)
 
     async def check_health(self) -> None:
         await self._engine.check_health()
@@ -96,3 +103,25 @@ class ModelServer:
     async def __del__(self) -> None:
         self._relay.close()
         await self._engine.shutdown()
+
+
+async def answer_relayed(
+    relay: RelaySender, ticket: RelayTicket, engine: Engine, request: EngineRequest
+) -> int:
+    """One request answered over ``ticket``'s stream relay; returns the relay connection's
+    id (the call's one item: see ModelServer.handle_relayed).
+
+    An engine with a server of its own (``frontend: process``) hands the stream to an
+    ingress on this node that asked for it: the ingress reads it from the server, and this
+    call holds the request - Serve's slot, its ongoing count - until the ingress releases
+    it. Anything else is relayed item by item from the engine.
+    """
+    if isinstance(engine, HandoffEngine) and relay.can_hand_off(ticket):
+        socket_path = engine.handoff()  # refuses as handle() does: the call fails
+        finished = False
+        try:
+            conn_id, finished = await relay_handoff(relay, ticket, socket_path)
+        finally:
+            engine.handed_back(finished)
+        return conn_id
+    return await relay_stream(relay, ticket, engine.handle(request))

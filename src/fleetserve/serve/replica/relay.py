@@ -27,6 +27,17 @@ step for all of its streams. The relay gives the Ray hop the same shape:
   closes the engine's stream (vLLM aborts the request); frames still in flight for a closed
   stream are dropped.
 
+Handoff (``server.stream_handoff``, on by default): a replica whose engine has an HTTP
+server of its own (``frontend: process``, a ``vllm serve`` beside it on a Unix socket) on
+the ingress's Ray node sends, instead of the stream, one HANDOFF frame naming the server's
+socket. The ingress sends the request there and reads the response itself - every token
+one process hop and one event-loop pass fewer - and sends RELEASE when the stream ended
+(read to its end or left). The replica's call lasts until then, so Serve's slot, its
+ongoing counts (routing, autoscaling) and cancellation stay as above; the replica admits
+the request (refusing it, as before, when its engine is dead) and the ingress's client
+leaving closes its connection to the server, which is vLLM's own abort. Only on one node:
+a Ray node is one host or pod, so the ingress sees the socket's file.
+
 Flow control per stream, never per connection: when a stream's unread body at the ingress
 passes :data:`PAUSE_BYTES` (its HTTP client reads slower than the engine writes), the
 ingress sends that stream's PAUSE back on the connection and the replica stops pulling the
@@ -82,7 +93,13 @@ END = 3
 PAUSE = 4
 #: Ingress to replica: go on with this stream (empty payload).
 RESUME = 5
-_KINDS = frozenset({HELLO, HEAD, DATA, END, PAUSE, RESUME})
+#: Replica to ingress: read this stream from the engine's own server (payload: the path
+#: of its Unix socket); the stream's last frame from the replica.
+HANDOFF = 6
+#: Ingress to replica: a handed-off stream ended (payload: one byte, 1 when it was read to
+#: its end, 0 when its client left or it failed).
+RELEASE = 7
+_KINDS = frozenset({HELLO, HEAD, DATA, END, PAUSE, RESUME, HANDOFF, RELEASE})
 #: Unread body bytes of one stream at the ingress that pause it at the replica; about a
 #: thousand streamed tokens (an SSE event is ~250 bytes), far more than a reader that keeps
 #: up ever holds, so only a slow or stalled reader meets it.
@@ -132,6 +149,9 @@ class RelayTicket:
 
     endpoint: RelayEndpoint
     stream: int
+    #: The ingress reads the stream from the engine's own server when the replica offers
+    #: it (server.stream_handoff; only a replica on the ingress's node can).
+    handoff: bool = False
 
 
 # --- frames (pure) ---------------------------------------------------------------------
@@ -201,9 +221,19 @@ class _End:
 
 
 END_OF_STREAM = _End()
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """The replica handed the stream over: read it from the engine's server on
+    ``socket_path`` and :meth:`StreamInbox.release` it when done. Nothing follows it."""
+
+    socket_path: str
+
+
 #: What :meth:`StreamInbox.get` returns: a head, body bytes (already joined when several
-#: were waiting), the end, or the error that ended the stream.
-InboxItem = ResponseHead | bytes | _End | BaseException
+#: were waiting), the end, a handoff, or the error that ended the stream.
+InboxItem = ResponseHead | bytes | _End | Handoff | BaseException
 
 
 class StreamInbox:
@@ -236,7 +266,7 @@ class StreamInbox:
             self._unread += len(item)
             if self._unread > PAUSE_BYTES and not self.paused and self.bound is not None:
                 self.paused = self.bound.control(self.stream, PAUSE)
-        elif isinstance(item, _End | BaseException):
+        elif isinstance(item, _End | Handoff | BaseException):
             self.ended = True
         self._items.append(item)
         waiter = self._waiter
@@ -264,6 +294,13 @@ class StreamInbox:
             self.bound.control(self.stream, RESUME)
             self.paused = False
         return item
+
+    def release(self, finished: bool) -> None:
+        """Tell the replica a handed-off stream ended, so its call (Serve's slot for the
+        request) ends too. Nothing to tell when the connection is gone: the replica's
+        wait ended with it."""
+        if self.bound is not None:
+            self.bound.control(self.stream, RELEASE, b"\x01" if finished else b"\x00")
 
 
 class RelayReceiver:
@@ -321,12 +358,14 @@ class RelayReceiver:
             shutil.rmtree(self._unix_dir, ignore_errors=True)
             self._unix_dir = None
 
-    def open_stream(self) -> tuple[RelayTicket, StreamInbox]:
+    def open_stream(self, *, handoff: bool = False) -> tuple[RelayTicket, StreamInbox]:
+        """A new stream's ticket (for the replica) and inbox; ``handoff``: the replica may
+        hand it over (:class:`Handoff`)."""
         stream = self._next_stream
         self._next_stream += 1
         inbox = StreamInbox(stream)
         self._streams[stream] = inbox
-        return RelayTicket(self.endpoint, stream), inbox
+        return RelayTicket(self.endpoint, stream, handoff), inbox
 
     def close_stream(self, inbox: StreamInbox) -> None:
         self._streams.pop(inbox.stream, None)
@@ -395,6 +434,11 @@ class RelayReceiver:
             inbox.push(decode_head(payload))
         elif kind == END:
             inbox.push(END_OF_STREAM)
+            conn.streams.discard(inbox)
+        elif kind == HANDOFF:
+            # Past this the stream is read from the engine's server; a lost relay
+            # connection no longer fails it (the inbox stays bound: its release goes there).
+            inbox.push(Handoff(payload.decode(errors="replace")))
             conn.streams.discard(inbox)
         else:
             raise FrameError(f"relay frame kind {kind} after the hello")
@@ -470,13 +514,13 @@ class _IngressConnection(asyncio.Protocol):
         # Past the hello, frames carry response bodies.
         self._decoder.max_payload = MAX_FRAME_BYTES
 
-    def control(self, stream: int, kind: int) -> bool:
-        """Send ``stream``'s PAUSE or RESUME to the replica; False when the connection is
-        gone (its streams are failed then, nothing is left to pause)."""
+    def control(self, stream: int, kind: int, payload: bytes = b"") -> bool:
+        """Send ``stream``'s PAUSE, RESUME or RELEASE to the replica; False when the
+        connection is gone (its streams are failed then, nothing is left to tell)."""
         transport = self._transport
         if transport is None or transport.is_closing() or self._id is None:
             return False
-        transport.write(encode_frame(stream, kind))
+        transport.write(encode_frame(stream, kind, payload))
         return True
 
     def abort(self, error: BaseException) -> None:
@@ -559,6 +603,15 @@ class RelaySender:
             "server.stream_relay: serve"
         )
 
+    def can_hand_off(self, ticket: RelayTicket) -> bool:
+        """Whether ``ticket``'s ingress may read the stream from an engine's server on this
+        node itself: it asked for it and listens on this node (a Ray node is one host or
+        pod, so it sees the server's socket)."""
+        endpoint = ticket.endpoint
+        return (
+            ticket.handoff and endpoint.unix_path is not None and endpoint.node_id == self._node_id
+        )
+
     def close(self) -> None:
         for pending in self._connections.values():
             if pending.done() and pending.exception() is None:
@@ -607,6 +660,28 @@ async def relay_stream(
     return conn.id
 
 
+async def relay_handoff(
+    sender: RelaySender, ticket: RelayTicket, socket_path: str
+) -> tuple[int, bool]:
+    """Hand one stream to ``ticket``'s ingress, which reads it from the engine's server on
+    ``socket_path`` itself; returns the connection's id and whether the stream was read to
+    its end, once the ingress released it.
+
+    The replica's whole part of a handed-off request is to hold it - Serve's slot, its
+    in-flight count - until then. A lost connection ends the wait (not read to its end:
+    the ingress that would read it is gone with it); cancellation by Serve propagates.
+    """
+    stream = ticket.stream
+    conn = await sender.connection(ticket.endpoint)
+    released = conn.await_release(stream)
+    try:
+        conn.handoff(stream, socket_path)
+        finished = await released
+    finally:
+        conn.forget(stream)
+    return conn.id, finished
+
+
 class RelayConnection(asyncio.Protocol):
     """A replica's connection to one ingress; frames written in a loop pass leave together."""
 
@@ -617,12 +692,14 @@ class RelayConnection(asyncio.Protocol):
         self.id = secrets.randbits(64)
         self.lost: BaseException | None = None
         self.on_lost: Callable[[], None] | None = None
-        # The ingress writes only PAUSE and RESUME frames, which carry nothing.
-        self._decoder = FrameDecoder(max_payload=0)
+        # The ingress writes only PAUSE, RESUME (empty) and RELEASE (one byte) frames.
+        self._decoder = FrameDecoder(max_payload=1)
         #: Streams being relayed now (a PAUSE for any other is late and ignored).
         self._active: set[int] = set()
         #: Paused streams, with the future their relay waits on (None: nobody waits yet).
         self._paused: dict[int, asyncio.Future[None] | None] = {}
+        #: Handed-off streams, with the future their wait for a RELEASE is on.
+        self._handed_off: dict[int, asyncio.Future[bool]] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports (Ray Serve's loop) are not asyncio.Transport subclasses.
@@ -643,6 +720,20 @@ class RelayConnection(asyncio.Protocol):
     def end(self, stream: int) -> None:
         self._write(encode_frame(stream, END))
 
+    def await_release(self, stream: int) -> asyncio.Future[bool]:
+        """The future a RELEASE of ``stream`` settles (with whether it was read to its
+        end); False at once when the connection is gone."""
+        released = self._loop.create_future()
+        if self.lost is not None:
+            released.set_result(False)
+        else:
+            self._handed_off[stream] = released
+        return released
+
+    def handoff(self, stream: int, socket_path: str) -> None:
+        """Queue ``stream``'s HANDOFF (RelayError when the connection is gone)."""
+        self._write(encode_frame(stream, HANDOFF, socket_path.encode()))
+
     def _write(self, frame: bytes) -> None:
         if self.lost is not None:
             raise RelayError(f"the relay connection to the ingress is gone ({self.lost})")
@@ -661,6 +752,7 @@ class RelayConnection(asyncio.Protocol):
 
     def forget(self, stream: int) -> None:
         self._active.discard(stream)
+        self._handed_off.pop(stream, None)
         self._wake(stream)
 
     def paused(self, stream: int) -> bool:
@@ -682,12 +774,14 @@ class RelayConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            for stream, kind, _ in self._decoder.feed(data):
+            for stream, kind, payload in self._decoder.feed(data):
                 if kind == PAUSE:
                     if stream in self._active:
                         self._paused.setdefault(stream, None)
                 elif kind == RESUME:
                     self._wake(stream)
+                elif kind == RELEASE:
+                    self._released(stream, payload == b"\x01")
                 else:
                     raise FrameError(f"relay frame kind {kind} from the ingress")
         except RelayError as e:
@@ -695,11 +789,18 @@ class RelayConnection(asyncio.Protocol):
             if self._transport is not None:
                 self._transport.abort()
 
+    def _released(self, stream: int, finished: bool) -> None:
+        released = self._handed_off.pop(stream, None)  # a late one (call cancelled): None
+        if released is not None and not released.done():
+            released.set_result(finished)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = exc or RelayError("closed by the ingress")
         self._pending = []
         for stream in list(self._paused):
             self._wake(stream)
+        for stream in list(self._handed_off):
+            self._released(stream, False)
         if self.on_lost is not None:
             self.on_lost()
 
