@@ -13,7 +13,7 @@ client's disconnect vLLM aborts on - and never returns it to the pool half-read.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import aiohttp
 
@@ -42,7 +42,7 @@ def open_session(socket_path: str) -> aiohttp.ClientSession:
 
 async def forward(
     session: aiohttp.ClientSession, request: EngineRequest
-) -> AsyncIterator[ResponseHead | bytes]:
+) -> AsyncGenerator[ResponseHead | bytes, None]:
     """``request`` on the server: its :class:`ResponseHead`, then its body as it arrives.
 
     Raises aiohttp's errors (or OSError) as they come: the caller decides what a server

@@ -203,8 +203,10 @@ class VllmProcessEngine:
         self.in_flight += 1
         finished = False
         try:
-            async for item in forward(session, request):
-                yield item
+            # closed at once when this stream is: that closes the connection (vLLM aborts)
+            async with contextlib.aclosing(forward(session, request)) as items:
+                async for item in items:
+                    yield item
             finished = True
             self.completed += 1
         finally:

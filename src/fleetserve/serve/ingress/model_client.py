@@ -13,10 +13,11 @@ Ray's internals (actor ids, class names); the cause is logged on the ingress ins
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, Literal, Protocol
 
 import aiohttp
@@ -164,8 +165,12 @@ class HandleModelClient:
                 item = await inbox.get()
                 if isinstance(item, Handoff):
                     handed = item
-                    async for part in self._read_server(model, request, item.socket_path):
-                        yield part
+                    # closed at once when the client leaves: that closes the connection
+                    # to the server, which aborts the request in vLLM
+                    reading = self._read_server(model, request, item.socket_path)
+                    async with contextlib.aclosing(reading) as parts:
+                        async for part in parts:
+                            yield part
                     break
                 if item is END_OF_STREAM:
                     if timeline is not None:
@@ -199,14 +204,15 @@ class HandleModelClient:
 
     async def _read_server(
         self, model: str, request: EngineRequest, socket_path: str
-    ) -> AsyncIterator[ResponseHead | bytes]:
+    ) -> AsyncGenerator[ResponseHead | bytes, None]:
         """A handed-off stream, read from the engine's server on ``socket_path``."""
         session = self._servers.get(socket_path)
         if session is None or session.closed:
             session = self._servers[socket_path] = open_session(socket_path)
         try:
-            async for part in forward(session, request):
-                yield part
+            async with contextlib.aclosing(forward(session, request)) as parts:
+                async for part in parts:
+                    yield part
         except (aiohttp.ClientError, OSError) as e:
             # The server exits when its engine dies, and with its replica: its pool is
             # of no more use (a new replica's server has a socket of its own).
