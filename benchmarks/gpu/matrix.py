@@ -38,12 +38,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import glob
+import http.client
 import json
 import os
 import random
 import re
 import shlex
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -386,6 +389,124 @@ def profile_serving(
     return spies
 
 
+#: The engine's own series a run samples (:class:`EngineSampler`): requests in its batch
+#: and in its queue (gauges), and its steps with the tokens they ran (a histogram's count
+#: and sum: the steps taken, and the tokens per step, over the run).
+ENGINE_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+ENGINE_STEPS = ("vllm:iteration_tokens_total_count", "vllm:iteration_tokens_total_sum")
+#: Where a process-frontend replica's `vllm serve` listens (engine/vllm_process.py).
+ENGINE_SOCKETS = "/tmp/fleetserve-engine-*/vllm.sock"
+
+
+def engine_series(text: str) -> dict[str, float]:
+    """:data:`ENGINE_GAUGES` and :data:`ENGINE_STEPS` in a `vllm serve`'s /metrics text,
+    summed over their label sets."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.partition("{")[0].partition(" ")[0]
+        if name in ENGINE_GAUGES or name in ENGINE_STEPS:
+            with contextlib.suppress(IndexError, ValueError):
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+class _UnixHTTP(http.client.HTTPConnection):
+    def __init__(self, path: str) -> None:
+        super().__init__("engine", timeout=5)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(5)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+def _read_metrics(source: str) -> str:
+    """A /metrics text from a URL or from a server's Unix socket path."""
+    if source.startswith("http"):
+        with urllib.request.urlopen(source, timeout=5) as r:
+            return str(r.read().decode())
+    conn = _UnixHTTP(source)
+    try:
+        conn.request("GET", "/metrics")
+        return conn.getresponse().read().decode()
+    finally:
+        conn.close()
+
+
+class EngineSampler:
+    """The engine's side of a run, read from its own /metrics while the client runs:
+    `vllm serve`'s on its port, a process-frontend fleet's servers on their sockets (an
+    in-replica fleet's engines have none: no figures). Answers whether the engine ran
+    the same requests in as many steps - batches as large - behind the layer as behind
+    its own server (fifteenth session: more CPU per token in the fleet's engine)."""
+
+    PERIOD_S = 0.25
+
+    def __init__(self, url: str) -> None:
+        self._sources = [f"{url}/metrics"]
+        if not self._readable(self._sources[0]):
+            self._sources = [p for p in glob.glob(ENGINE_SOCKETS) if self._readable(p)]
+        self._samples: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _readable(source: str) -> bool:
+        try:
+            return ENGINE_GAUGES[0] in _read_metrics(source)
+        except (OSError, http.client.HTTPException, ValueError):
+            return False
+
+    def _read(self) -> dict[str, float] | None:
+        total: dict[str, float] = {}
+        try:
+            for source in self._sources:
+                for k, v in engine_series(_read_metrics(source)).items():
+                    total[k] = total.get(k, 0.0) + v
+        except (OSError, http.client.HTTPException, ValueError):
+            return None
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            reading = self._read()
+            if reading is not None:
+                self._samples.append(reading)
+            self._stop.wait(self.PERIOD_S)
+
+    def __enter__(self) -> EngineSampler:
+        if self._sources:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._thread.is_alive():
+            self._stop.set()
+            self._thread.join(10)
+            last = self._read()
+            if last is not None:
+                self._samples.append(last)
+
+    def result(self) -> dict[str, Any]:
+        """Steps and tokens per step over the run, the batch's and the queue's mean; {}
+        without a readable engine."""
+        s = self._samples
+        if len(s) < 2:
+            return {}
+        steps = s[-1].get(ENGINE_STEPS[0], 0.0) - s[0].get(ENGINE_STEPS[0], 0.0)
+        tokens = s[-1].get(ENGINE_STEPS[1], 0.0) - s[0].get(ENGINE_STEPS[1], 0.0)
+        return {
+            "engine_steps": steps,
+            "tokens_per_step": tokens / steps if steps else None,
+            "running_mean": statistics.fmean(x.get(ENGINE_GAUGES[0], 0.0) for x in s),
+            "waiting_mean": statistics.fmean(x.get(ENGINE_GAUGES[1], 0.0) for x in s),
+            "engines": len(self._sources),
+            "samples": len(s),
+        }
+
+
 @contextlib.contextmanager
 def gpu_utilisation(path: Path, per_process: Path | None = None) -> Any:
     """``nvidia-smi dmon`` (power, SM/memory %, clocks, per second) into ``path`` and, with
@@ -479,7 +600,10 @@ def bench(
     h0 = host_reading()
     t0 = time.monotonic()
     spies = profile_serving(pid, profile_s, out, f"{tag}-c{conc}", profile_engine_of)
-    with gpu_utilisation(out / f"dmon-{tag}-c{conc}.txt", out / f"pmon-{tag}-c{conc}.txt"):
+    with (
+        gpu_utilisation(out / f"dmon-{tag}-c{conc}.txt", out / f"pmon-{tag}-c{conc}.txt"),
+        EngineSampler(url) as engine,
+    ):
         rc, output = run_client(argv)
     for spy in spies:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -517,6 +641,7 @@ def bench(
         "busiest_processes_cpu_s": busiest,
         "serving_threads": threads,
         "host": usage,
+        "engine": engine.result(),
     }
     log(
         f"{tag} c={conc}: {row['tok_s']:.0f} tok/s, TTFT p50 {row['ttft_p50_ms']:.1f} ms, "
@@ -524,6 +649,12 @@ def bench(
         f"{row['serving_cpu_ms_per_token']:.3f} ms/token, failed {row['failed']}; host busy "
         f"{usage['host_busy_cores']} cores, throttled {usage['throttled_s']:.2f} s"
     )
+    e = row["engine"]
+    if e.get("tokens_per_step"):
+        log(
+            f"    engine: {e['engine_steps']:.0f} steps of {e['tokens_per_step']:.1f} tokens, "
+            f"batch {e['running_mean']:.1f} running, {e['waiting_mean']:.1f} waiting (means)"
+        )
     for u in usage["busiest"][:5]:
         log(f"    {u['cores']:6.2f} cores  nice {u['nice']:3d}  {u['cmd'][:90]}")
     for t in threads[:4]:
