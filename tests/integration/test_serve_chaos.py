@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -200,16 +199,12 @@ def test_killing_the_ingress_replica_recovers(fleet: Fleet) -> None:
 # ---------------------------------------------------------------- every way to stop
 
 
-def sigterm_group_then_sigkill(f: Fleet, grace_s: float = 60) -> None:
-    """What an operator (or a process supervisor) does: SIGTERM to the server's process
-    group - Ray's raylet and GCS are in it, and go down at once - then SIGKILL to the group
-    if the server is still there after ``grace_s``."""
+def sigterm_group(f: Fleet) -> None:
+    """What an operator or a process supervisor does (systemd's default stop): SIGTERM to
+    the server's process group. Ray's raylet and GCS are in it and begin stopping at once;
+    the server must still end by itself - it waited for ever on the stopping GCS, until a
+    SIGKILL, before it checked for that (serve/control/runner.py)."""
     os.killpg(f.server.proc.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        f.server.proc.wait(grace_s)
-    if f.server.proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(f.server.proc.pid, signal.SIGKILL)
 
 
 STOPS: dict[str, Callable[[Fleet], None]] = {
@@ -219,7 +214,7 @@ STOPS: dict[str, Callable[[Fleet], None]] = {
     # SIGKILL of the server process: what the OOM killer does.
     "sigkill-pid": lambda f: f.server.proc.send_signal(signal.SIGKILL),
     "sigkill-group": lambda f: os.killpg(f.server.proc.pid, signal.SIGKILL),
-    "sigterm-group": sigterm_group_then_sigkill,
+    "sigterm-group": sigterm_group,
     # The raylet dies under a running server (its replicas' workers keep running).
     "sigkill-raylet": lambda f: os.kill(f.raylet(), signal.SIGKILL),
 }
@@ -301,6 +296,9 @@ def test_no_engine_outlives_the_server(how: str, next_fleets: NextFleets, server
             assert f.server.proc.returncode == 1, f.server.tail()
             assert "raylet exited unexpectedly" in f.server.tail()
         elif how == "sigint-pid":
+            assert f.server.proc.returncode == 0, f.server.tail()
+        elif how == "sigterm-group":
+            # by itself (no SIGKILL here), not waiting on the stopping GCS
             assert f.server.proc.returncode == 0, f.server.tail()
         # Nothing of this server is left: no replica, watchdog or other Ray process.
         wait_until(lambda: not f.processes(), 90, f"no process of the server left after {how}")

@@ -28,6 +28,12 @@ SIGKILLed raylet, or a signal to the whole process group), the server stops with
 instead of serving nothing - and reaps the dead process, which is what lets Ray's workers
 notice (they keep running while their raylet is an unreaped zombie). Shutdown then skips
 the drain and Serve's shutdown, which would wait on the dead Ray (engine/reaper.py).
+A signal to the whole process group (systemd's default stop, ``kill -TERM -PGID``) reaches
+the GCS and the raylet with this process: they are stopping, not dead, and a Serve call
+that writes to the GCS then waits for ever (``serve.get_deployment_handle`` did, until a
+SIGKILL 60 s later). So a stop first looks whether the GCS still answers; one that no
+longer does is Ray going away - no drain, no Serve shutdown - and what Ray has left of
+this process's processes is killed when ``ray.shutdown`` cannot end them in time.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -80,6 +87,11 @@ _CUT_GRACE_S = 3.0
 _HEARTBEAT_S = 20.0
 #: Ray's process kinds (ray_constants.PROCESS_TYPE_*) without which nothing is served.
 _VITAL_RAY_PROCESSES = frozenset({"raylet", "gcs_server"})
+#: How long a stop watches the GCS for the signal that stopped this process (a signal to
+#: the process group reaches it at the same instant; it closes its port a moment later).
+_RAY_SETTLE_S = 1.0
+#: Longest wait for ``ray.shutdown`` before this process kills what Ray left of its own.
+_RAY_SHUTDOWN_S = 30.0
 #: Longest wait for the application to run (engine load is ~1 min on a laptop CPU;
 #: large models on GPUs download and compile for much longer).
 START_TIMEOUT_S = 3600.0
@@ -181,6 +193,9 @@ class FleetServer:
         self._handle_signals = False
         self._host: HostFacts | None = None
         self._plan: FleetDeployment | None = None
+        # The ingress's handle, taken while Ray is sound: getting it records a usage tag
+        # in the GCS, which blocks for ever on a GCS that is stopping.
+        self._ingress: Any = None
 
     # ------------------------------------------------------------------ start
 
@@ -447,6 +462,9 @@ class FleetServer:
                         soft_wrap=True,
                     )
                 if status.status == ApplicationStatus.RUNNING:
+                    self._ingress = serve.get_deployment_handle(
+                        INGRESS_DEPLOYMENT, app_name=APP_NAME
+                    )
                     return
                 if status.status in (
                     ApplicationStatus.DEPLOY_FAILED,
@@ -517,10 +535,47 @@ class FleetServer:
         dead = {str(kind) for kind, _ in node.dead_processes()}
         return sorted(dead & _VITAL_RAY_PROCESSES)
 
+    def _ray_going_away(self, settle_s: float = 0.0) -> list[str]:
+        """What of the Ray this process started is gone or stopping: its dead vital
+        processes, or a GCS that no longer takes connections - watched for ``settle_s``
+        (a signal to the process group reaches the GCS as it reaches this process)."""
+        if not self._started_ray:
+            return []
+        deadline = time.monotonic() + settle_s
+        while True:
+            dead = self._dead_ray_processes()
+            if dead:
+                return dead
+            if not self._gcs_listening():
+                return ["gcs_server (stopping)"]
+            if time.monotonic() >= deadline:
+                return []
+            time.sleep(0.1)
+
+    def _gcs_listening(self) -> bool:
+        from ray._private import worker  # noqa: PLC0415 - Ray's node knows the GCS address
+
+        node = getattr(worker, "_global_node", None)
+        address = getattr(node, "gcs_address", None) if node is not None else None
+        if not address:
+            return True  # nothing to ask: the other checks decide
+        host, _, port = str(address).rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=1.0):
+                return True
+        except (OSError, ValueError):
+            return False
+
     def stop(self, *, drain: bool = True) -> None:
         """Drain (bounded) and stop what this process started."""
+        gone = self._ray_going_away(_RAY_SETTLE_S) if self._deployed else []
+        if gone:
+            self.console.print(
+                f"fleetserve: Ray's {', '.join(gone)} went away with this server; "
+                "stopping without a drain"
+            )
         try:
-            if self._deployed and drain and not self._dead_ray_processes():
+            if self._deployed and drain and not gone:
                 self._drain()
         finally:
             self._shutdown()
@@ -530,7 +585,9 @@ class FleetServer:
 
         timeout = self.options.spec.server.drain_timeout_s
         try:
-            ingress = serve.get_deployment_handle(INGRESS_DEPLOYMENT, app_name=APP_NAME)
+            ingress = self._ingress or serve.get_deployment_handle(
+                INGRESS_DEPLOYMENT, app_name=APP_NAME
+            )
             left = int(ingress.begin_drain.remote().result(timeout_s=10))
         except Exception as e:
             self.console.print(f"fleetserve: cannot drain ({e}); stopping now")
@@ -569,15 +626,37 @@ class FleetServer:
         self.console.print("fleetserve: stopping")
         try:
             if self._started_ray:
-                # With a raylet or GCS gone, serve.shutdown() waits on them forever.
-                if not self._dead_ray_processes():
+                # With a raylet or GCS gone or stopping, serve.shutdown() waits on them
+                # forever.
+                if not self._ray_going_away():
                     serve.shutdown()  # type: ignore[no-untyped-call]
             elif self._deployed:
                 serve.delete(APP_NAME)
         finally:
             if self._started_ray:
-                ray.shutdown()
+                self._shutdown_ray()
         self.console.print("fleetserve: stopped")
+
+    def _shutdown_ray(self) -> None:
+        """``ray.shutdown()``, bounded: on a GCS stuck while stopping it can wait for ever,
+        and then this process kills the Ray processes it started itself."""
+        import ray  # noqa: PLC0415
+        from ray._private import worker  # noqa: PLC0415 - Ray's node holds its processes
+
+        node = getattr(worker, "_global_node", None)
+        done = threading.Event()
+
+        def shutdown() -> None:
+            try:
+                ray.shutdown()
+            finally:
+                done.set()
+
+        threading.Thread(target=shutdown, name="ray-shutdown", daemon=True).start()
+        if not done.wait(_RAY_SHUTDOWN_S) and node is not None:
+            self.console.print("fleetserve: Ray did not stop in time; killing its processes")
+            with contextlib.suppress(Exception):
+                node.kill_all_processes(check_alive=False, allow_graceful=False)
 
 
 def _display_host(host: str) -> str:
