@@ -364,10 +364,11 @@ async def test_a_process_replica_hands_its_stream_to_the_ingress_on_its_node(
     assert (stats.handed_off, stats.completed, stats.in_flight) == (1, 2, 0)
 
 
-@on_session_loop
-async def test_a_client_that_leaves_a_handed_off_stream_aborts_it_and_frees_the_replica(
+async def _handed_off_long_stream(
     ingress: Ingress, stand_in: tuple[StandIn, VllmProcessEngine]
-) -> None:
+) -> tuple[ServerReplica, AsyncIterator[ResponseHead | bytes]]:
+    """A stream of minutes handed off by a replica of the stand-in's engine, its head and
+    first bytes read (the request is in flight at the engine)."""
     server, engine = stand_in
     server.events = 10_000
     replica = ServerReplica(engine)
@@ -375,6 +376,15 @@ async def test_a_client_that_leaves_a_handed_off_stream_aborts_it_and_frees_the_
     assert isinstance(await anext(stream), ResponseHead)
     await anext(stream)
     assert engine.stats().in_flight == 1
+    return replica, stream
+
+
+@on_session_loop
+async def test_a_client_that_leaves_a_handed_off_stream_aborts_it_and_frees_the_replica(
+    ingress: Ingress, stand_in: tuple[StandIn, VllmProcessEngine]
+) -> None:
+    server, engine = stand_in
+    replica, stream = await _handed_off_long_stream(ingress, stand_in)
     await stream.aclose()  # type: ignore[attr-defined]
     await asyncio.wait_for(server.left.wait(), 5)  # the server saw its client leave
     await asyncio.wait_for(replica.responses[0].task, 5)  # released, not cancelled
@@ -410,12 +420,8 @@ async def test_a_handed_off_stream_whose_server_is_gone_is_a_clear_503(
 async def test_a_lost_relay_connection_ends_the_replicas_hold_on_a_handed_off_stream(
     ingress: Ingress, stand_in: tuple[StandIn, VllmProcessEngine]
 ) -> None:
-    server, engine = stand_in
-    server.events = 10_000
-    replica = ServerReplica(engine)
-    stream = ingress(replica).open("m", REQUEST)
-    assert isinstance(await anext(stream), ResponseHead)
-    assert engine.stats().in_flight == 1
+    _, engine = stand_in
+    replica, stream = await _handed_off_long_stream(ingress, stand_in)
     for pending in list(replica.sender._connections.values()):
         pending.result().close()
     await asyncio.wait_for(replica.responses[0].task, 5)  # the hold ended with it
