@@ -4,19 +4,26 @@
   fleet spec, or over a given model client, and an httpx client that drives it. The gateway,
   limits, quota and gateway-metrics tests share it, so they all build the gateway the one way
   ``fleetserve serve`` does: engines from the spec's models, routes, keys from the spec.
+* ``process_stand_in``: ``frontend: process``'s real adapter on an aiohttp app standing in
+  for its ``vllm serve`` on a Unix socket (the adapter's tests, the ingress's handoff tests).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import subprocess
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from aiohttp import web
 
 from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.fake_engine import FakeEngine
+from fleetserve.engine.server_hop import open_session
 from fleetserve.engine.settings import EngineSettings
+from fleetserve.engine.vllm_process import VllmProcessEngine
 from fleetserve.serve.guard.api_keys import ApiKeyTable
 from fleetserve.serve.ingress.gateway import Gateway, ModelRoute, create_api
 from fleetserve.serve.ingress.model_client import LocalModelClient, ModelClient
@@ -120,3 +127,58 @@ class Gateways:
 def gateways() -> type[Gateways]:
     """Gateway helpers: ``await gateways.build(spec)``, ``gateways.client(gateway)``, ..."""
     return Gateways
+
+
+class ProcessStandIn:
+    """``vllm serve`` stood in by an aiohttp app on a Unix socket, and the process-frontend
+    adapter (``VllmProcessEngine``) on it, as its ``start`` leaves it. The server's process
+    is a live ``sleep`` (:attr:`proc`), which the adapter checks is running: kill it to
+    play a server that exited."""
+
+    #: The adapter's engine options (its forwarding reads none of them).
+    config = EngineConfig(
+        name="m",
+        model_path="/models/m",
+        settings=EngineSettings(
+            gpu_memory_utilization=0.5,
+            max_num_seqs=8,
+            max_model_len=1024,
+            max_num_batched_tokens=1024,
+        ),
+        frontend="process",
+    )
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.path = str(tmp_path / "vllm.sock")
+        self.proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        self._runner: web.AppRunner | None = None
+        self._engine: VllmProcessEngine | None = None
+
+    async def start(self, app: web.Application) -> VllmProcessEngine:
+        """Serve ``app`` on the socket; the adapter on it."""
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        await web.UnixSite(self._runner, self.path).start()
+        engine = self._engine = VllmProcessEngine(self.config)
+        engine._session, engine._proc, engine._socket = (
+            open_session(self.path),
+            self.proc,
+            self.path,
+        )
+        return engine
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            await self._engine.shutdown()  # stops the stand-in process too
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+async def process_stand_in(tmp_path: Path) -> AsyncIterator[ProcessStandIn]:
+    """``await process_stand_in.start(app)``: the process-frontend adapter on ``app``."""
+    stand_in = ProcessStandIn(tmp_path)
+    yield stand_in
+    await stand_in.close()

@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import io
-import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -122,41 +121,18 @@ def test_one_engine_per_label_set_is_summed_and_junk_is_skipped() -> None:
 
 # -- forwarding over the socket ----------------------------------------------------------
 
-
-@pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    """A live process standing in for the server's (the engine checks it is alive)."""
-    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
-async def served(tmp_path: Path, app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app)
-    await runner.setup()
-    path = str(tmp_path / "s.sock")
-    await web.UnixSite(runner, path).start()
-    return runner, path
-
-
-async def engine_on(path: str, proc: subprocess.Popen[bytes]) -> VllmProcessEngine:
-    import aiohttp  # noqa: PLC0415
-
-    engine = VllmProcessEngine(config(frontend="process"))
-    engine._session = aiohttp.ClientSession(
-        connector=aiohttp.UnixConnector(path=path), auto_decompress=False
-    )
-    engine._proc = proc
-    return engine
+#: The stand-in server and the adapter's pool live on the shared fixture's loop (the
+#: session's: pyproject's asyncio_default_fixture_loop_scope).
+on_session_loop = pytest.mark.asyncio(loop_scope="session")
 
 
 async def collect(items: AsyncIterator[ResponseHead | bytes]) -> list[ResponseHead | bytes]:
     return [i async for i in items]
 
 
+@on_session_loop
 async def test_a_stream_is_forwarded_head_first_and_a_left_one_is_closed(
-    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+    process_stand_in: Any,
 ) -> None:
     closed = asyncio.Event()
     seen: dict[str, Any] = {}
@@ -181,62 +157,54 @@ async def test_a_stream_is_forwarded_head_first_and_a_left_one_is_closed(
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/completions", bad)
-    runner, path = await served(tmp_path, app)
-    engine = await engine_on(path, sleeper)
-    try:
-        request = EngineRequest(
-            "POST",
-            "/v1/chat/completions",
-            b'{"stream": true}',
-            (("content-type", "application/json"), ("host", "x"), ("x-request-id", "r1")),
-            "a=1",
-        )
-        items = engine.handle(request)
-        head = await anext(items)
-        assert head == ResponseHead(200, (("x-id", "7"),), "text/event-stream")
-        assert (await anext(items)).startswith(b"data: 0")
-        assert engine.stats().in_flight == 1
-        await items.aclose()  # type: ignore[attr-defined]
-        await asyncio.wait_for(closed.wait(), 5)  # the server saw the client leave
-        assert seen["body"] == b'{"stream": true}'
-        assert seen["headers"].get("x-request-id") == "r1"
-        assert seen["headers"].get("host") != "x"  # the hop's own
-        assert seen["query"] == "a=1"
-        stats = engine.stats()
-        assert (stats.in_flight, stats.aborted, stats.completed) == (0, 1, 0)
+    engine = await process_stand_in.start(app)
+    request = EngineRequest(
+        "POST",
+        "/v1/chat/completions",
+        b'{"stream": true}',
+        (("content-type", "application/json"), ("host", "x"), ("x-request-id", "r1")),
+        "a=1",
+    )
+    items = engine.handle(request)
+    head = await anext(items)
+    assert head == ResponseHead(200, (("x-id", "7"),), "text/event-stream")
+    assert (await anext(items)).startswith(b"data: 0")
+    assert engine.stats().in_flight == 1
+    await items.aclose()  # type: ignore[attr-defined]
+    await asyncio.wait_for(closed.wait(), 5)  # the server saw the client leave
+    assert seen["body"] == b'{"stream": true}'
+    assert seen["headers"].get("x-request-id") == "r1"
+    assert seen["headers"].get("host") != "x"  # the hop's own
+    assert seen["query"] == "a=1"
+    stats = engine.stats()
+    assert (stats.in_flight, stats.aborted, stats.completed) == (0, 1, 0)
 
-        out = await collect(engine.handle(EngineRequest("POST", "/v1/completions", b"{}")))
-        assert out[0] == ResponseHead(400, (), "application/json; charset=utf-8")
-        assert b"".join(o for o in out[1:] if isinstance(o, bytes)).startswith(b'{"error"')
-        assert engine.stats().completed == 1
-    finally:
-        await engine.shutdown()
-        await runner.cleanup()
+    out = await collect(engine.handle(EngineRequest("POST", "/v1/completions", b"{}")))
+    assert out[0] == ResponseHead(400, (), "application/json; charset=utf-8")
+    assert b"".join(o for o in out[1:] if isinstance(o, bytes)).startswith(b'{"error"')
+    assert engine.stats().completed == 1
 
 
+@on_session_loop
 async def test_a_dead_server_is_refused_and_unhealthy(
-    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+    process_stand_in: Any,
 ) -> None:
     app = web.Application()
     app.router.add_get("/health", lambda r: web.Response(status=200))
-    runner, path = await served(tmp_path, app)
-    engine = await engine_on(path, sleeper)
-    try:
+    engine = await process_stand_in.start(app)
+    await engine.check_health()
+    process_stand_in.proc.kill()
+    process_stand_in.proc.wait()
+    assert not engine.stats().alive
+    with pytest.raises(EngineError, match="its engine stopped; retry later"):
+        engine.handle(EngineRequest("POST", "/v1/completions", b"{}"))
+    with pytest.raises(EngineError, match="exited"):
         await engine.check_health()
-        sleeper.kill()
-        sleeper.wait()
-        assert not engine.stats().alive
-        with pytest.raises(EngineError, match="its engine stopped; retry later"):
-            engine.handle(EngineRequest("POST", "/v1/completions", b"{}"))
-        with pytest.raises(EngineError, match="exited"):
-            await engine.check_health()
-    finally:
-        await engine.shutdown()
-        await runner.cleanup()
 
 
+@on_session_loop
 async def test_adapters_are_the_servers_models_whose_parent_is_the_base(
-    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+    process_stand_in: Any,
 ) -> None:
     from fleetserve.engine.config import LoraSettings  # noqa: PLC0415
 
@@ -250,14 +218,9 @@ async def test_adapters_are_the_servers_models_whose_parent_is_the_base(
     }
     app = web.Application()
     app.router.add_get("/v1/models", lambda r: web.json_response(models))
-    runner, path = await served(tmp_path, app)
-    engine = await engine_on(path, sleeper)
+    engine = await process_stand_in.start(app)
     engine._config = config(frontend="process", lora=LoraSettings(max_loras=2, max_lora_rank=8))
-    try:
-        assert await engine.adapters() == ("legal", "sql")
-    finally:
-        await engine.shutdown()
-        await runner.cleanup()
+    assert await engine.adapters() == ("legal", "sql")
 
 
 @pytest.mark.slow

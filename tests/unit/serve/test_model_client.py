@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -12,10 +11,7 @@ import pytest
 from aiohttp import web
 from ray.serve.exceptions import BackPressureError
 
-from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.protocol import EngineRequest, ResponseHead
-from fleetserve.engine.server_hop import open_session
-from fleetserve.engine.settings import EngineSettings
 from fleetserve.engine.vllm_process import VllmProcessEngine
 from fleetserve.serve.ingress import model_client
 from fleetserve.serve.ingress.model_client import (
@@ -289,34 +285,10 @@ class StandIn:
 
 
 @pytest.fixture
-async def stand_in(tmp_path: Path) -> AsyncIterator[tuple[StandIn, VllmProcessEngine]]:
-    """A 3-event stand-in server and the process engine on it (its server process: a
-    live ``sleep``, which the adapter checks is running)."""
+async def stand_in(process_stand_in: Any) -> tuple[StandIn, VllmProcessEngine]:
+    """A 3-event stand-in server and the process engine on it (tests/unit/conftest.py)."""
     server = StandIn(3)
-    runner = web.AppRunner(server.app)
-    await runner.setup()
-    path = str(tmp_path / "vllm.sock")
-    await web.UnixSite(runner, path).start()
-    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    engine = VllmProcessEngine(
-        EngineConfig(
-            name="m",
-            model_path="/models/m",
-            settings=EngineSettings(
-                gpu_memory_utilization=0.5,
-                max_num_seqs=8,
-                max_model_len=1024,
-                max_num_batched_tokens=1024,
-            ),
-            frontend="process",
-        )
-    )
-    engine._session, engine._proc, engine._socket = open_session(path), proc, path
-    try:
-        yield server, engine
-    finally:
-        await engine.shutdown()  # stops the stand-in process too
-        await runner.cleanup()
+    return server, await process_stand_in.start(server.app)
 
 
 Ingress = Callable[..., HandleModelClient]
