@@ -525,11 +525,7 @@ class FleetServer:
     def _dead_ray_processes(self) -> list[str]:
         """Which of the Ray processes this process started that Serve cannot run without
         (raylet, GCS) have exited; polling them reaps them."""
-        if not self._started_ray:
-            return []
-        from ray._private import worker  # noqa: PLC0415 - Ray's node holds its Popen objects
-
-        node = getattr(worker, "_global_node", None)
+        node = _ray_node() if self._started_ray else None
         if node is None:
             return []
         dead = {str(kind) for kind, _ in node.dead_processes()}
@@ -553,10 +549,7 @@ class FleetServer:
             time.sleep(0.1)
 
     def _gcs_listening(self) -> bool:
-        from ray._private import worker  # noqa: PLC0415 - Ray's node knows the GCS address
-
-        node = getattr(worker, "_global_node", None)
-        address = getattr(node, "gcs_address", None) if node is not None else None
+        address = getattr(_ray_node(), "gcs_address", None)
         if not address:
             return True  # nothing to ask: the other checks decide
         host, _, port = str(address).rpartition(":")
@@ -641,9 +634,8 @@ class FleetServer:
         """``ray.shutdown()``, bounded: on a GCS stuck while stopping it can wait for ever,
         and then this process kills the Ray processes it started itself."""
         import ray  # noqa: PLC0415
-        from ray._private import worker  # noqa: PLC0415 - Ray's node holds its processes
 
-        node = getattr(worker, "_global_node", None)
+        node = _ray_node()
         done = threading.Event()
 
         def shutdown() -> None:
@@ -657,6 +649,14 @@ class FleetServer:
             self.console.print("fleetserve: Ray did not stop in time; killing its processes")
             with contextlib.suppress(Exception):
                 node.kill_all_processes(check_alive=False, allow_graceful=False)
+
+
+def _ray_node() -> Any:
+    """The Ray node this process started or joined (None before ``ray.init``): it holds
+    the Popen objects of the processes it started and the GCS's address."""
+    from ray._private import worker  # noqa: PLC0415 - Ray only where Ray runs
+
+    return getattr(worker, "_global_node", None)
 
 
 def _display_host(host: str) -> str:
