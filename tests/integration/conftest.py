@@ -37,9 +37,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -58,6 +58,29 @@ from fleetserve.spec import default_fleet
 #: loaded 2-CPU machine).
 START_TIMEOUT_S = float(os.environ.get("FLEETSERVE_TEST_START_TIMEOUT", "2400"))
 STOP_TIMEOUT_S = 90.0
+
+
+T = TypeVar("T")
+
+
+def wait_until(
+    check: Callable[[], T],
+    timeout_s: float,
+    what: str,
+    detail: Callable[[], object] | None = None,
+) -> T:
+    """Poll ``check`` until it returns something true, and return that; fail the test
+    with ``what`` (and ``detail()``, when given) after ``timeout_s``. For what a fleet
+    reports some time after the client has its answer (counters, reaped processes)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            shown = f"; {detail()}" if detail is not None else ""
+            pytest.fail(f"not within {timeout_s:g} s: {what}{shown}")
+        time.sleep(0.2)
 
 
 def free_port() -> int:

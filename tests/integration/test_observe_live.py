@@ -34,7 +34,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,8 @@ import yaml
 from fleetserve.observe.alerts import ALERT_LOCAL_PROOF, AlertThresholds, rule_groups
 from fleetserve.observe.dashboard import dashboard_panels
 from fleetserve.spec import default_fleet
+
+from .conftest import wait_until
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [
@@ -130,21 +132,6 @@ class Fleet:
     metrics_url: str
 
 
-def wait_for(
-    what: str,
-    check: Callable[[], bool],
-    timeout_s: float = 120,
-    detail: Callable[[], object] | None = None,
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(1)
-    shown = f"; {detail()}" if detail is not None else ""
-    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}{shown}")
-
-
 @contextlib.contextmanager
 def running_fleet(
     servers: Any,
@@ -211,7 +198,7 @@ def scraping(
     )
     try:
         client = Prom(f"http://127.0.0.1:{prom_port}")
-        wait_for("Prometheus to scrape the fleet", lambda: _up(client), 180, client.targets)
+        wait_until(lambda: _up(client), 180, "Prometheus to scrape the fleet", client.targets)
         yield client
     finally:
         prom.send_signal(signal.SIGTERM)
@@ -321,13 +308,13 @@ def test_dashboard_panels_have_data_and_alerts_fire_and_resolve(
     # Prometheus's rate() counts no increase into a series' first sample, so the first
     # 503s only create the series; the burst that must fire the alerts comes after.
     asyncio.run(_overload(url))
-    wait_for(
-        "the 503 and overload series in Prometheus",
+    wait_until(
         lambda: bool(
             prom.query('ray_fleetserve_gateway_requests_total{status_code="503"}')
             and prom.query('ray_fleetserve_gateway_rejections_total{reason="overload"}')
         ),
         60,
+        "the 503 and overload series in Prometheus",
     )
     asyncio.run(_overload(url))
 
@@ -346,16 +333,16 @@ def test_dashboard_panels_have_data_and_alerts_fire_and_resolve(
         return [f"{p.title}: {t.expr}" for p in local for t in p.targets if not query(t.expr)]
 
     # The error burst: 5xx ratio and overload rejections fire ...
-    wait_for(
-        "FleetServeHigh5xxRate and FleetServeRequestsRejected firing",
+    wait_until(
         lambda: (
             {"FleetServeHigh5xxRate", "FleetServeRequestsRejected"}
             <= {k for k, v in prom.alerts().items() if v == "firing"}
         ),
         90,
+        "FleetServeHigh5xxRate and FleetServeRequestsRejected firing",
         lambda: {"alerts": prom.alerts(), "5xx": query(f"sum by (status_code) ({gw})")},
     )
-    wait_for("series for every fleet panel", lambda: not missing(), 120, missing)
+    wait_until(lambda: not missing(), 120, "series for every fleet panel", missing)
     for panel in elsewhere:
         for target in panel.targets:
             assert not query(target.expr), f"{panel.title} has data without {panel.needs}"
@@ -378,10 +365,10 @@ def test_dashboard_panels_have_data_and_alerts_fire_and_resolve(
     with httpx.Client(base_url=url, timeout=30) as c:
         for _ in range(5):
             c.post("/v1/completions", headers=A, json={"model": "alpha", "prompt": "a"})
-    wait_for(
-        "the error alerts to resolve",
+    wait_until(
         lambda: not {"FleetServeHigh5xxRate", "FleetServeRequestsRejected"} & set(prom.alerts()),
         150,
+        "the error alerts to resolve",
         prom.alerts,
     )
 
@@ -393,13 +380,13 @@ def test_dashboard_panels_have_data_and_alerts_fire_and_resolve(
     assert len(pids) == 1, pids
     os.kill(pids[0], signal.SIGKILL)
     failing = "FleetServeReplicaHealthChecksFailing"
-    wait_for(
-        f"{failing} firing for model-alpha",
+    wait_until(
         lambda: prom.alerts().get(failing) == "firing",
         90,
+        f"{failing} firing for model-alpha",
         prom.alerts,
     )
-    wait_for(f"{failing} to resolve", lambda: failing not in prom.alerts(), 150, prom.alerts)
+    wait_until(lambda: failing not in prom.alerts(), 150, f"{failing} to resolve", prom.alerts)
     r = httpx.post(
         f"{url}/v1/completions", headers=A, json={"model": "alpha", "prompt": "a"}, timeout=30
     )
@@ -476,16 +463,16 @@ def test_engine_panels_have_data_on_the_real_engine(
                 if not prom.query(t.expr.replace("$model", ".*").replace("$tenant", ".*"))
             ]
 
-        wait_for("series for every vLLM panel", lambda: not missing(), 180, missing)
+        wait_until(lambda: not missing(), 180, "series for every vLLM panel", missing)
         # The first burst only created the TTFT series (a series' first sample is no
         # increase for rate()); the second one is what the alert sees.
         asyncio.run(burst(4))
         ttft_alert = "FleetServeHighTimeToFirstToken"
         assert ALERT_LOCAL_PROOF[ttft_alert][0] == "real engine"
-        wait_for(
-            f"{ttft_alert} firing",
+        wait_until(
             lambda: prom.alerts().get(ttft_alert) == "firing",
             120,
+            f"{ttft_alert} firing",
             prom.alerts,
         )
         engine = f'model_name="{model}"'
@@ -547,17 +534,17 @@ def test_engine_panels_have_data_on_the_real_engine(
         assert float(replica[6]) >= float(replica[5]), out
         # record() ran for the engine's steps under load: the gauge saw a busy batch.
         running_series = f"ray_vllm_num_requests_running{{{engine}}}"
-        wait_for(
-            "a running request seen in vllm:num_requests_running",
+        wait_until(
             lambda: any(
                 float(r["value"][1]) >= 1
                 for r in prom.query(f"max_over_time({running_series}[10m])")
             ),
             60,
+            "a running request seen in vllm:num_requests_running",
             lambda: prom.query(f"max_over_time({running_series}[10m])"),
         )
 
         # No more requests: the TTFT alert resolves once the window holds none.
-        wait_for(
-            f"{ttft_alert} to resolve", lambda: ttft_alert not in prom.alerts(), 180, prom.alerts
+        wait_until(
+            lambda: ttft_alert not in prom.alerts(), 180, f"{ttft_alert} to resolve", prom.alerts
         )

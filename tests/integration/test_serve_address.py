@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+
+from .conftest import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -29,20 +30,10 @@ while True:
 JOIN_ENV = {"RAY_AUTH_MODE": "token"}
 
 
-def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    pytest.fail(f"timed out waiting for {what}")
-
-
 def test_join_existing_cluster_and_leave_it_running(tmp_path: Path, servers: Any) -> None:
     head = servers.Process("ray head", [sys.executable, "-c", HEAD], tmp_path / "head.log")
     try:
-        line = wait_for(
+        line = wait_until(
             lambda: next((ln for ln in head.tail().splitlines() if ln.startswith("GCS ")), None),
             300,
             "the Ray head",

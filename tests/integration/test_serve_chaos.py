@@ -27,6 +27,8 @@ import pytest
 
 from fleetserve.engine.fake_engine import FAKE_CORE
 
+from .conftest import wait_until
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 INTERNALS = ("ServeReplica", "actor", "Actor", "ray::", "ReplicaID")
@@ -104,14 +106,6 @@ def start_fleet(tmp: Path, servers: Any, *, direct_ingress: bool = True) -> Flee
         env={servers.mark_var: mark},
     )
     return Fleet(started.server, started.url, mark, model, servers.marked_processes)
-
-
-def wait_until(check: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s:g} s: {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

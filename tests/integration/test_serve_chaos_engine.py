@@ -15,22 +15,14 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
+from .conftest import wait_until
+
 pytestmark = pytest.mark.timeout(2700)  # may start the shared fleet
-
-
-def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s:g} s: {what}")
-        time.sleep(0.5)
 
 
 def test_no_vllm_process_outlives_a_group_sigterm(retiring_engine_fleet: Any, servers: Any) -> None:

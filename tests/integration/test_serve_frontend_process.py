@@ -39,6 +39,8 @@ from fleetserve.observe.metrics import ALL_METRICS, ray_exported_name
 from fleetserve.spec import DEFAULT_MODEL_NAME as MODEL
 from fleetserve.spec import DEFAULT_MODEL_SOURCE
 
+from .conftest import wait_until
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 #: A stream that would run for minutes: what a test breaks or leaves mid-way.
@@ -314,7 +316,14 @@ def test_the_ingress_reads_each_stream_from_vllms_server_itself(process_fleet: A
         )
         if stream:
             assert "".join(c.choices[0].text for c in out if c.choices)  # type: ignore[union-attr]
-    after = counters()
+    # the replica counts a handed-off stream done when the ingress's RELEASE reaches it,
+    # which is after the client has read the stream's end: wait for it, not for the reply
+    after = wait_until(
+        lambda: (c := counters())["completed"] - before["completed"] >= 2 and c,
+        60,
+        "both streams released to the replica",
+        lambda: (before, counters()),
+    )
     assert after["handed_off"] - before["handed_off"] == 2, (before, after)
     assert after["completed"] - before["completed"] == 2, (before, after)
-    assert after["in_flight"] == 0
+    assert after["in_flight"] == 0, (before, after)

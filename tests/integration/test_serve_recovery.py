@@ -26,6 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
+from .conftest import wait_until
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 KEY = "sk-recovery"
@@ -144,14 +146,6 @@ class Load:
     def wait_served(self, more: int, timeout_s: float) -> None:
         target = self.served() + more
         wait_until(lambda: self.served() >= target, timeout_s, f"{more} more streams served")
-
-
-def wait_until(check: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s:g} s: {what}")
-        time.sleep(0.2)
 
 
 def day_tokens_used(r: httpx.Response) -> int:
