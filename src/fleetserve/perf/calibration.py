@@ -33,6 +33,14 @@ LAYER_LAUNCH_S = 5e-4
 TIME_SLICE_S = 2e-3
 
 
+#: Default CPU host time per comparison of a top-p sort (s): one core of this repository's
+#: host sorts a sequence of Gemma 3's 262,144 logits in ~14.8 ms more than a greedy one
+#: samples it (``benchmarks/cpu_steps.py``, the engine alone, batch 16: 315.3 against 78.9
+#: ms a step), over 262,144 x log2(262,144) comparisons. Fitted by ``plan calibrate`` on
+#: CPU runs; GPU engines sort on the card, among hundreds of kernels: 0 there.
+SORT_S_PER_COMPARE = 3.14e-9
+
+
 class FitInfo(BaseModel):
     """How a calibration was fitted (for the reader; the model does not use it)."""
 
@@ -93,6 +101,15 @@ class Calibration(BaseModel):
         "for vLLM's CUDA graphs (a long prefill) (s); such a step lasts the longer of "
         "this times the layers and the card's work. Unused on CPU engines.",
     )
+    sort_s_per_compare: float = Field(
+        default=0.0,
+        ge=0,
+        le=1e-6,
+        description="Host time per comparison of the vocabulary sort that top-p sampling "
+        "does for every sampled sequence, V log2 V comparisons for a vocabulary of V (s); "
+        "only models whose default sampling has top-p pay it (fleetserve.perf.sampling). "
+        "0 in files written before it existed, whose per-sequence overhead holds it.",
+    )
     time_slice_s: float = Field(
         default=TIME_SLICE_S,
         gt=0,
@@ -114,6 +131,7 @@ class Calibration(BaseModel):
                 step_overhead_s=0.01,
                 token_overhead_s=1e-4,
                 seq_overhead_s=5e-4,
+                sort_s_per_compare=SORT_S_PER_COMPARE,
                 request_overhead_s=0.03,
                 fit=FitInfo(note="default (no calibration file)"),
             )

@@ -32,6 +32,13 @@ processing), which does not overlap the forward pass on either backend. The effi
 overheads are *fitted* per engine (:mod:`fleetserve.perf.calibrate`); the peaks are spec
 sheet facts.
 
+**Sampling.** A sampled sequence whose sampling sorts the vocabulary - top-p, which the
+model's generation_config.json may make every request's default (:mod:`.sampling`) - adds
+``sort_s_per_compare x V log2 V`` of host time (``Calibration.sort_s_per_compare``; V the
+vocabulary). It is the CPU backend's largest per-sequence cost (Gemma 3's 262,144 logits:
+~15 ms a sequence on one core), and what makes a greedy model there several times faster
+per sequence than the same model with its defaults; on GPUs its default is 0.
+
 **Kernel launches outside CUDA graphs.** vLLM replays a step of up to
 :func:`graph_tokens` tokens as captured CUDA graphs: one launch for the whole model. A
 larger step - a prefill of more tokens than that, which at the graph size vLLM picks for a
@@ -78,6 +85,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fleetserve.perf.calibration import Calibration
+from fleetserve.perf.sampling import default_sampling, sorts_vocabulary
 from fleetserve.plan.architecture import ModelConfig
 from fleetserve.plan.gpus import CPU_HOST, GpuType
 from fleetserve.plan.memory import (
@@ -129,6 +137,9 @@ class ModelCost:
     """The dtype the matmuls run in (``fp8`` for fp8 checkpoints on fp8 cards)."""
     layers: int = 0
     """Decoder layers one card runs (its pipeline stage's share)."""
+    sort_compares_per_sample: float = 0.0
+    """Comparisons of the vocabulary sort per sampled sequence, ``V log2 V`` (0: the
+    engine's default sampling does not sort: :func:`fleetserve.perf.sampling.sorts_vocabulary`)."""
 
     def weight_read_bytes(self, tokens: int) -> float:
         """Weight bytes a step of ``tokens`` tokens reads (MoE: the experts it touches)."""
@@ -148,11 +159,13 @@ def model_cost(
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
     gpu: GpuType | None = None,
+    engine_args: Mapping[str, object] | None = None,
 ) -> ModelCost:
     """The step-cost coefficients of ``config`` on one card of a replica.
 
     ``gpu`` decides the compute dtype (an fp8 checkpoint computes in fp8 only on cards with
-    fp8 tensor cores; None: the CPU backend, which computes in the activation dtype).
+    fp8 tensor cores; None: the CPU backend, which computes in the activation dtype);
+    ``engine_args`` (the model's) whether its default sampling sorts the vocabulary.
     """
     tp, pp = max(1, tensor_parallel), max(1, pipeline_parallel)
     act = resolve_dtype(config, dtype)
@@ -207,6 +220,11 @@ def model_cost(
         pipeline_parallel=pp,
         compute_dtype="fp8" if fp8 else act,
         layers=math.ceil(config.num_layers * stage),
+        sort_compares_per_sample=(
+            config.vocab_size * math.log2(max(config.vocab_size, 2))
+            if sorts_vocabulary(default_sampling(config, engine_args or {}))
+            else 0.0
+        ),
     )
 
 
@@ -493,7 +511,10 @@ class EnginePerf:
             flops * self._c_compute / max(compute_share * cap, 1e-6) * pp,
             data * self._c_memory / max(bandwidth_share * cap, 1e-6) * pp,
             link,
-            cal.step_overhead_s + cal.token_overhead_s * tokens + cal.seq_overhead_s * seqs,
+            cal.step_overhead_s
+            + cal.token_overhead_s * tokens
+            + cal.seq_overhead_s * seqs
+            + cal.sort_s_per_compare * c.sort_compares_per_sample * sampled,
             self._launch if tokens > self.graph_tokens else 0.0,
         )
 
@@ -575,11 +596,13 @@ def engine_perf(
     cores_percent: int = 100,
     cpu_cores: float = 1.0,
     graph_tokens: int = GRAPH_TOKENS_CEILING,
+    engine_args: Mapping[str, object] | None = None,
 ) -> EnginePerf:
     """The step-time model of one replica of ``config`` on ``gpu`` (None: a CPU engine of
     ``cpu_cores`` cores), with ``calibration``'s constants (None: the defaults for the
     backend, :meth:`Calibration.default`); ``graph_tokens``: the largest step it replays
-    as a CUDA graph (:func:`graph_tokens` from its engine settings)."""
+    as a CUDA graph (:func:`graph_tokens` from its engine settings); ``engine_args``: the
+    model's, for its default sampling (:mod:`fleetserve.perf.sampling`)."""
     cost = model_cost(
         config,
         dtype=dtype,
@@ -588,6 +611,7 @@ def engine_perf(
         tensor_parallel=tensor_parallel,
         pipeline_parallel=pipeline_parallel,
         gpu=gpu,
+        engine_args=engine_args,
     )
     hardware = Hardware.of(
         gpu, compute_dtype=cost.compute_dtype, cores_percent=cores_percent, cpu_cores=cpu_cores

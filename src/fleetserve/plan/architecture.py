@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fleetserve.errors import SpecError
-from fleetserve.plan.catalogue import MODEL_CATALOGUE, catalogue_entry
+from fleetserve.plan.catalogue import MODEL_CATALOGUE, catalogue_entry, catalogue_sampling
 
 # --------------------------------------------------------------------------- the facts
 
@@ -203,6 +203,11 @@ class ModelConfig:
     """Entries of vLLM's RoPE cos/sin caches (positions x rotary dim, summed over the
     distinct RoPEs: Gemma 3 has one for its local layers and one for its global ones).
     vLLM allocates them at load in the model dtype and counts them as weights."""
+    sampling: tuple[tuple[str, float], ...] = ()
+    """The request defaults the model's generation_config.json sets that vLLM applies to
+    requests which set none (:data:`GENERATION_KEYS`; the file beside a config.json, the
+    catalogue's for a catalogue entry; empty: none known). Not architecture, but read with
+    it: the performance model prices a top-p sort by them (:mod:`fleetserve.perf.sampling`)."""
 
     @property
     def use_mla(self) -> bool:
@@ -1049,6 +1054,41 @@ def _catalogue_hint() -> str:
     return f"catalogue: {', '.join(sorted(MODEL_CATALOGUE))}"
 
 
+#: The generation_config.json keys vLLM takes as request defaults (``--generation-config
+#: auto``; vllm/config/model.py ``get_diff_sampling_param``), less ``max_new_tokens``.
+GENERATION_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def sampling_defaults(raw: Any) -> tuple[tuple[str, float], ...]:
+    """The request defaults of a generation_config.json's dict (numbers of
+    :data:`GENERATION_KEYS`; anything else is not vLLM's business and is ignored)."""
+    if not isinstance(raw, dict):
+        return ()
+    return tuple(
+        (key, float(raw[key]))
+        for key in GENERATION_KEYS
+        if isinstance(raw.get(key), int | float) and not isinstance(raw.get(key), bool)
+    )
+
+
+def _generation_file(config_path: Path) -> tuple[tuple[str, float], ...]:
+    """The request defaults of the generation_config.json beside ``config_path`` (none:
+    no such file). A file that is there but unreadable or not JSON is refused by name, as
+    vLLM's load of it would fail."""
+    path = config_path.parent / "generation_config.json"
+    if not path.is_file():
+        return ()
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"{path}: cannot read: {e}") from e
+    except json.JSONDecodeError as e:
+        raise SpecError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
+    except RecursionError as e:
+        raise SpecError(f"{path}: invalid JSON: nested too deeply") from e
+    return sampling_defaults(raw)
+
+
 def load_model_config(name_or_path: str | Path, base_dir: Path | None = None) -> ModelConfig:
     """A model's config from the catalogue name, a config.json, or a directory holding one.
 
@@ -1068,7 +1108,8 @@ def load_model_config(name_or_path: str | Path, base_dir: Path | None = None) ->
     looks_like_path = "/" in text or text.endswith(".json")
     entry = None if looks_like_path and path.is_file() else catalogue_entry(text)
     if entry is not None:
-        return parse_config(entry, text)
+        sampling = sampling_defaults(catalogue_sampling(text))
+        return dataclasses.replace(parse_config(entry, text), sampling=sampling)
     if not path.is_file():
         raise SpecError(
             f"unknown model config '{text}': not a catalogue entry, a config.json or a "
@@ -1083,4 +1124,4 @@ def load_model_config(name_or_path: str | Path, base_dir: Path | None = None) ->
         raise SpecError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
     except RecursionError as e:
         raise SpecError(f"{path}: invalid JSON: nested too deeply") from e
-    return parse_config(raw, str(path))
+    return dataclasses.replace(parse_config(raw, str(path)), sampling=_generation_file(path))

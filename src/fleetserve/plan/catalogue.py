@@ -708,6 +708,18 @@ def _normalise(name: str) -> str:
     return key
 
 
+#: The request defaults Gemma 3's published generation_config.json files set (every size,
+#: google/gemma-3-*): vLLM applies them to requests that set none (``--generation-config
+#: auto``, its default). The default model's own generation_config.json writes the same.
+GEMMA3_SAMPLING: dict[str, float] = {"top_k": 64, "top_p": 0.95}
+#: Sampling defaults of the catalogue's models whose generation_config.json sets any (by
+#: canonical name); a model not here samples as vLLM's own defaults (temperature 1, no
+#: top-k or top-p), which is also what ``--generation-config vllm`` asks for.
+SAMPLING_DEFAULTS: dict[str, dict[str, float]] = {
+    name: GEMMA3_SAMPLING for name in MODEL_CATALOGUE if name.startswith("gemma-3-")
+}
+
+
 def catalogue_name(name: str) -> str | None:
     """The canonical catalogue name ``name`` refers to, or None."""
     key = _normalise(name)
@@ -722,3 +734,9 @@ def catalogue_entry(name: str) -> dict[str, Any] | None:
     if canonical is None:
         return None
     return dict(MODEL_CATALOGUE[canonical])
+
+
+def catalogue_sampling(name: str) -> dict[str, float]:
+    """The request defaults ``name``'s generation_config.json sets (empty: none known)."""
+    canonical = catalogue_name(name)
+    return dict(SAMPLING_DEFAULTS.get(canonical, {})) if canonical else {}

@@ -130,5 +130,6 @@ class Roofline:
             tensor_parallel=m.tensor_parallel,
             pipeline_parallel=m.pipeline_parallel,
             cores_percent=shape.cores_percent,
+            engine_args=m.engine_args,
         )
         return EngineSteps(perf)

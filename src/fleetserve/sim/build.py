@@ -89,6 +89,7 @@ def model_setups(
                     p.engine.max_num_batched_tokens,
                     model.engine_args,
                 ),
+                engine_args=model.engine_args,
             )
             block = BLOCK_SIZE if gpu is not None else CPU_BLOCK_SIZE
             card = f"{p.pool}/{p.node}/" + (str(p.gpus[0]) if p.gpus else "cpu")

@@ -42,6 +42,7 @@ PARAMS: tuple[tuple[str, float, float], ...] = (
     ("bandwidth_efficiency", 1e-3, 1.0),
     ("step_overhead_s", 1e-5, 5.0),
     ("seq_overhead_s", 1e-7, 1.0),
+    ("sort_s_per_compare", 1e-12, 1e-7),
     ("request_overhead_s", 1e-4, 10.0),
     ("admission_s", 1e-5, 0.5),
     ("layer_launch_s", 1e-5, 0.01),
@@ -51,11 +52,16 @@ PARAMS: tuple[tuple[str, float, float], ...] = (
 #: so no launch term, and no turns on a card: :class:`fleetserve.perf.EnginePerf`). Runs of
 #: one model at a time cannot tell the turn either; the prior keeps it where it starts.
 GPU_ONLY = frozenset({"layer_launch_s", "time_slice_s"})
+#: Constants a GPU fit leaves as they start: the top-p sort runs on the card there, a few
+#: kernels of a step's hundreds (0: :mod:`fleetserve.perf.sampling`). A CPU fit on runs
+#: whose model samples greedily cannot tell it either; the prior keeps it where it starts.
+CPU_ONLY = frozenset({"sort_s_per_compare"})
 
 
 def fitted_params(backend: str) -> list[tuple[str, float, float]]:
     """The constants a fit on ``backend``'s runs searches, with their bounds."""
-    return [p for p in PARAMS if backend == "cuda" or p[0] not in GPU_ONLY]
+    skip = CPU_ONLY if backend == "cuda" else GPU_ONLY
+    return [p for p in PARAMS if p[0] not in skip]
 
 
 METRICS: tuple[tuple[str, float], ...] = (
