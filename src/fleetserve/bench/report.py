@@ -37,6 +37,12 @@ class RunInfo(BaseModel):
     tokens_source: str = Field(description="How tokens were counted.")
     prompt_lengths: str = Field(description="'exact (tokenizer)' or 'approximate'.")
     slo: str = Field(default="none", description="SLO used for goodput.")
+    sampling: dict[str, float] = Field(
+        default_factory=dict,
+        description="Sampling parameters every request set (temperature, top_p, top_k, "
+        "min_p, repetition_penalty, from --extra-body); empty: the server's defaults. A "
+        "replay (simulate --trace, plan calibrate) runs the engines as they served them.",
+    )
     started_at: str = Field(description="Wall-clock start (ISO 8601, UTC).")
     monotonic_origin: float = Field(
         description="perf_counter() at the origin of record times (same-host correlation)."

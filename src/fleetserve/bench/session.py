@@ -34,6 +34,7 @@ from fleetserve.bench.workload import (
     Workload,
 )
 from fleetserve.errors import BenchError
+from fleetserve.sampling import request_sampling
 
 _DEFAULT_OUTPUT = LengthDistribution(kind="fixed", low=128, high=128, mean=128)
 _DEFAULT_REQUESTS = 200
@@ -191,6 +192,7 @@ async def _run(
         tokens_source=describe_sources(methods, tokenizer),
         prompt_lengths="exact (tokenizer)" if workload.exact_lengths else "approximate",
         slo=settings.slo.describe() if settings.slo else "none",
+        sampling=request_sampling(settings.extra_body),
         started_at=started_at,
         monotonic_origin=origin,
         version=__version__,

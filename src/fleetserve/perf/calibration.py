@@ -107,7 +107,7 @@ class Calibration(BaseModel):
         le=1e-6,
         description="Host time per comparison of the vocabulary sort that top-p sampling "
         "does for every sampled sequence, V log2 V comparisons for a vocabulary of V (s); "
-        "only models whose default sampling has top-p pay it (fleetserve.perf.sampling). "
+        "only models whose default sampling has top-p pay it (fleetserve.sampling). "
         "0 in files written before it existed, whose per-sequence overhead holds it.",
     )
     time_slice_s: float = Field(

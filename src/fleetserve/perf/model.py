@@ -80,12 +80,12 @@ once per engine step (or per run of identical decode steps).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fleetserve.perf.calibration import Calibration
-from fleetserve.perf.sampling import default_sampling, sorts_vocabulary
 from fleetserve.plan.architecture import ModelConfig
 from fleetserve.plan.gpus import CPU_HOST, GpuType
 from fleetserve.plan.memory import (
@@ -100,6 +100,7 @@ from fleetserve.plan.memory import (
     weight_bytes,
     weight_bytes_per_card,
 )
+from fleetserve.sampling import default_sampling, sorts_vocabulary
 
 # --------------------------------------------------------------------------- the model
 
@@ -137,9 +138,18 @@ class ModelCost:
     """The dtype the matmuls run in (``fp8`` for fp8 checkpoints on fp8 cards)."""
     layers: int = 0
     """Decoder layers one card runs (its pipeline stage's share)."""
-    sort_compares_per_sample: float = 0.0
-    """Comparisons of the vocabulary sort per sampled sequence, ``V log2 V`` (0: the
-    engine's default sampling does not sort: :func:`fleetserve.perf.sampling.sorts_vocabulary`)."""
+    vocab_sort_compares: float = 0.0
+    """Comparisons of one sequence's vocabulary sort, ``V log2 V``."""
+    sampling: tuple[tuple[str, float], ...] = ()
+    """What a request that sets no sampling parameters samples with on this engine
+    (:func:`fleetserve.sampling.default_sampling`)."""
+    sorts: bool = False
+    """Whether the engine's requests sort the vocabulary (top-p): its default sampling,
+    or what a replayed run's requests set (:meth:`with_request_sampling`)."""
+
+    def with_request_sampling(self, params: Mapping[str, float]) -> ModelCost:
+        """The same engine serving requests that set ``params`` (over its defaults)."""
+        return dataclasses.replace(self, sorts=sorts_vocabulary({**dict(self.sampling), **params}))
 
     def weight_read_bytes(self, tokens: int) -> float:
         """Weight bytes a step of ``tokens`` tokens reads (MoE: the experts it touches)."""
@@ -168,6 +178,7 @@ def model_cost(
     ``engine_args`` (the model's) whether its default sampling sorts the vocabulary.
     """
     tp, pp = max(1, tensor_parallel), max(1, pipeline_parallel)
+    defaults = default_sampling(config, engine_args or {})
     act = resolve_dtype(config, dtype)
     unit = 2 if act in ("bfloat16", "float16", "half") else 4
     h = config.hidden_size
@@ -220,11 +231,9 @@ def model_cost(
         pipeline_parallel=pp,
         compute_dtype="fp8" if fp8 else act,
         layers=math.ceil(config.num_layers * stage),
-        sort_compares_per_sample=(
-            config.vocab_size * math.log2(max(config.vocab_size, 2))
-            if sorts_vocabulary(default_sampling(config, engine_args or {}))
-            else 0.0
-        ),
+        vocab_sort_compares=config.vocab_size * math.log2(max(config.vocab_size, 2)),
+        sampling=tuple(defaults.items()),
+        sorts=sorts_vocabulary(defaults),
     )
 
 
@@ -410,6 +419,7 @@ class EnginePerf:
         "_c_memory",
         "_cap",
         "_launch",
+        "_sort",
         "calibration",
         "cost",
         "graph_tokens",
@@ -432,6 +442,9 @@ class EnginePerf:
         self._c_compute = 1.0 / max(hardware.peak_flops * calibration.compute_efficiency, 1.0)
         self._c_memory = 1.0 / max(hardware.bandwidth * calibration.bandwidth_efficiency, 1.0)
         self._cap = hardware.share
+        # Host seconds a sampled sequence's vocabulary sort takes (0: no sort).
+        sort = calibration.sort_s_per_compare * cost.vocab_sort_compares
+        self._sort = sort if cost.sorts else 0.0
         # A step's launches cross every pipeline stage in turn, as its work does.
         self._launch = (
             0.0
@@ -442,6 +455,11 @@ class EnginePerf:
     def recalibrated(self, calibration: Calibration) -> EnginePerf:
         """The same engine (model, card, graphs) with other constants."""
         return EnginePerf(self.cost, self.hardware, calibration, self.graph_tokens)
+
+    def serving(self, params: Mapping[str, float]) -> EnginePerf:
+        """The same engine serving requests that set the sampling ``params``."""
+        cost = self.cost.with_request_sampling(params)
+        return EnginePerf(cost, self.hardware, self.calibration, self.graph_tokens)
 
     # ---- building a step's load
 
@@ -514,7 +532,7 @@ class EnginePerf:
             cal.step_overhead_s
             + cal.token_overhead_s * tokens
             + cal.seq_overhead_s * seqs
-            + cal.sort_s_per_compare * c.sort_compares_per_sample * sampled,
+            + self._sort * sampled,
             self._launch if tokens > self.graph_tokens else 0.0,
         )
 
@@ -602,7 +620,7 @@ def engine_perf(
     ``cpu_cores`` cores), with ``calibration``'s constants (None: the defaults for the
     backend, :meth:`Calibration.default`); ``graph_tokens``: the largest step it replays
     as a CUDA graph (:func:`graph_tokens` from its engine settings); ``engine_args``: the
-    model's, for its default sampling (:mod:`fleetserve.perf.sampling`)."""
+    model's, for its default sampling (:mod:`fleetserve.sampling`)."""
     cost = model_cost(
         config,
         dtype=dtype,

@@ -48,6 +48,7 @@ from typing import Any, Literal
 
 from fleetserve.errors import SpecError
 from fleetserve.plan.catalogue import MODEL_CATALOGUE, catalogue_entry, catalogue_sampling
+from fleetserve.sampling import sampling_params
 
 # --------------------------------------------------------------------------- the facts
 
@@ -205,9 +206,10 @@ class ModelConfig:
     vLLM allocates them at load in the model dtype and counts them as weights."""
     sampling: tuple[tuple[str, float], ...] = ()
     """The request defaults the model's generation_config.json sets that vLLM applies to
-    requests which set none (:data:`GENERATION_KEYS`; the file beside a config.json, the
-    catalogue's for a catalogue entry; empty: none known). Not architecture, but read with
-    it: the performance model prices a top-p sort by them (:mod:`fleetserve.perf.sampling`)."""
+    requests which set none (:data:`fleetserve.sampling.GENERATION_KEYS`; the file beside
+    a config.json, the catalogue's for a catalogue entry; empty: none known). Not
+    architecture, but read with it: the performance model prices a top-p sort by them
+    (:mod:`fleetserve.sampling`)."""
 
     @property
     def use_mla(self) -> bool:
@@ -1054,23 +1056,6 @@ def _catalogue_hint() -> str:
     return f"catalogue: {', '.join(sorted(MODEL_CATALOGUE))}"
 
 
-#: The generation_config.json keys vLLM takes as request defaults (``--generation-config
-#: auto``; vllm/config/model.py ``get_diff_sampling_param``), less ``max_new_tokens``.
-GENERATION_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-
-
-def sampling_defaults(raw: Any) -> tuple[tuple[str, float], ...]:
-    """The request defaults of a generation_config.json's dict (numbers of
-    :data:`GENERATION_KEYS`; anything else is not vLLM's business and is ignored)."""
-    if not isinstance(raw, dict):
-        return ()
-    return tuple(
-        (key, float(raw[key]))
-        for key in GENERATION_KEYS
-        if isinstance(raw.get(key), int | float) and not isinstance(raw.get(key), bool)
-    )
-
-
 def _generation_file(config_path: Path) -> tuple[tuple[str, float], ...]:
     """The request defaults of the generation_config.json beside ``config_path`` (none:
     no such file). A file that is there but unreadable or not JSON is refused by name, as
@@ -1086,7 +1071,7 @@ def _generation_file(config_path: Path) -> tuple[tuple[str, float], ...]:
         raise SpecError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
     except RecursionError as e:
         raise SpecError(f"{path}: invalid JSON: nested too deeply") from e
-    return sampling_defaults(raw)
+    return sampling_params(raw)
 
 
 def load_model_config(name_or_path: str | Path, base_dir: Path | None = None) -> ModelConfig:
@@ -1108,7 +1093,7 @@ def load_model_config(name_or_path: str | Path, base_dir: Path | None = None) ->
     looks_like_path = "/" in text or text.endswith(".json")
     entry = None if looks_like_path and path.is_file() else catalogue_entry(text)
     if entry is not None:
-        sampling = sampling_defaults(catalogue_sampling(text))
+        sampling = sampling_params(catalogue_sampling(text))
         return dataclasses.replace(parse_config(entry, text), sampling=sampling)
     if not path.is_file():
         raise SpecError(

@@ -53,7 +53,7 @@ PARAMS: tuple[tuple[str, float, float], ...] = (
 #: one model at a time cannot tell the turn either; the prior keeps it where it starts.
 GPU_ONLY = frozenset({"layer_launch_s", "time_slice_s"})
 #: Constants a GPU fit leaves as they start: the top-p sort runs on the card there, a few
-#: kernels of a step's hundreds (0: :mod:`fleetserve.perf.sampling`). A CPU fit on runs
+#: kernels of a step's hundreds (0: :mod:`fleetserve.sampling`). A CPU fit on runs
 #: whose model samples greedily cannot tell it either; the prior keeps it where it starts.
 CPU_ONLY = frozenset({"sort_s_per_compare"})
 

@@ -9,6 +9,7 @@ then, for a run without records, the fleet's independent parts one after another
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -165,6 +166,39 @@ def _add_counts(out: SimOutcome, part: PartResult) -> None:
         out.preemptions += part.preemptions[model]
 
 
+def serving_traces(
+    models: Sequence[ModelSetup], traces: Sequence[tuple[BenchReport, str | None]]
+) -> list[ModelSetup]:
+    """``models`` with each engine serving the sampling its traces' requests set (a bench
+    run's ``--extra-body``, in its report: ``temperature: 0`` samples greedily, and skips the
+    top-p sort a model's defaults may ask for; :mod:`fleetserve.sampling`). Runs of one
+    model replayed together must sample alike: an engine runs one sampling mode here."""
+    asked: dict[str, tuple[str, dict[str, float]]] = {}
+    for report, model in traces:
+        name = model or report.run.model
+        params = dict(report.run.sampling)
+        seen = asked.setdefault(name, (report.run.label, params))
+        if seen[1] != params:
+            raise UsageError(
+                f"runs of model '{name}' replayed together sample differently: "
+                f"'{seen[0]}' with {_described(seen[1])}, '{report.run.label}' with "
+                f"{_described(params)}",
+                hint="replay (or calibrate on) them one at a time",
+            )
+    out = []
+    for m in models:
+        params = asked.get(m.name, ("", {}))[1]
+        replicas = tuple(dataclasses.replace(r, perf=r.perf.serving(params)) for r in m.replicas)
+        out.append(dataclasses.replace(m, replicas=replicas) if params else m)
+    return out
+
+
+def _described(params: dict[str, float]) -> str:
+    if not params:
+        return "the server's defaults"
+    return ", ".join(f"{k} {v:g}" for k, v in sorted(params.items()))
+
+
 def simulate_traces(
     models: Sequence[ModelSetup],
     traces: Sequence[tuple[BenchReport, str | None]],
@@ -176,6 +210,7 @@ def simulate_traces(
     several models measured at the same time), each point on a fresh fleet, as bench runs
     its points one after the other."""
     per_trace = [trace_points(report, model) for report, model in traces]
+    models = serving_traces(models, traces)
     rounds = max(len(p) for p in per_trace)
     all_streams: list[StreamRun] = []
     out = SimOutcome(reports={})

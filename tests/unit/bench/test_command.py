@@ -110,6 +110,22 @@ def test_rate_and_duration(fake_server: FakeOpenAIServer, tmp_path: Path) -> Non
     assert 5 <= report.points[0].requests <= 60
 
 
+def test_the_report_records_the_sampling_every_request_set(
+    fake_server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    # what a replay of the run needs to price the engine's sampler (fleetserve.sampling)
+    out = tmp_path / "run.json"
+    extra = '{"temperature": 0, "top_p": 0.9, "seed": 7, "stop": ["x"]}'
+    assert bench(fake_server.url, "--num-requests", "2", "--output-len", "2",
+                 "--extra-body", extra, "--output", str(out)) == 0  # fmt: skip
+    assert BenchReport.load(out).run.sampling == {"temperature": 0.0, "top_p": 0.9}
+    assert all(b["temperature"] == 0 for b in fake_server.bodies[-2:])
+    plain = tmp_path / "plain.json"
+    assert bench(fake_server.url, "--num-requests", "2", "--output-len", "2",
+                 "--output", str(plain)) == 0  # fmt: skip
+    assert BenchReport.load(plain).run.sampling == {}
+
+
 def test_compare(
     fake_server: FakeOpenAIServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -11,10 +11,10 @@ import pytest
 from fleetserve.errors import SpecError
 from fleetserve.modelstore.gemma import generation_config
 from fleetserve.perf import Calibration, engine_perf
-from fleetserve.perf.sampling import default_sampling, sorts_vocabulary
 from fleetserve.plan.architecture import load_model_config
 from fleetserve.plan.catalogue import GEMMA3_SAMPLING, catalogue_entry
 from fleetserve.plan.gpus import gpu_type
+from fleetserve.sampling import default_sampling, sorts_vocabulary
 
 GEMMA = load_model_config("gemma-3-270m")
 GREEDY = {"override_generation_config": {"temperature": 0}}

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
 
 from fleetserve.bench.compare import ReportComparison
 from fleetserve.bench.report import BenchReport
+from fleetserve.errors import UsageError
 from fleetserve.host import HostFacts
 from fleetserve.perf import Calibration
 from fleetserve.plan.local import plan_local
@@ -245,3 +247,28 @@ def test_a_greedy_model_beside_a_top_p_one_is_priced_without_the_sort() -> None:
     assert errors[("gemma-short", "tpot.p50")] < 1.2, errors  # was +2.27
     tpot = {m: simulated[m].points[0].tpot.p50 for m in simulated}  # type: ignore[union-attr]
     assert tpot["gemma-short"] < 0.7 * tpot["gemma-chat"], tpot
+
+
+def test_a_run_whose_requests_sampled_greedily_is_replayed_without_the_sort(calibrated) -> None:  # type: ignore[no-untyped-def]
+    """A bench run records the sampling its requests set (``--extra-body``); the replay runs
+    the engine as it served them: ``temperature: 0`` on Gemma (top-p by default) skips the
+    sort, so the same requests decode faster; runs of one model that sampled differently
+    are not replayed as one engine."""
+    models, cal = calibrated
+    run = BenchReport.load(FIXTURES / "cpu-pred-conc.json")
+    greedy = run.model_copy(
+        update={"run": run.run.model_copy(update={"sampling": {"temperature": 0.0}})}
+    )
+
+    def tpot(report: BenchReport) -> float:
+        sim = simulate_traces(models, [(report, None)], request_overhead_s=cal.request_overhead_s)
+        point = sim.reports["gemma-3-270m"].points[-1]  # c = 16
+        assert point.tpot is not None
+        return point.tpot.p50
+
+    v = 262_144
+    sort_ms = cal.sort_s_per_compare * v * math.log2(v) * 1000
+    assert tpot(run) - tpot(greedy) > 0.8 * 16 * sort_ms  # a batch of ~16 sorts no more
+    other = greedy.model_copy(update={"run": greedy.run.model_copy(update={"label": "g"})})
+    with pytest.raises(UsageError, match=r"sample differently.*temperature 0.*server's defaults"):
+        simulate_traces(models, [(other, None), (run, None)], request_overhead_s=0.0)
