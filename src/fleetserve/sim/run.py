@@ -88,6 +88,7 @@ def simulate_workload(
     (:mod:`fleetserve.sim.parts`; the same result).
     """
     _check_models(models, [(s.point_label, s.model) for s in workload.streams])
+    models = serving(models, [(s.model, s.point_label, s.sampling) for s in workload.streams])
     if workers < 1:
         raise UsageError(f"--workers {workers}: at least 1 process", hint="--workers 1")
     sampling: dict[str, Sampling] = {}
@@ -166,30 +167,31 @@ def _add_counts(out: SimOutcome, part: PartResult) -> None:
         out.preemptions += part.preemptions[model]
 
 
-def serving_traces(
-    models: Sequence[ModelSetup], traces: Sequence[tuple[BenchReport, str | None]]
+def serving(
+    models: Sequence[ModelSetup], asked: Sequence[tuple[str, str, dict[str, float]]]
 ) -> list[ModelSetup]:
-    """``models`` with each engine serving the sampling its traces' requests set (a bench
-    run's ``--extra-body``, in its report: ``temperature: 0`` samples greedily, and skips the
-    top-p sort a model's defaults may ask for; :mod:`fleetserve.sampling`). Runs of one
-    model replayed together must sample alike: an engine runs one sampling mode here."""
-    asked: dict[str, tuple[str, dict[str, float]]] = {}
-    for report, model in traces:
-        name = model or report.run.model
-        params = dict(report.run.sampling)
-        seen = asked.setdefault(name, (report.run.label, params))
+    """``models`` with each engine serving the sampling its requests set: ``asked`` holds
+    (model, run or stream label, the sampling parameters its requests set; empty: the
+    server's defaults). ``temperature: 0`` samples greedily and skips the top-p sort a
+    model's defaults may ask for (:mod:`fleetserve.sampling`). Requests of one model must
+    sample alike: an engine runs one sampling mode in a simulation."""
+    first: dict[str, tuple[str, dict[str, float]]] = {}
+    for name, label, params in asked:
+        seen = first.setdefault(name, (label, params))
         if seen[1] != params:
             raise UsageError(
-                f"runs of model '{name}' replayed together sample differently: "
-                f"'{seen[0]}' with {_described(seen[1])}, '{report.run.label}' with "
-                f"{_described(params)}",
-                hint="replay (or calibrate on) them one at a time",
+                f"requests of model '{name}' sample differently: '{seen[0]}' with "
+                f"{_described(seen[1])}, '{label}' with {_described(params)}",
+                hint="simulate (or calibrate on) them one at a time",
             )
     out = []
     for m in models:
-        params = asked.get(m.name, ("", {}))[1]
+        params = first.get(m.name, ("", {}))[1]
+        if not params:
+            out.append(m)
+            continue
         replicas = tuple(dataclasses.replace(r, perf=r.perf.serving(params)) for r in m.replicas)
-        out.append(dataclasses.replace(m, replicas=replicas) if params else m)
+        out.append(dataclasses.replace(m, replicas=replicas))
     return out
 
 
@@ -210,7 +212,11 @@ def simulate_traces(
     several models measured at the same time), each point on a fresh fleet, as bench runs
     its points one after the other."""
     per_trace = [trace_points(report, model) for report, model in traces]
-    models = serving_traces(models, traces)
+    # a bench run records the sampling its requests set (--extra-body): replayed as served
+    models = serving(
+        models,
+        [(model or r.run.model, r.run.label, dict(r.run.sampling)) for r, model in traces],
+    )
     rounds = max(len(p) for p in per_trace)
     all_streams: list[StreamRun] = []
     out = SimOutcome(reports={})

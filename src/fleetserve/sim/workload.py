@@ -39,6 +39,7 @@ from fleetserve.bench.load import LoadPoint
 from fleetserve.bench.report import BenchReport
 from fleetserve.errors import InputFileError
 from fleetserve.inputfile import read_text, validate
+from fleetserve.sampling import GENERATION_KEYS
 from fleetserve.yamlsafe import load_yaml
 
 
@@ -65,6 +66,23 @@ class StreamSpec(BaseModel):
     num_requests: int | None = Field(default=None, ge=1, description="Stop after this many.")
     duration_s: float | None = Field(default=None, gt=0, description="Stop sending after (s).")
     warmup: int = Field(default=0, ge=0, description="First requests excluded from stats.")
+    sampling: dict[str, float] = Field(
+        default_factory=dict,
+        description="Sampling parameters the requests set (temperature, top_p, top_k, "
+        "min_p, repetition_penalty), over the model's defaults; empty: the server's "
+        "defaults. Top-p sorts the vocabulary, a CPU engine's largest per-sequence cost.",
+    )
+
+    @field_validator("sampling")
+    @classmethod
+    def _sampling_keys(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(value) - set(GENERATION_KEYS))
+        if unknown:
+            raise ValueError(
+                f"{', '.join(unknown)}: not a sampling parameter the model's engine takes "
+                f"(one of {', '.join(GENERATION_KEYS)})"
+            )
+        return value
 
     @field_validator("input_len", "output_len", mode="before")
     @classmethod

@@ -272,3 +272,34 @@ def test_a_run_whose_requests_sampled_greedily_is_replayed_without_the_sort(cali
     other = greedy.model_copy(update={"run": greedy.run.model_copy(update={"label": "g"})})
     with pytest.raises(UsageError, match=r"sample differently.*temperature 0.*server's defaults"):
         simulate_traces(models, [(other, None), (run, None)], request_overhead_s=0.0)
+
+
+def test_a_workload_stream_may_set_its_sampling(models) -> None:  # type: ignore[no-untyped-def]
+    base = {
+        "load": {"kind": "concurrency", "concurrency": 8},
+        "input_len": 64,
+        "output_len": 32,
+        "num_requests": 16,
+    }
+
+    def tpot(**sampling: float) -> float:
+        out = simulate_workload(models, _workload(**base, sampling=sampling), request_overhead_s=0)
+        p50 = out.reports["gemma-3-270m"].points[0].tpot.p50  # type: ignore[union-attr]
+        assert p50 is not None
+        return p50
+
+    default, greedy = tpot(), tpot(temperature=0)
+    assert tpot(top_p=1.0) == greedy  # no top-p: no sort, as greedy
+    assert default - greedy > 0.5 * 8 * 0.014  # ~14 ms a sequence of a batch of ~8
+    with pytest.raises(ValueError, match="top_q: not a sampling parameter"):
+        _workload(**base, sampling={"top_q": 0.9})
+    two = WorkloadSpec.model_validate(
+        {
+            "streams": [
+                {"model": "gemma-3-270m", **base, "label": "a"},
+                {"model": "gemma-3-270m", **base, "label": "b", "sampling": {"temperature": 0}},
+            ]
+        }
+    )
+    with pytest.raises(UsageError, match="'a' with the server's defaults, 'b' with temperature 0"):
+        simulate_workload(models, two, request_overhead_s=0)
