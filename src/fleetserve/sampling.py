@@ -37,7 +37,15 @@ GREEDY_TEMPERATURE = 1e-5
 
 #: The generation_config.json keys vLLM takes as request defaults (``--generation-config
 #: auto``; vllm/config/model.py ``get_diff_sampling_param``), less ``max_new_tokens``.
-GENERATION_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+GENERATION_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
 
 
 def sampling_params(raw: Any) -> tuple[tuple[str, float], ...]:

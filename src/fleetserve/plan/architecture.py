@@ -1056,22 +1056,16 @@ def _catalogue_hint() -> str:
     return f"catalogue: {', '.join(sorted(MODEL_CATALOGUE))}"
 
 
-def _generation_file(config_path: Path) -> tuple[tuple[str, float], ...]:
-    """The request defaults of the generation_config.json beside ``config_path`` (none:
-    no such file). A file that is there but unreadable or not JSON is refused by name, as
-    vLLM's load of it would fail."""
+def _generation_file(config_path: Path, config: Any) -> tuple[tuple[str, float], ...]:
+    """The request defaults vLLM finds for the checkpoint of ``config_path``: its
+    generation_config.json's; where that file is missing, unreadable or not JSON, vLLM
+    (``try_get_generation_config``) falls back to the generation keys of config.json
+    itself (``config``), and so does this - a bad file is not an error to vLLM."""
     path = config_path.parent / "generation_config.json"
-    if not path.is_file():
-        return ()
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(f"{path}: cannot read: {e}") from e
-    except json.JSONDecodeError as e:
-        raise SpecError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
-    except RecursionError as e:
-        raise SpecError(f"{path}: invalid JSON: nested too deeply") from e
-    return sampling_params(raw)
+        return sampling_params(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return sampling_params(config)
 
 
 def load_model_config(name_or_path: str | Path, base_dir: Path | None = None) -> ModelConfig:
@@ -1109,4 +1103,4 @@ def load_model_config(name_or_path: str | Path, base_dir: Path | None = None) ->
         raise SpecError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
     except RecursionError as e:
         raise SpecError(f"{path}: invalid JSON: nested too deeply") from e
-    return dataclasses.replace(parse_config(raw, str(path)), sampling=_generation_file(path))
+    return dataclasses.replace(parse_config(raw, str(path)), sampling=_generation_file(path, raw))
