@@ -33,11 +33,12 @@ overheads are *fitted* per engine (:mod:`fleetserve.perf.calibrate`); the peaks 
 sheet facts.
 
 **Sampling.** A sampled sequence whose sampling sorts the vocabulary - top-p, which the
-model's generation_config.json may make every request's default (:mod:`.sampling`) - adds
-``sort_s_per_compare x V log2 V`` of host time (``Calibration.sort_s_per_compare``; V the
-vocabulary). It is the CPU backend's largest per-sequence cost (Gemma 3's 262,144 logits:
-~15 ms a sequence on one core), and what makes a greedy model there several times faster
-per sequence than the same model with its defaults; on GPUs its default is 0.
+model's generation_config.json may make every request's default
+(:mod:`fleetserve.sampling`) - adds ``sort_s_per_compare x V log2 V`` of host time
+(``Calibration.sort_s_per_compare``; V the vocabulary). It is the CPU backend's largest
+per-sequence cost (Gemma 3's 262,144 logits: ~15 ms a sequence on one core), and what
+makes a greedy model there several times faster per sequence than the same model with its
+defaults; on GPUs its default is 0.
 
 **Kernel launches outside CUDA graphs.** vLLM replays a step of up to
 :func:`graph_tokens` tokens as captured CUDA graphs: one launch for the whole model. A

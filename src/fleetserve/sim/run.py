@@ -173,20 +173,27 @@ def serving(
     """``models`` with each engine serving the sampling its requests set: ``asked`` holds
     (model, run or stream label, the sampling parameters its requests set; empty: the
     server's defaults). ``temperature: 0`` samples greedily and skips the top-p sort a
-    model's defaults may ask for (:mod:`fleetserve.sampling`). Requests of one model must
-    sample alike: an engine runs one sampling mode in a simulation."""
-    first: dict[str, tuple[str, dict[str, float]]] = {}
+    model's defaults may ask for (:mod:`fleetserve.sampling`). An engine runs one sampling
+    mode in a simulation, so requests of one model that sort and requests that do not are
+    refused together (other differences - a temperature, a top-k - cost the same here)."""
+    by_name = {m.name: m for m in models}
+    first: dict[str, tuple[str, dict[str, float], bool]] = {}
     for name, label, params in asked:
-        seen = first.setdefault(name, (label, params))
-        if seen[1] != params:
+        model = by_name.get(name)
+        if model is None or not model.replicas:
+            continue  # _check_models names it
+        sorts = model.replicas[0].perf.cost.with_request_sampling(params).sorts
+        seen = first.setdefault(name, (label, params, sorts))
+        if seen[2] != sorts:
             raise UsageError(
                 f"requests of model '{name}' sample differently: '{seen[0]}' with "
-                f"{_described(seen[1])}, '{label}' with {_described(params)}",
+                f"{_described(seen[1])}, '{label}' with {_described(params)} (top-p sorts "
+                "the vocabulary in one and not the other)",
                 hint="simulate (or calibrate on) them one at a time",
             )
     out = []
     for m in models:
-        params = first.get(m.name, ("", {}))[1]
+        params = first[m.name][1] if m.name in first else {}
         if not params:
             out.append(m)
             continue

@@ -303,3 +303,13 @@ def test_a_workload_stream_may_set_its_sampling(models) -> None:  # type: ignore
     )
     with pytest.raises(UsageError, match="'a' with the server's defaults, 'b' with temperature 0"):
         simulate_workload(models, two, request_overhead_s=0)
+    # both sort (Gemma's top-p at another temperature): one engine serves them both
+    alike = two.model_copy(
+        update={
+            "streams": [
+                two.streams[0],
+                two.streams[1].model_copy(update={"sampling": {"temperature": 0.7}}),
+            ]
+        }
+    )
+    assert simulate_workload(models, alike, request_overhead_s=0).reports
