@@ -92,11 +92,27 @@ def _default(info: FieldInfo) -> str:
         return f"`{value!r}`" if value else "empty"
     if info.default is PydanticUndefined or info.default is None:
         return "—"
+    describe = getattr(info.default, "describe", None)
+    if isinstance(info.default, BaseModel) and callable(describe):
+        return f"`{describe()}`"  # written as the file writes it (a token length: `128`)
     return f"`{info.default!r}`"
 
 
+def _workload_sections() -> tuple[tuple[str, type[BaseModel], str], ...]:
+    """The workload file's sections (``fleetserve simulate --workload``)."""
+    from fleetserve.bench.load import LoadPoint  # noqa: PLC0415
+    from fleetserve.sim.workload import StreamSpec, WorkloadSpec  # noqa: PLC0415
+
+    return (
+        ("Workload (root)", WorkloadSpec, ""),
+        ("Stream", StreamSpec, "streams[]"),
+        ("Load", LoadPoint, "streams[].load"),
+    )
+
+
 def spec_reference() -> str:
-    """Markdown reference of every spec field: type, default, constraints, meaning."""
+    """Markdown reference of every spec field: type, default, constraints, meaning; then
+    the same of the workload file ``fleetserve simulate --workload`` reads."""
     out = [
         "# Fleet spec reference",
         "",
@@ -105,7 +121,23 @@ def spec_reference() -> str:
         "(`models[0].replicas.min`).",
         "",
     ]
-    for heading, model, prefix in _SECTIONS:
+    out += _sections(_SECTIONS)
+    out += [
+        "# Workload file reference",
+        "",
+        "What `fleetserve simulate fleet.yaml --workload W.yaml` reads "
+        "(`src/fleetserve/sim/workload.py`): request streams, each for one model of the "
+        "fleet, all run at once. Token lengths (`input_len`, `output_len`) are written as "
+        "`N`, `uniform:LO-HI` or `normal:M,S`. Example: `examples/workloads/multi-model.yaml`.",
+        "",
+    ]
+    out += _sections(_workload_sections())
+    return "\n".join(out)
+
+
+def _sections(sections: tuple[tuple[str, type[BaseModel], str], ...]) -> list[str]:
+    out: list[str] = []
+    for heading, model, prefix in sections:
         out += [f"## {heading}", "", f"Path: `{prefix or '(root)'}`", ""]
         doc = (model.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
         if doc:
@@ -117,7 +149,7 @@ def spec_reference() -> str:
                 f"{_constraints(info)} | {info.description or ''} |"
             )
         out.append("")
-    return "\n".join(out)
+    return out
 
 
 if __name__ == "__main__":

@@ -39,9 +39,10 @@ class RunInfo(BaseModel):
     slo: str = Field(default="none", description="SLO used for goodput.")
     sampling: dict[str, float] = Field(
         default_factory=dict,
-        description="Sampling parameters every request set (temperature, top_p, top_k, "
-        "min_p, repetition_penalty, from --extra-body); empty: the server's defaults. A "
-        "replay (simulate --trace, plan calibrate) runs the engines as they served them.",
+        description="Sampling parameters every request set (vLLM's generation keys in "
+        "--extra-body: temperature, top_p, top_k, min_p, the penalties); empty: the "
+        "server's defaults. A replay (simulate --trace, plan calibrate) runs the engines "
+        "as they served them.",
     )
     started_at: str = Field(description="Wall-clock start (ISO 8601, UTC).")
     monotonic_origin: float = Field(

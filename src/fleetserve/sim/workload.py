@@ -68,8 +68,9 @@ class StreamSpec(BaseModel):
     warmup: int = Field(default=0, ge=0, description="First requests excluded from stats.")
     sampling: dict[str, float] = Field(
         default_factory=dict,
-        description="Sampling parameters the requests set (temperature, top_p, top_k, "
-        "min_p, repetition_penalty), over the model's defaults; empty: the server's "
+        description="Sampling parameters the requests set (vLLM's generation keys: "
+        "temperature, top_p, top_k, min_p and the repetition, presence and frequency "
+        "penalties), over the model's defaults; empty: the server's "
         "defaults. Top-p sorts the vocabulary, a CPU engine's largest per-sequence cost.",
     )
 

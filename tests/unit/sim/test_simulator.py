@@ -18,7 +18,7 @@ from fleetserve.plan.local import plan_local
 from fleetserve.sim.build import model_setups
 from fleetserve.sim.calibrate import fit, overlap, prediction_errors, with_calibration
 from fleetserve.sim.run import simulate_traces, simulate_workload
-from fleetserve.sim.workload import WorkloadSpec
+from fleetserve.sim.workload import WorkloadSpec, load_workload
 from fleetserve.spec import default_fleet, load_spec
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "sim"
@@ -313,3 +313,21 @@ def test_a_workload_stream_may_set_its_sampling(models) -> None:  # type: ignore
         }
     )
     assert simulate_workload(models, alike, request_overhead_s=0).reports
+
+
+def test_the_example_workload_runs_on_the_example_fleet() -> None:
+    spec = load_spec(EXAMPLES / "multi-model.yaml")
+    plan = plan_local(spec, HostFacts(cpus=2, memory_mb=23 * 1024))
+    models = model_setups(spec, plan, Calibration.default(cpu=True))
+    out = simulate_workload(
+        models, load_workload(EXAMPLES / "workloads" / "multi-model.yaml"), request_overhead_s=0.0
+    )
+    assert {m: r.points[0].succeeded for m, r in out.reports.items()} == {
+        "gemma-chat": 40,
+        "gemma-short": 40,
+    }
+    # greedy gemma-short sorts nothing: shorter decode steps than gemma-chat's at a larger batch
+    chat, short = (out.reports[m].points[0].tpot.p50 for m in ("gemma-chat", "gemma-short"))
+    assert chat is not None
+    assert short is not None
+    assert short < chat
