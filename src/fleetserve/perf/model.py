@@ -457,6 +457,11 @@ class EnginePerf:
         """The same engine (model, card, graphs) with other constants."""
         return EnginePerf(self.cost, self.hardware, calibration, self.graph_tokens)
 
+    def sort_seconds(self, sampled: int) -> float:
+        """Host seconds the vocabulary sorts of ``sampled`` sequences take in a step (0:
+        the engine's requests do not sort: :mod:`fleetserve.sampling`)."""
+        return self._sort * sampled
+
     def serving(self, params: Mapping[str, float]) -> EnginePerf:
         """The same engine serving requests that set the sampling ``params``."""
         cost = self.cost.with_request_sampling(params)

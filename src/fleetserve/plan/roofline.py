@@ -109,7 +109,14 @@ class EngineSteps:
                 f"{cal.compute_efficiency:.0%} efficiency: {terms.compute * 1000:,.1f} ms"
             )
         extra = f" + link {terms.link * 1000:,.1f} ms" if terms.link else ""
-        return f"{hw.name}: {main}{extra} + overhead {terms.overhead * 1000:,.1f} ms"
+        overhead = f"overhead {terms.overhead * 1000:,.1f} ms"
+        sort = perf.sort_seconds(load.sampled)
+        if sort >= 0.1 * terms.total:  # worth a word: the user can change it (greedy, top-k)
+            overhead += (
+                f" (of which {sort * 1000:,.1f} ms sorting the vocabulary of "
+                f"{load.sampled:,} sequences for top-p sampling)"
+            )
+        return f"{hw.name}: {main}{extra} + {overhead}"
 
 
 class Roofline:

@@ -13,6 +13,7 @@ from fleetserve.perf import Calibration, engine_perf
 from fleetserve.plan.architecture import load_model_config
 from fleetserve.plan.catalogue import GEMMA3_SAMPLING, catalogue_entry
 from fleetserve.plan.gpus import gpu_type
+from fleetserve.plan.roofline import EngineSteps
 from fleetserve.sampling import default_sampling, sorts_vocabulary
 
 GEMMA = load_model_config("gemma-3-270m")
@@ -92,3 +93,15 @@ def test_gpu_engines_and_old_calibration_files_price_no_sort() -> None:
         if k != "sort_s_per_compare"
     }
     assert Calibration.model_validate(old).sort_s_per_compare == 0
+
+
+def test_the_planners_reason_names_the_sort_where_it_weighs() -> None:
+    # what a user can change (greedy, or top-k alone) is named in a target's reason
+    cal = Calibration.default(cpu=True)
+    top_p = EngineSteps(engine_perf(GEMMA, None, cal)).step(0, 16, 16 * 200)
+    assert "sorting the vocabulary of 16 sequences for top-p sampling" in top_p.why, top_p.why
+    greedy = EngineSteps(engine_perf(GEMMA, None, cal, engine_args=GREEDY)).step(0, 16, 3200)
+    assert "sorting" not in greedy.why
+    assert greedy.seconds < top_p.seconds
+    gpu = EngineSteps(engine_perf(GEMMA, gpu_type("H100-80GB"))).step(0, 16, 3200)
+    assert "sorting" not in gpu.why
