@@ -23,6 +23,12 @@ from fleetserve.perf import Calibration, EnginePerf, StepLoad, StepTerms, engine
 from fleetserve.plan.capacity import ReplicaShape, StepCost
 
 
+def _rate(value: float) -> str:
+    """A peak for a reason: whole units for a card's, three digits for a CPU core's
+    (0.4 TFLOP/s, not 0)."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 class EngineSteps:
     """:class:`~fleetserve.plan.capacity.StepModel` of one engine (see the module note)."""
 
@@ -91,7 +97,7 @@ class EngineSteps:
             share = "" if self.share >= 1 else f" ({self.share:.0%} of the card's)"
             main = (
                 f"reads {read / 1e9:,.1f} GB, weights {weights / 1e9:,.1f} GB, at "
-                f"{bandwidth / 1e9:,.0f} GB/s{share} x {cal.bandwidth_efficiency:.0%} "
+                f"{_rate(bandwidth / 1e9)} GB/s{share} x {cal.bandwidth_efficiency:.0%} "
                 f"efficiency: {terms.memory * 1000:,.1f} ms"
             )
         elif terms.bound == "launch":
@@ -105,7 +111,7 @@ class EngineSteps:
             peak = hw.peak_flops * self.share
             flops = terms.compute * peak * cal.compute_efficiency / pp
             main = (
-                f"{flops / 1e12:,.2f} TFLOP at {peak / 1e12:,.0f} TFLOP/s x "
+                f"{flops / 1e12:,.2f} TFLOP at {_rate(peak / 1e12)} TFLOP/s x "
                 f"{cal.compute_efficiency:.0%} efficiency: {terms.compute * 1000:,.1f} ms"
             )
         extra = f" + link {terms.link * 1000:,.1f} ms" if terms.link else ""
