@@ -52,10 +52,13 @@ def node(monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
         p.wait(10)
 
 
-def started_server() -> FleetServer:
+def started_server(*, running: bool = True) -> FleetServer:
+    """A server that started Ray and deployed its application (``running``: which ran)."""
     server = FleetServer(ServeOptions(spec=default_fleet(), host="127.0.0.1", port=8000))
     server._started_ray = True
     server._deployed = True
+    if running:
+        server._ingress = object()  # taken when the application first runs
     return server
 
 
@@ -101,4 +104,24 @@ def test_stop_after_losing_ray_skips_the_drain_and_serves_shutdown(
     node.kill("gcs_server")
     server.stop(drain=True)
     # serve.shutdown() and the drain would wait on the dead GCS forever.
+    assert calls == ["ray.shutdown"]
+
+
+def test_stop_before_the_application_ran_leaves_the_replicas_to_rays_stop(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C while an engine loads: serve.shutdown() waited 30 s for the replica still in
+    # its constructor ("Controller failed to shut down within 30.0s"), 36 s in all
+    calls: list[str] = []
+
+    def record(name: str) -> Any:
+        return lambda *_a, **_k: calls.append(name)
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "shutdown", record("ray.shutdown"))
+    monkeypatch.setattr(serve, "shutdown", record("serve.shutdown"))
+    monkeypatch.setattr(FleetServer, "_drain", record("drain"))
+    server = started_server(running=False)
+    server.console = types.SimpleNamespace(print=lambda *_a, **_k: None)  # type: ignore[assignment]
+    server.stop(drain=True)
     assert calls == ["ray.shutdown"]

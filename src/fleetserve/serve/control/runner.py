@@ -568,7 +568,9 @@ class FleetServer:
                 "stopping without a drain"
             )
         try:
-            if self._deployed and drain and not gone:
+            # Before the application first ran nothing was served, so nothing is drained
+            # (and an ingress still starting would not answer the drain call for seconds).
+            if self._deployed and drain and not gone and self._ingress is not None:
                 self._drain()
         finally:
             self._shutdown()
@@ -620,8 +622,11 @@ class FleetServer:
         try:
             if self._started_ray:
                 # With a raylet or GCS gone or stopping, serve.shutdown() waits on them
-                # forever.
-                if not self._ray_going_away():
+                # forever. Before the application first ran (stopped while an engine
+                # loads), it waits 30 s for replicas still in their constructors, which
+                # cannot shut down gracefully: Ray's own stop ends them, and fleetserve's
+                # engine reapers their engines, as when the server is killed.
+                if not self._ray_going_away() and self._ingress is not None:
                     serve.shutdown()  # type: ignore[no-untyped-call]
             elif self._deployed:
                 serve.delete(APP_NAME)
