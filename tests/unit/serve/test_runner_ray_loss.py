@@ -84,9 +84,10 @@ def test_a_dead_helper_process_does_not_stop_the_server(node: Node) -> None:
     assert server._dead_ray_processes() == []
 
 
-def test_stop_after_losing_ray_skips_the_drain_and_serves_shutdown(
-    node: Node, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def stop_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What a stop calls, in order, of the drain, Serve's shutdown and Ray's (recorded, not
+    run)."""
     calls: list[str] = []
 
     def record(name: str) -> Any:
@@ -96,8 +97,19 @@ def test_stop_after_losing_ray_skips_the_drain_and_serves_shutdown(
     monkeypatch.setattr(ray, "shutdown", record("ray.shutdown"))
     monkeypatch.setattr(serve, "shutdown", record("serve.shutdown"))
     monkeypatch.setattr(FleetServer, "_drain", record("drain"))
-    server = started_server()
+    return calls
+
+
+def quiet(server: FleetServer) -> FleetServer:
     server.console = types.SimpleNamespace(print=lambda *_a, **_k: None)  # type: ignore[assignment]
+    return server
+
+
+def test_stop_after_losing_ray_skips_the_drain_and_serves_shutdown(
+    node: Node, stop_calls: list[str]
+) -> None:
+    calls = stop_calls
+    server = quiet(started_server())
     server.stop(drain=True)
     assert calls == ["drain", "serve.shutdown", "ray.shutdown"]  # Ray alive: the full stop
     calls.clear()
@@ -108,20 +120,9 @@ def test_stop_after_losing_ray_skips_the_drain_and_serves_shutdown(
 
 
 def test_stop_before_the_application_ran_leaves_the_replicas_to_rays_stop(
-    node: Node, monkeypatch: pytest.MonkeyPatch
+    node: Node, stop_calls: list[str]
 ) -> None:
     # Ctrl-C while an engine loads: serve.shutdown() waited 30 s for the replica still in
     # its constructor ("Controller failed to shut down within 30.0s"), 36 s in all
-    calls: list[str] = []
-
-    def record(name: str) -> Any:
-        return lambda *_a, **_k: calls.append(name)
-
-    monkeypatch.setattr(ray, "is_initialized", lambda: True)
-    monkeypatch.setattr(ray, "shutdown", record("ray.shutdown"))
-    monkeypatch.setattr(serve, "shutdown", record("serve.shutdown"))
-    monkeypatch.setattr(FleetServer, "_drain", record("drain"))
-    server = started_server(running=False)
-    server.console = types.SimpleNamespace(print=lambda *_a, **_k: None)  # type: ignore[assignment]
-    server.stop(drain=True)
-    assert calls == ["ray.shutdown"]
+    quiet(started_server(running=False)).stop(drain=True)
+    assert stop_calls == ["ray.shutdown"]

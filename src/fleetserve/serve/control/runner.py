@@ -576,13 +576,9 @@ class FleetServer:
             self._shutdown()
 
     def _drain(self) -> None:
-        from ray import serve  # noqa: PLC0415
-
         timeout = self.options.spec.server.drain_timeout_s
+        ingress = self._ingress  # taken when the application first ran (stop drains only then)
         try:
-            ingress = self._ingress or serve.get_deployment_handle(
-                INGRESS_DEPLOYMENT, app_name=APP_NAME
-            )
             left = int(ingress.begin_drain.remote().result(timeout_s=10))
         except Exception as e:
             self.console.print(f"fleetserve: cannot drain ({e}); stopping now")
