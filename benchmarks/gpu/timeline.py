@@ -17,6 +17,15 @@ lines; a request's points, in order:
     i_data  the ingress had them (the relay hop)
     r_end / i_end  the stream's end at the replica / the ingress
 
+A handed-off stream (``frontend: process``, ``server.stream_handoff``) passes no token
+through the replica; in place of r_head, r_data:
+
+    r_handoff  the replica sent HANDOFF (the request admitted and held)
+    i_handoff  the ingress took it and sends the request to the engine's server
+    i_head     the server's response head (request parsed, prompt tokenised)
+    i_data     its first body bytes (the engine's queue and prefill)
+    r_end      the replica's hold ended (the ingress released it, after i_end)
+
 A run of the client is a stretch of time in which some request is in flight; a wave is a
 group of requests received within :data:`WAVE_GAP_S` of each other (vLLM's client with
 equal lengths and ``--ignore-eos`` sends its requests in waves: they all end at one engine
@@ -51,7 +60,15 @@ SEGMENTS = [
     ("relay back", "r_data", "i_data"),
     ("server TTFT", "i_recv", "i_data"),
     ("end relay", "r_end", "i_end"),
+    # a handed-off stream's (no r_head, r_data; its r_end comes after i_end)
+    ("handoff back", "r_handoff", "i_handoff"),
+    ("server's app", "i_handoff", "i_head"),
+    ("server 1st token", "i_head", "i_data"),
+    ("release", "i_end", "r_end"),
 ]
+#: Segments of one path only: a relayed stream's end, a handed-off stream's release.
+RELAYED_ONLY = frozenset({"end relay"})
+HANDED_OFF_ONLY = frozenset({"release"})
 T = TypeVar("T")
 
 #: Requests received within this of the previous one belong to its wave.
@@ -113,7 +130,16 @@ def report(directory: Path, client: list[dict[str, object]]) -> None:
             head += f"TTFT p50 {c.get('median_ttft_ms', 0):.1f} ms)"
         print(head)
         for name, a, b in SEGMENTS:
-            d = [1000 * (r[b] - r[a]) for r in run if a in r and b in r]
+            d = [
+                1000 * (r[b] - r[a])
+                for r in run
+                if a in r
+                and b in r
+                and not (name in RELAYED_ONLY and "i_handoff" in r)
+                and not (name in HANDED_OFF_ONLY and "i_handoff" not in r)
+            ]
+            if not d:  # the other path's segment (relayed or handed off)
+                continue
             print(f"  {name:17s} p50 {pct(d, 50):8.2f} ms  p90 {pct(d, 90):8.2f} ms")
         ws = waves(run, lambda r: r["i_recv"])
         sizes = [len(w) for w in ws]
@@ -125,6 +151,8 @@ def report(directory: Path, client: list[dict[str, object]]) -> None:
             ("at the router", "i_route"),
             ("in the replica", "r_recv"),
             ("past vLLM's app", "r_head"),
+            ("handed off", "i_handoff"),
+            ("past the server's app", "i_head"),
             ("first token out", "i_data"),
         ):
             spans = []

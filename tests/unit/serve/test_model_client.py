@@ -352,6 +352,40 @@ async def _handed_off_long_stream(
 
 
 @on_session_loop
+async def test_with_timelines_on_a_handed_off_request_passes_every_point_in_order(
+    ingress: Ingress,
+    stand_in: tuple[StandIn, VllmProcessEngine],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # The handoff's own points: the replica sends HANDOFF, the ingress takes it, then reads
+    # the head and first bytes from the server; benchmarks/gpu/timeline.py needs i_end.
+    from fleetserve.observe.timeline import RECEIVED_NS, Timeline  # noqa: PLC0415
+    from fleetserve.serve.replica import relay  # noqa: PLC0415
+
+    on = Timeline(str(tmp_path / "timelines"))
+    monkeypatch.setattr(model_client, "TIMELINE", on)
+    monkeypatch.setattr(relay, "TIMELINE", on)
+    RECEIVED_NS.set(1)
+    _, engine = stand_in
+    replica = ServerReplica(engine)
+    await _read(ingress(replica))
+    await asyncio.wait_for(replica.responses[0].task, 5)  # the replica's hold has ended
+    on.flush()
+    rows = [
+        line.split("\t")
+        for f in (tmp_path / "timelines").iterdir()
+        for line in f.read_text().splitlines()
+    ]
+    assert len({stream for stream, _, _ in rows}) == 1
+    points = {point: int(ns) for _, point, ns in rows}
+    order = ["i_recv", "i_call", "r_recv", "r_handoff", "i_handoff", "i_head", "i_data", "i_end"]
+    assert [points[p] for p in order] == sorted(points[p] for p in order)
+    assert points["i_end"] <= points["r_end"]  # released after the stream's end
+    assert "r_data" not in points  # no token passed the replica
+
+
+@on_session_loop
 async def test_a_client_that_leaves_a_handed_off_stream_aborts_it_and_frees_the_replica(
     ingress: Ingress, stand_in: tuple[StandIn, VllmProcessEngine]
 ) -> None:

@@ -165,12 +165,19 @@ class HandleModelClient:
                 item = await inbox.get()
                 if isinstance(item, Handoff):
                     handed = item
+                    if timeline is not None:
+                        timeline.point(inbox.stream, "i_handoff")
                     # closed at once when the client leaves: that closes the connection
                     # to the server, which aborts the request in vLLM
                     reading = self._read_server(model, request, item.socket_path)
                     async with contextlib.aclosing(reading) as parts:
                         async for part in parts:
+                            if timeline is not None and not data_seen:
+                                data_seen = isinstance(part, bytes)
+                                timeline.point(inbox.stream, "i_data" if data_seen else "i_head")
                             yield part
+                    if timeline is not None:
+                        timeline.point(inbox.stream, "i_end")
                     break
                 if item is END_OF_STREAM:
                     if timeline is not None:

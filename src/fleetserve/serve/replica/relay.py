@@ -672,13 +672,20 @@ async def relay_handoff(
     the ingress that would read it is gone with it); cancellation by Serve propagates.
     """
     stream = ticket.stream
+    timeline = TIMELINE if TIMELINE.enabled else None
+    if timeline is not None:
+        timeline.point(stream, "r_recv")
     conn = await sender.connection(ticket.endpoint)
     released = conn.await_release(stream)
     try:
         conn.handoff(stream, socket_path)
+        if timeline is not None:
+            timeline.point(stream, "r_handoff")
         finished = await released
     finally:
         conn.forget(stream)
+    if timeline is not None:
+        timeline.point(stream, "r_end")
     return conn.id, finished
 
 
