@@ -665,15 +665,22 @@ def bench(
     return row
 
 
+#: Inter-token gaps kept per request (:func:`slim_detailed`).
+ITL_HEAD = 3
+
+
 def slim_detailed(path: Path) -> dict[str, Any]:
     """The client's result with its per-request lists cut to what the timelines need: each
-    request's send time, TTFT, end-to-end latency and output length stay; its inter-token
-    gaps and generated text go (megabytes per run; the device returns 16 MiB a file)."""
+    request's send time, TTFT, end-to-end latency, output length and first
+    :data:`ITL_HEAD` inter-token gaps stay; the other gaps and the generated text go
+    (megabytes per run; the device returns 16 MiB a file)."""
     r: dict[str, Any] = json.loads(path.read_text())
     itls = r.pop("itls", None)
     r.pop("generated_texts", None)
     if itls is not None and "ttfts" in r:
         r["e2els"] = [t + sum(gaps) for t, gaps in zip(r["ttfts"], itls, strict=False)]
+        # a first chunk held on the way out arrives with the second: its first gap ~0
+        r["itl_head"] = [list(gaps[:ITL_HEAD]) for gaps in itls]
     r["errors"] = [e for e in r.get("errors", []) if e][:20]
     path.write_text(json.dumps(r))
     return r

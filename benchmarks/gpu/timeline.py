@@ -191,10 +191,15 @@ def client_waves(path: Path) -> str | None:
     first = statistics.median(f[0] for f in firsts)
     mid = statistics.median(f[len(f) // 2] for f in firsts)
     end = statistics.median(f[-1] for f in firsts)
-    return (
+    line = (
         f"{path.name}: {len(big)} waves of {largest}; sent over {span:.1f} ms; first tokens "
         f"at +{first:.1f} (first), +{mid:.1f} (median), +{end:.1f} ms (last)"
     )
+    heads = [gaps[0] for gaps in r.get("itl_head", []) if gaps]
+    if heads:  # a first chunk held on the way out comes with the second: a gap near 0
+        ms = [1000 * g for g in heads]
+        line += f"; first gap p10 {pct(ms, 10):.1f}, p50 {pct(ms, 50):.1f} ms"
+    return line
 
 
 def client_runs(results: Path, target: str) -> list[dict[str, object]]:
