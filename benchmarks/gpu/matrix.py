@@ -394,17 +394,29 @@ def profile_serving(
 #: and sum: the steps taken, and the tokens per step, over the run).
 ENGINE_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 ENGINE_STEPS = ("vllm:iteration_tokens_total_count", "vllm:iteration_tokens_total_sum")
+#: The engine server's own per-request latencies (histograms: their sum and count over the
+#: run give the mean as vLLM's server saw it) - against the client's TTFT, what the layer
+#: in front of that server adds (seventeenth session: the 12B's c = 64 TTFT excess).
+ENGINE_LATENCIES = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+}
+_LATENCY_SERIES = frozenset(
+    f"{name}_{part}" for name in ENGINE_LATENCIES.values() for part in ("sum", "count")
+)
 #: Where a process-frontend replica's `vllm serve` listens (engine/vllm_process.py).
 ENGINE_SOCKETS = "/tmp/fleetserve-engine-*/vllm.sock"
 
 
 def engine_series(text: str) -> dict[str, float]:
-    """:data:`ENGINE_GAUGES` and :data:`ENGINE_STEPS` in a `vllm serve`'s /metrics text,
-    summed over their label sets."""
+    """:data:`ENGINE_GAUGES`, :data:`ENGINE_STEPS` and :data:`ENGINE_LATENCIES`' sums and
+    counts in a `vllm serve`'s /metrics text, summed over their label sets."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         name = line.partition("{")[0].partition(" ")[0]
-        if name in ENGINE_GAUGES or name in ENGINE_STEPS:
+        if name in ENGINE_GAUGES or name in ENGINE_STEPS or name in _LATENCY_SERIES:
             with contextlib.suppress(IndexError, ValueError):
                 out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
@@ -497,11 +509,17 @@ class EngineSampler:
             return {}
         steps = s[-1].get(ENGINE_STEPS[0], 0.0) - s[0].get(ENGINE_STEPS[0], 0.0)
         tokens = s[-1].get(ENGINE_STEPS[1], 0.0) - s[0].get(ENGINE_STEPS[1], 0.0)
+        means: dict[str, float | None] = {}
+        for key, name in ENGINE_LATENCIES.items():
+            n = s[-1].get(f"{name}_count", 0.0) - s[0].get(f"{name}_count", 0.0)
+            total = s[-1].get(f"{name}_sum", 0.0) - s[0].get(f"{name}_sum", 0.0)
+            means[f"{key}_mean_ms"] = 1000 * total / n if n > 0 else None
         return {
             "engine_steps": steps,
             "tokens_per_step": tokens / steps if steps else None,
             "running_mean": statistics.fmean(x.get(ENGINE_GAUGES[0], 0.0) for x in s),
             "waiting_mean": statistics.fmean(x.get(ENGINE_GAUGES[1], 0.0) for x in s),
+            **means,
             "engines": len(self._sources),
             "samples": len(s),
         }
@@ -632,6 +650,8 @@ def bench(
         "tok_s": r.get("output_throughput"),
         "ttft_p50_ms": r.get("median_ttft_ms"),
         "ttft_p90_ms": r.get("p90_ttft_ms"),
+        "ttft_mean_ms": r.get("mean_ttft_ms"),
+        "e2e_mean_ms": r.get("mean_e2el_ms"),
         "tpot_p50_ms": r.get("median_tpot_ms"),
         "duration_s": r.get("duration"),
         "output_tokens": r.get("total_output_tokens"),
@@ -654,6 +674,17 @@ def bench(
         log(
             f"    engine: {e['engine_steps']:.0f} steps of {e['tokens_per_step']:.1f} tokens, "
             f"batch {e['running_mean']:.1f} running, {e['waiting_mean']:.1f} waiting (means)"
+        )
+    if e.get("ttft_mean_ms") is not None:
+        log(
+            "    engine's server (means): "
+            + ", ".join(
+                f"{k} {e[f'{k}_mean_ms']:.1f} ms"
+                for k in ENGINE_LATENCIES
+                if e.get(f"{k}_mean_ms") is not None
+            )
+            + f"; the client's: ttft {row.get('ttft_mean_ms') or float('nan'):.1f} ms, "
+            + f"e2e {row.get('e2e_mean_ms') or float('nan'):.1f} ms"
         )
     for u in usage["busiest"][:5]:
         log(f"    {u['cores']:6.2f} cores  nice {u['nice']:3d}  {u['cmd'][:90]}")
