@@ -20,7 +20,14 @@ fleet run and scored over the time every one of them ran: ``sim.calibrate.overla
                    sim-together-gemma-3-12b.json=gemma-3-12b
 
 A run is ``BENCH.json`` or ``BENCH.json=MODEL`` (the fleet's model, when the report names
-another).
+another), either followed by ``@POINT,POINT...`` for some of its load points only - the CPU
+validation calibrated across the batch range (docs/benchmarks.md):
+
+    PYTHONPATH=src .venv/bin/python benchmarks/sim_validation.py \
+        --calibrate tests/fixtures/sim/cpu-cal.json \
+                    tests/fixtures/sim/cpu-pred-conc.json@c=16 \
+        --predict tests/fixtures/sim/cpu-pred-conc.json@c=2,c=8 \
+                  tests/fixtures/sim/cpu-pred-long.json tests/fixtures/sim/cpu-pred-rate.json
 """
 
 from __future__ import annotations
@@ -39,9 +46,25 @@ from fleetserve.spec import default_fleet, load_spec
 GOALS = {"output_throughput": 0.10, "tpot.p50": 0.10, "ttft.p50": 0.20, "ttft.p90": 0.20}
 
 
-def _run(item: str) -> tuple[Path, BenchReport, str | None]:
-    path, _, model = item.partition("=")
-    return Path(path), BenchReport.load(Path(path)), model or None
+def _run(item: str) -> tuple[str, BenchReport, str | None]:
+    """(name, report, model) of ``BENCH.json[=MODEL][@POINT,...]``."""
+    head, at, labels = item.rpartition("@") if "@" in item else (item, "", "")
+    path, _, model = head.partition("=")
+    report = BenchReport.load(Path(path))
+    name = Path(path).stem
+    if at:
+        keep = set(labels.split(","))
+        missing = keep - {p.label for p in report.points}
+        if missing:
+            raise SystemExit(f"{path}: no load point {', '.join(sorted(missing))}")
+        report = report.model_copy(
+            update={
+                "points": [p for p in report.points if p.label in keep],
+                "records": [r for r in report.records if r.get("point") in keep],
+            }
+        )
+        name += "@" + labels
+    return name, report, model or None
 
 
 def main() -> None:
@@ -90,14 +113,14 @@ def main() -> None:
         if kind == "together":
             # scored while every engine of the group ran (sim.calibrate.overlap)
             measured, simulated = overlap(measured), overlap(simulated)
-        for path, report, model in runs:
+        for run_name, report, model in runs:
             name = model or report.run.model
             for _, point, metric, a, b in prediction_errors(
                 {name: measured[name]}, {name: simulated[name]}
             ):
                 err = b / a - 1
                 ok = "yes" if abs(err) <= GOALS[metric] else "no"
-                row = (kind, path.stem, point, metric, f"{a:.1f}", f"{b:.1f}", f"{err:+.1%}", ok)
+                row = (kind, run_name, point, metric, f"{a:.1f}", f"{b:.1f}", f"{err:+.1%}", ok)
                 print("| " + " | ".join(row) + " |")
 
 
