@@ -175,6 +175,17 @@ def summarize(
     )
 
 
+def mean_in_flight(records: Sequence[RequestRecord]) -> float:
+    """Requests in flight on average over the window of ``records`` (warm-up excluded):
+    their summed latencies over the window, the concurrency the server saw - the batch
+    its engine ran, while requests do not queue before it. 0.0 without a window."""
+    measured = [r for r in records if not r.warmup]
+    if not measured:
+        return 0.0
+    window = max(r.end for r in measured) - min(r.start for r in measured)
+    return sum(r.end - r.start for r in measured) / window if window > 0 else 0.0
+
+
 def _max_in_flight(records: Sequence[RequestRecord]) -> int:
     events = sorted(
         [(r.start, 1) for r in records] + [(r.end, -1) for r in records],

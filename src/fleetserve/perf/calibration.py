@@ -54,6 +54,24 @@ class FitInfo(BaseModel):
         default=None, description="Root mean square of the relative residuals."
     )
     note: str = Field(default="", description="Free text (host load, engine version).")
+    load_range: tuple[float, float] | None = Field(
+        default=None,
+        description="Fewest and most requests in flight on average over a load point of the "
+        "runs fitted: the batches the per-sequence costs were seen at. Predictions for "
+        "engines that run larger batches extrapolate them (docs/benchmarks.md, "
+        "'Capacity simulator'). None in files written before it existed.",
+    )
+
+    def describe_load(self) -> str | None:
+        """One line on the load the fit saw, for ``plan calibrate`` and ``simulate``."""
+        if self.load_range is None:
+            return None
+        low, high = self.load_range
+        return (
+            f"calibration fitted on runs with {low:.1f} to {high:.1f} requests in flight "
+            "on average a load point; engines that run larger batches are priced by "
+            "extrapolation - calibrate on runs at the concurrency you plan for"
+        )
 
 
 class Calibration(BaseModel):

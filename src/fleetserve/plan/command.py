@@ -107,19 +107,24 @@ def read_calibration(path: Path | None) -> Calibration | None:
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
+    cal = read_calibration(args.calibration)
     result = plan_fleet(
         spec,
         scenario=args.scenario,
         time_limit_s=args.time_limit,
         node_limit=args.node_limit,
-        calibration=read_calibration(args.calibration),
+        calibration=cal,
     )
     if args.format == "json":
         json.dump(result.model_dump(mode="json"), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         # piped output keeps every column (rich would squeeze to 80 columns)
-        render_table(result, Console() if sys.stdout.isatty() else Console(width=150))
+        console = Console() if sys.stdout.isatty() else Console(width=150)
+        render_table(result, console)
+        load = cal.fit.describe_load() if cal is not None else None
+        if load is not None:
+            console.print(load)
     return 0 if result.feasible else 1
 
 

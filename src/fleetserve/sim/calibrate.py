@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from scipy.optimize import least_squares
 
-from fleetserve.bench.metrics import PointSummary, summarize
+from fleetserve.bench.metrics import PointSummary, mean_in_flight, summarize
 from fleetserve.bench.record import RequestRecord
 from fleetserve.bench.report import BenchReport
 from fleetserve.errors import UsageError
@@ -160,6 +160,19 @@ def overlap(reports: Mapping[str, BenchReport]) -> dict[str, BenchReport]:
     return out
 
 
+def load_range(reports: Sequence[BenchReport]) -> tuple[float, float] | None:
+    """Fewest and most requests in flight on average over a load point of ``reports``
+    (:func:`fleetserve.bench.metrics.mean_in_flight`; reports without records: None)."""
+    loads = []
+    for report in reports:
+        by_point: dict[str, list[RequestRecord]] = {}
+        for r in report.records:
+            by_point.setdefault(str(r.get("point")), []).append(RequestRecord(**r))
+        loads += [mean_in_flight(recs) for recs in by_point.values()]
+    loads = [x for x in loads if x > 0]
+    return (min(loads), max(loads)) if loads else None
+
+
 def fit(
     models: Sequence[ModelSetup],
     runs: Sequence[tuple[BenchReport, str | None]],
@@ -237,6 +250,7 @@ def fit(
                 observations=int(final.size),
                 rms_relative_error=rms,
                 note=f"least squares over simulated replays, {result.nfev} evaluations",
+                load_range=load_range([report for report, _ in runs]),
             )
         }
     )

@@ -84,4 +84,7 @@ def run(argv: list[str]) -> int:
     console = Console()
     console.print(table)
     console.print(", ".join(f"{k} {getattr(cal, k):.4g}" for k, _, _ in fitted_params(cal.backend)))
+    load = cal.fit.describe_load()
+    if load is not None:
+        console.print(load)
     return 0

@@ -196,6 +196,9 @@ def _run(args: argparse.Namespace) -> int:
         console.print(f"simulated whole ({reason}): {', '.join(names)}")
     if outcome.sampled:
         console.print(f"{outcome.simulated_requests:,} requests simulated (sampled replicas)")
+    load = cal.fit.describe_load() if cal is not None else None
+    if load is not None:
+        console.print(load)
     if args.output:
         many = len(outcome.reports) > 1
         for model, report in outcome.reports.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fleetserve.bench.metrics import LatencyStats, summarize
+from fleetserve.bench.metrics import LatencyStats, mean_in_flight, summarize
 from fleetserve.bench.record import RequestRecord
 from fleetserve.bench.slo import Slo
 
@@ -98,3 +98,18 @@ def test_rate_limited_and_overloaded_are_named_apart() -> None:
     s = summarize("x", 1.0, [failed(429), failed(429), failed(503)], None)
     assert s.errors_by_status == {"429": 2, "503": 1}
     assert s.errors_by_type == {"http_429_rate_limited": 2, "http_503_overloaded": 1}
+
+
+def test_mean_in_flight_is_the_concurrency_the_server_saw() -> None:
+    # two requests side by side over [0, 2], then one alone over [2, 3]: 5 s of requests
+    # over a 3 s window; the warm-up request is not part of it
+    records = [
+        rec(0, 0.0, 0.1, 2.0, 4),
+        rec(1, 0.0, 0.1, 2.0, 4),
+        rec(2, 2.0, 0.1, 1.0, 4),
+        rec(3, 5.0, 0.1, 9.0, 4, warmup=True),
+    ]
+    assert mean_in_flight(records) == pytest.approx(5 / 3)
+    assert mean_in_flight([rec(0, 0.0, 0.1, 1.0, 4), rec(1, 1.0, 0.1, 1.0, 4)]) == 1.0
+    assert mean_in_flight([]) == 0.0
+    assert mean_in_flight([rec(0, 1.0, 0.0, 0.0, 0)]) == 0.0  # no window

@@ -120,6 +120,13 @@ def test_calibration_sets_the_capacity_traffic_is_planned_with(
     calibrated = _traffic_plan(["--calibration", str(tmp_path / "cal.json")], path, capsys)
     assert calibrated["goodput_per_replica"] < default["goodput_per_replica"]  # type: ignore[operator]
     assert calibrated["replicas"] > default["replicas"]  # type: ignore[operator]
+    # the table says what load a fitted calibration saw (a default one: nothing to say)
+    assert main(["plan", path, "--calibration", str(tmp_path / "cal.json")]) == 0
+    assert "requests in flight" not in capsys.readouterr().out
+    fitted = slow.model_copy(update={"fit": slow.fit.model_copy(update={"load_range": (1, 3.9)})})
+    fitted.save(tmp_path / "fitted.json")
+    assert main(["plan", path, "--calibration", str(tmp_path / "fitted.json")]) == 0
+    assert "1.0 to 3.9 requests in flight" in " ".join(capsys.readouterr().out.split())
 
 
 def test_a_cpu_calibration_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

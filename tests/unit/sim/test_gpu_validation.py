@@ -204,7 +204,9 @@ def test_runs_measured_together_calibrate_the_turn_on_the_card() -> None:
     assert 3e-4 <= cal.layer_launch_s <= 8e-4
 
 
-def test_the_cli_calibrates_and_replays_runs_served_without_hami(tmp_path: Path) -> None:
+def test_the_cli_calibrates_and_replays_runs_served_without_hami(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # the user's path: plan calibrate on one size, simulate another, both --uncapped
     import yaml  # noqa: PLC0415
 
@@ -222,6 +224,14 @@ def test_the_cli_calibrates_and_replays_runs_served_without_hami(tmp_path: Path)
         main(["plan", "calibrate", one_b, "--spec", str(path), "--uncapped", "--output", str(cal)])
         == 0
     )
+    # the file and the output say what load the fit saw (c = 1, 4 and 16 here)
+    fitted = Calibration.load(cal)
+    assert fitted.fit.load_range is not None
+    low, high = fitted.fit.load_range
+    assert 0.9 <= low <= 1.1, fitted.fit.load_range
+    assert 8.0 <= high <= 16.0, fitted.fit.load_range
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"{low:.1f} to {high:.1f} requests in flight" in said
     out = tmp_path / "sim.json"
     four_b = f"{RUNS / 'gemma-3-4b.json'}=gemma-3-4b"
     args = [
@@ -235,6 +245,7 @@ def test_the_cli_calibrates_and_replays_runs_served_without_hami(tmp_path: Path)
         str(out),
     ]
     assert main(["simulate", *args]) == 0
+    assert "requests in flight" in " ".join(capsys.readouterr().out.split())
     simulated = BenchReport.load(out)
     measured = BenchReport.load(RUNS / "gemma-3-4b.json")
     for _, point, metric, a, b in prediction_errors(
