@@ -15,6 +15,7 @@ Definitions (what must stay true; they match vLLM's ``bench serve`` where both d
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 
@@ -84,6 +85,12 @@ class PointSummary(BaseModel):
     mean_tokens_out: float | None = Field(default=None, description="Mean generated tokens.")
     total_tokens_out: int = Field(ge=0, description="Generated tokens (successful requests).")
     max_in_flight: int = Field(ge=0, description="Most requests in flight at once.")
+    mean_in_flight: float | None = Field(
+        default=None,
+        ge=0,
+        description="Requests in flight on average over the point's window: the "
+        "concurrency the server saw (None in reports written before it existed).",
+    )
     send_lag: LatencyStats = Field(description="Actual send minus scheduled send (ms).")
     ttft: LatencyStats = Field(description="Time to first token (ms).")
     tpot: LatencyStats = Field(description="Time per output token after the first (ms).")
@@ -164,6 +171,7 @@ def summarize(
         mean_tokens_out=float(np.mean(outs)) if outs else None,
         total_tokens_out=tokens_out,
         max_in_flight=_max_in_flight(measured),
+        mean_in_flight=mean_in_flight(measured),
         send_lag=LatencyStats.of([max(r.start - r.scheduled, 0.0) for r in measured]),
         ttft=LatencyStats.of([r.ttft for r in ok if r.ttft is not None]),
         tpot=LatencyStats.of(tpots),
@@ -183,7 +191,8 @@ def mean_in_flight(records: Sequence[RequestRecord]) -> float:
     if not measured:
         return 0.0
     window = max(r.end for r in measured) - min(r.start for r in measured)
-    return sum(r.end - r.start for r in measured) / window if window > 0 else 0.0
+    # fsum: exact, so the simulator's columns (sim.columns) sum to the same float
+    return math.fsum(r.end - r.start for r in measured) / window if window > 0 else 0.0
 
 
 def _max_in_flight(records: Sequence[RequestRecord]) -> int:

@@ -16,6 +16,7 @@ none (``keep_itl`` is off with them).
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections import Counter
 
@@ -164,6 +165,12 @@ def summarize_columns(label: str, x: float, cols: FinishedColumns) -> PointSumma
         mean_tokens_out=float(np.mean(out_ok)) if out_ok.size else None,
         total_tokens_out=n_out,
         max_in_flight=_max_in_flight(start[measured], rec_end[measured]),
+        # as bench.metrics.mean_in_flight sums the records: the same floats, exactly
+        mean_in_flight=(
+            math.fsum((rec_end[measured] - start[measured]).tolist()) / window
+            if window > 0
+            else 0.0
+        ),
         send_lag=LatencyStats.of(np.maximum(start[measured] - scheduled[measured], 0.0)),
         ttft=LatencyStats.of(ttft),
         tpot=LatencyStats.of(tpot),

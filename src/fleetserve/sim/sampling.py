@@ -31,7 +31,8 @@ When it is not valid, and the model is simulated whole (the reason is reported):
 
 Counts that are a fleet's request counts (``num_requests``, ``warmup``,
 ``max_queued_requests``) are scaled to the sample and rounded; ``max_in_flight`` is scaled
-too, an estimate (the fleet's peak is at most the sum of the replicas' peaks). Latency
+too, an estimate (the fleet's peak is at most the sum of the replicas' peaks), and so is
+``mean_in_flight`` (exact: exchangeable replicas at their share of the traffic). Latency
 statistics keep the sample's sample count.
 """
 
@@ -208,6 +209,7 @@ def scale_point(point: PointSummary, s: Sampling, x: float) -> PointSummary:
             "goodput": None if point.goodput is None else point.goodput * f,
             "total_tokens_out": count(point.total_tokens_out),
             "max_in_flight": count(point.max_in_flight),
+            "mean_in_flight": None if point.mean_in_flight is None else point.mean_in_flight * f,
             "errors_by_status": {k: count(v) for k, v in point.errors_by_status.items()},
             "errors_by_type": {k: count(v) for k, v in point.errors_by_type.items()},
         }

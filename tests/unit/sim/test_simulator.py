@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -365,3 +366,28 @@ def test_the_example_workload_runs_on_the_example_fleet() -> None:
     assert chat is not None
     assert short is not None
     assert short < chat
+
+
+def test_simulate_calls_out_a_load_past_the_calibrations(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the user's path: calibrate on c = 1 and 4, then replay c = 2, 8 and 16 with it
+    from fleetserve.cli import main  # noqa: PLC0415
+
+    cal, host = tmp_path / "cal.json", ["--host-cpus", "2", "--host-memory-gb", "23"]
+    calibrate = ["plan", "calibrate", str(FIXTURES / "cpu-cal.json"), "--output", str(cal)]
+    assert main([*calibrate, *host]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    fitted = re.search(r"calibration fitted on runs with 1\.0 to ([\d.]+) requests in flight", said)
+    assert fitted, said
+    assert 2.5 < float(fitted.group(1)) <= 4  # c = 4, its ramp up and down included
+    spec = str(EXAMPLES / "default.yaml")
+    for trace, beyond in (("cpu-pred-conc.json", True), ("cpu-cal.json", False)):
+        args = [spec, "--trace", str(FIXTURES / trace), "--calibration", str(cal), *host]
+        assert main(["simulate", *args]) == 0
+        said = " ".join(capsys.readouterr().out.split())
+        assert "requests in flight on average a load point" in said
+        called = re.search(r"gemma-3-270m: ([\d.]+) requests in flight a replica at c=16", said)
+        assert bool(called) is beyond, said
+        if called:
+            assert 12 < float(called.group(1)) <= 16
