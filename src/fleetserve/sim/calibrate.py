@@ -173,6 +173,39 @@ def load_range(reports: Sequence[BenchReport]) -> tuple[float, float] | None:
     return (min(loads), max(loads)) if loads else None
 
 
+#: A replica's mean load past this many times the largest one a calibration was fitted on
+#: is called out: the CPU runs fitted at c = 1 and 4 priced c = 8's TPOT 11 % and c = 16's
+#: 23 % too fast (docs/benchmarks.md, "Capacity simulator").
+EXTRAPOLATED = 2.0
+
+
+def beyond_calibration(
+    reports: Mapping[str, BenchReport], models: Sequence[ModelSetup], fitted: float
+) -> list[str]:
+    """One line per model whose replicas ran, at some simulated point, more than
+    :data:`EXTRAPOLATED` times the ``fitted`` requests in flight (the most a calibration's
+    runs had on average), at its busiest point; a model's load is shared evenly by its
+    planned replicas."""
+    replicas = {m.name: max(1, len(m.replicas)) for m in models}
+    lines = []
+    for model, report in reports.items():
+        loads = [
+            (p.mean_in_flight / replicas.get(model, 1), p.label)
+            for p in report.points
+            if p.mean_in_flight is not None
+        ]
+        if not loads:
+            continue
+        load, label = max(loads)
+        if load > EXTRAPOLATED * fitted:
+            lines.append(
+                f"{model}: {load:.1f} requests in flight a replica at {label}, past the "
+                f"{fitted:.1f} of the calibration's runs: its per-sequence costs are "
+                "extrapolated there"
+            )
+    return lines
+
+
 def fit(
     models: Sequence[ModelSetup],
     runs: Sequence[tuple[BenchReport, str | None]],

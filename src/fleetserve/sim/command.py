@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -20,10 +19,6 @@ from rich.table import Table
 from fleetserve.errors import UsageError
 from fleetserve.perf.calibration import add_calibration_argument
 from fleetserve.sim.sampling import DEFAULT_SAMPLE, NO_STREAM
-
-if TYPE_CHECKING:  # imported where used: the CLI starts without them
-    from fleetserve.bench.report import BenchReport
-    from fleetserve.sim.fleet import ModelSetup
 
 
 def register(subparsers: Any) -> None:
@@ -122,6 +117,7 @@ def _run(args: argparse.Namespace) -> int:
     from fleetserve.bench.report import BenchReport  # noqa: PLC0415
     from fleetserve.perf.calibration import Calibration  # noqa: PLC0415
     from fleetserve.sim.build import model_setups  # noqa: PLC0415
+    from fleetserve.sim.calibrate import beyond_calibration  # noqa: PLC0415
     from fleetserve.sim.run import simulate_traces, simulate_workload  # noqa: PLC0415
     from fleetserve.sim.workload import load_workload  # noqa: PLC0415
     from fleetserve.spec import load_spec  # noqa: PLC0415
@@ -201,9 +197,8 @@ def _run(args: argparse.Namespace) -> int:
         console.print(f"simulated whole ({reason}): {', '.join(names)}")
     if outcome.sampled:
         console.print(f"{outcome.simulated_requests:,} requests simulated (sampled replicas)")
-    load = cal.fit.describe_load() if cal is not None else None
     if cal is not None and cal.fit.load_range is not None:
-        console.print(load)
+        console.print(cal.fit.describe_load())
         for line in beyond_calibration(outcome.reports, models, cal.fit.load_range[1]):
             console.print(f"[yellow]{line}[/]")
     if args.output:
@@ -220,39 +215,6 @@ def _run(args: argparse.Namespace) -> int:
                 raise UsageError(f"--output {path}: cannot write: {e.strerror}") from e
             console.print(f"wrote {path}")
     return 0
-
-
-#: A replica's mean load past this many times the largest one a calibration was fitted on
-#: is called out: the CPU runs fitted at c = 1 and 4 priced c = 8's TPOT 11 % and c = 16's
-#: 23 % too fast (docs/benchmarks.md, "Capacity simulator").
-EXTRAPOLATED = 2.0
-
-
-def beyond_calibration(
-    reports: Mapping[str, BenchReport], models: Sequence[ModelSetup], fitted: float
-) -> list[str]:
-    """One line per model whose replicas ran, at some simulated point, more than
-    :data:`EXTRAPOLATED` times the ``fitted`` requests in flight (the most a calibration's
-    runs had on average), at its busiest point; a model's load is shared evenly by its
-    planned replicas."""
-    replicas = {m.name: max(1, len(m.replicas)) for m in models}
-    lines = []
-    for model, report in reports.items():
-        loads = [
-            (p.mean_in_flight / replicas.get(model, 1), p.label)
-            for p in report.points
-            if p.mean_in_flight is not None
-        ]
-        if not loads:
-            continue
-        load, label = max(loads)
-        if load > EXTRAPOLATED * fitted:
-            lines.append(
-                f"{model}: {load:.1f} requests in flight a replica at {label}, past the "
-                f"{fitted:.1f} of the calibration's runs: its per-sequence costs are "
-                "extrapolated there"
-            )
-    return lines
 
 
 def _ms(value: float | None) -> str:
