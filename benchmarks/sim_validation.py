@@ -57,12 +57,7 @@ def _run(item: str) -> tuple[str, BenchReport, str | None]:
         missing = keep - {p.label for p in report.points}
         if missing:
             raise SystemExit(f"{path}: no load point {', '.join(sorted(missing))}")
-        report = report.model_copy(
-            update={
-                "points": [p for p in report.points if p.label in keep],
-                "records": [r for r in report.records if r.get("point") in keep],
-            }
-        )
+        report = report.with_points(keep)
         name += "@" + labels
     return name, report, model or None
 

@@ -7,6 +7,7 @@ that name the file.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
@@ -74,3 +75,13 @@ class BenchReport(BaseModel):
     @classmethod
     def load(cls, path: Path) -> BenchReport:
         return load_tagged(cls, path, REPORT_FORMAT, "bench report")
+
+    def with_points(self, labels: Collection[str]) -> BenchReport:
+        """This report cut to the load points ``labels``: their summaries and records (a
+        calibration on some points of a sweep, a prediction of the others)."""
+        return self.model_copy(
+            update={
+                "points": [p for p in self.points if p.label in labels],
+                "records": [r for r in self.records if r.get("point") in labels],
+            }
+        )

@@ -86,16 +86,6 @@ def test_calibration_predicts_other_concurrency_and_lengths(calibrated) -> None:
     _within(errors, "c=1", ("output_throughput", "ttft.p50", "ttft.p90"))
 
 
-def _points(report: BenchReport, *labels: str) -> BenchReport:
-    """``report`` cut to the load points ``labels``."""
-    return report.model_copy(
-        update={
-            "points": [p for p in report.points if p.label in labels],
-            "records": [r for r in report.records if r.get("point") in labels],
-        }
-    )
-
-
 def test_calibrated_across_the_batch_range_it_predicts_the_batches_between(models) -> None:  # type: ignore[no-untyped-def]
     """Runs at c = 1 and 4 cannot tell a decode step's weight reads from its fixed host
     cost (both paid once a step at those batches), so the fit above misses TPOT past c = 4.
@@ -103,13 +93,16 @@ def test_calibrated_across_the_batch_range_it_predicts_the_batches_between(model
     predicted within every goal (docs/benchmarks.md, "Capacity simulator"): the model's
     form holds, its constants need runs across the batches it is asked about."""
     conc = BenchReport.load(FIXTURES / "cpu-pred-conc.json")
+    high = conc.with_points({"c=16"})
+    assert [p.label for p in high.points] == ["c=16"]
+    assert {r["point"] for r in high.records} == {"c=16"}
     cal = fit(
         models,
-        [(BenchReport.load(FIXTURES / "cpu-cal.json"), None), (_points(conc, "c=16"), None)],
+        [(BenchReport.load(FIXTURES / "cpu-cal.json"), None), (high, None)],
         start=Calibration.default(cpu=True),
     )
     wide = (with_calibration(models, cal), cal)
-    errors = _errors_of(wide, _points(conc, "c=2", "c=8"))
+    errors = _errors_of(wide, conc.with_points({"c=2", "c=8"}))
     for point in ("c=2", "c=8"):
         _within(errors, point, tuple(GOALS))
     errors = _errors(wide, "cpu-pred-long.json")
