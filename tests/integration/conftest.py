@@ -47,6 +47,7 @@ import yaml
 
 from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.cpu_binding import BIND_ENV
+from fleetserve.engine.reaper import TITLES as REAPER_TITLES
 from fleetserve.errors import ServeError
 from fleetserve.host import probe
 from fleetserve.modelstore.store import ModelStore
@@ -461,14 +462,15 @@ def vllm_roles(processes: dict[int, str]) -> dict[int, str]:
     return roles
 
 
-def reapers(processes: dict[int, str]) -> list[int]:
-    """The engine watchdogs (``engine/reaper.py``) among ``processes``: by the module they run
-    (``python -m fleetserve.engine.reaper``) or the title it gives itself - either reading of
-    ``/proc/<pid>/cmdline`` counts."""
+def reapers(processes: dict[int, str], what: str = "engine") -> list[int]:
+    """The watchdogs (``engine/reaper.py``) of ``what`` - engines, or ``"ray-agents"`` - among
+    ``processes``: by the module and first argument they run (``python -m
+    fleetserve.engine.reaper engine ...``) or the title they give themselves - either
+    reading of ``/proc/<pid>/cmdline`` counts."""
     return [
         pid
         for pid, cmd in processes.items()
-        if "fleetserve.engine.reaper" in cmd or "fleetserve::engine-reaper" in cmd
+        if f"fleetserve.engine.reaper {what} " in cmd or REAPER_TITLES[what] in cmd
     ]
 
 

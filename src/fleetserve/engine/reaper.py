@@ -26,6 +26,17 @@ so a reused PID is never signalled.
 Rejected: ``PR_SET_PDEATHSIG`` inside vLLM's engine process (vLLM spawns it; we cannot run
 code there without patching vLLM, and it would only cover the worker, not the raylet) and
 reaping only in ``fleetserve serve`` (it may be the process that was SIGKILLed).
+
+The same watchdog keeps Ray's node agents from outliving the ``fleetserve serve`` that
+started Ray (``serve/control/runner.py``, guard: the server; roots: the raylet's children
+once Ray is up). The raylet starts its dashboard and runtime-env agents, and they are not
+fate-shared with it: once the server is SIGKILLed (the OOM killer), its raylet and GCS go
+at once, and each agent, finding its raylet dead, first publishes the error to the GCS
+with Ray's fixed 60 s timeout - to a GCS that is gone - and only then exits. Measured on Ray
+2.60: both agents lived 61 s after the server, and a server restarted at once with the same
+``--metrics-export-port`` could not start Ray (its node timed out, both tries: 76 s) - what
+a supervisor restarting it after an OOM kill does. Each watchdog gives itself a title
+naming what it guards (``TITLES``).
 """
 
 from __future__ import annotations
@@ -42,6 +53,9 @@ from collections.abc import Iterable
 POLL_S = 0.25
 #: Seconds the engine gets to stop on SIGTERM before SIGKILL.
 GRACE_S = 5.0
+#: What a watchdog guards -> the process title it gives itself (``ps`` and the tests tell
+#: an engine's watchdog from the Ray agents' by it).
+TITLES = {"engine": "fleetserve::engine-reaper", "ray-agents": "fleetserve::ray-agent-reaper"}
 
 Ident = tuple[int, int]  # (pid, start time in clock ticks)
 
@@ -144,16 +158,23 @@ def _parse(arg: str) -> list[Ident]:
     return [(int(p), int(s)) for p, s in (a.split(":") for a in arg.split(",") if a)]
 
 
-def start_watchdog(pids: Iterable[int]) -> subprocess.Popen[bytes] | None:
-    """Start the watchdog of ``pids`` (this process's engine children); None if none."""
+def start_watchdog(pids: Iterable[int], what: str = "engine") -> subprocess.Popen[bytes] | None:
+    """Start the watchdog of ``pids`` (this process's engine children, or - ``what``
+    "ray-agents" - the agents of the Ray node this process started), guarded by
+    :func:`guards`; None if none of ``pids`` is alive."""
+    if what not in TITLES:
+        raise ValueError(f"unknown watchdog {what!r}: one of {', '.join(TITLES)}")
     roots = [i for i in map(ident, pids) if i is not None]
     if not roots:
         return None
-    argv = [sys.executable, "-m", __name__, _arg(guards()), *(_arg([r]) for r in roots)]
+    argv = [sys.executable, "-m", __name__, what, _arg(guards()), *(_arg([r]) for r in roots)]
     # Its own session: a signal to the replica's process group must not take the
-    # watchdog with it before it has done its work.
+    # watchdog with it before it has done its work. SPT_NOENV: its title (main) must not
+    # overwrite its environment in /proc, which is how ``ps e`` and the tests' process
+    # marks read it (setproctitle clobbers it otherwise; the title fits the command line).
     return subprocess.Popen(
         argv,
+        env={**os.environ, "SPT_NOENV": "1"},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -184,12 +205,14 @@ class EngineProcesses:
 
 
 def main(argv: list[str]) -> int:
-    watched = _parse(argv[0])
-    roots = [r for a in argv[1:] for r in _parse(a)]
+    """``WHAT GUARDS ROOT...`` (:func:`start_watchdog`'s command line)."""
+    title = TITLES[argv[0]]
+    watched = _parse(argv[1])
+    roots = [r for a in argv[2:] for r in _parse(a)]
     with contextlib.suppress(Exception):
         import setproctitle  # noqa: PLC0415 - a title only: never worth failing the reaper
 
-        setproctitle.setproctitle("fleetserve::engine-reaper")
+        setproctitle.setproctitle(title)
 
     def on_term(_signum: int, _frame: object) -> None:
         # Terminated (clean engine shutdown, or a signal to everything): if a guard is

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +115,33 @@ def test_identity_includes_start_time() -> None:
     assert me is not None
     assert reaper.alive(me)
     assert not reaper.alive((me[0], me[1] + 1))  # a reused PID is another process
+
+
+def test_a_watchdog_names_what_it_guards_and_keeps_its_environment_readable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The server's watchdog of Ray's agents (serve/control/runner.py) beside the engines':
+    # its title tells them apart, and its environment stays readable in /proc - how ``ps
+    # e`` and the tests' process marks find a server's processes (setproctitle overwrote
+    # it before SPT_NOENV).
+    monkeypatch.setenv("FLEETSERVE_REAPER_TEST", "marked")
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        watchdog = reaper.start_watchdog([agent.pid], "ray-agents")
+        assert watchdog is not None
+        deadline = time.monotonic() + 10
+        cmdline = b""
+        while time.monotonic() < deadline and reaper.TITLES["ray-agents"].encode() not in cmdline:
+            time.sleep(0.05)
+            cmdline = Path(f"/proc/{watchdog.pid}/cmdline").read_bytes()
+        assert cmdline.startswith(reaper.TITLES["ray-agents"].encode()), cmdline
+        assert (
+            b"FLEETSERVE_REAPER_TEST=marked" in Path(f"/proc/{watchdog.pid}/environ").read_bytes()
+        )
+        agent.kill()
+        agent.wait(10)
+        watchdog.wait(10)  # its roots gone, it ends by itself
+    finally:
+        agent.kill()
+    with pytest.raises(ValueError, match="unknown watchdog 'vllm'"):
+        reaper.start_watchdog([os.getpid()], "vllm")

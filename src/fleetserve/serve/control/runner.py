@@ -27,7 +27,9 @@ A Ray this process started is watched while serving: if one of its processes die
 SIGKILLed raylet, or a signal to the whole process group), the server stops with an error
 instead of serving nothing - and reaps the dead process, which is what lets Ray's workers
 notice (they keep running while their raylet is an unreaped zombie). Shutdown then skips
-the drain and Serve's shutdown, which would wait on the dead Ray (engine/reaper.py).
+the drain and Serve's shutdown, which would wait on the dead Ray (engine/reaper.py). Ray's
+node agents, which outlive a SIGKILLed server by a minute, have a watchdog of their own
+(engine/reaper.py), so a server restarted at once finds its ports free.
 A signal to the whole process group (systemd's default stop, ``kill -TERM -PGID``) reaches
 the GCS and the raylet with this process: they are stopping, not dead, and a Serve call
 that writes to the GCS then waits for ever (``serve.get_deployment_handle`` did, until a
@@ -43,6 +45,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -60,7 +63,7 @@ from fleetserve.engine.cpu_binding import (
     serving_cores,
     spawned_on,
 )
-from fleetserve.engine.reaper import children, ident, reap
+from fleetserve.engine.reaper import children, ident, reap, start_watchdog
 from fleetserve.errors import ServeError
 from fleetserve.host import HostFacts, probe
 from fleetserve.plan.deployment import (
@@ -187,6 +190,9 @@ class FleetServer:
         self.options = options
         self.console = console or Console(highlight=False)
         self._started_ray = False
+        #: The watchdog of the started Ray's agents (engine/reaper.py); it ends by itself
+        #: once they have, and is waited for after Ray's shutdown.
+        self._agent_reaper: subprocess.Popen[bytes] | None = None
         self._deployed = False
         self._stop = threading.Event()
         self._interrupts = 0
@@ -342,6 +348,9 @@ class FleetServer:
         with spawned_on(serving) if serving else contextlib.nullcontext():
             self._init_ray(kwargs)
         self._started_ray = True
+        # Ray's agents outlive a SIGKILLed server by a minute (engine/reaper.py): a
+        # watchdog, which ends by itself once they have, ends them with it.
+        self._agent_reaper = start_watchdog(_ray_agents(), "ray-agents")
         self._restore_signal_handlers()
         # The exact address, for `ray status --address ...` and for tools that join this
         # cluster: address="auto" picks any live cluster on the host when there are several.
@@ -629,6 +638,11 @@ class FleetServer:
         finally:
             if self._started_ray:
                 self._shutdown_ray()
+                if self._agent_reaper is not None:
+                    # the agents end with Ray's shutdown, the watchdog then (not a zombie
+                    # of this process); one still running guards agents Ray left behind
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self._agent_reaper.wait(2)
         self.console.print("fleetserve: stopped")
 
     def _shutdown_ray(self) -> None:
@@ -658,6 +672,15 @@ def _ray_node() -> Any:
     from ray._private import worker  # noqa: PLC0415 - Ray only where Ray runs
 
     return getattr(worker, "_global_node", None)
+
+
+def _ray_agents() -> set[int]:
+    """PIDs of what the raylet of the node this process started runs besides its workers
+    when Ray is up: its dashboard and runtime-env agents (and any worker it prestarted,
+    which ends with the raylet anyway)."""
+    node = _ray_node()
+    raylets = getattr(node, "all_processes", {}).get("raylet", []) if node else []
+    return {pid for info in raylets for pid in children(info.process.pid)}
 
 
 def _display_host(host: str) -> str:
