@@ -85,6 +85,26 @@ def test_port_in_use_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert f"port {port} on 127.0.0.1 is already in use" in err
 
 
+def test_metrics_export_port_in_use_is_refused_before_ray_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Ray's node agent exports on every interface; taken, the node timed out starting
+    # (76 s, both tries) with nothing naming the port.
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        args = ("--engine", "fake", "--port", str(_free_port()))
+        code, err = run(capsys, *args, "--metrics-export-port", str(taken))
+    assert code == 2
+    assert f"port {taken} on 0.0.0.0 is already in use" in err
+    assert "--metrics-export-port" in err
+    assert "Traceback" not in err
+    code, err = run(capsys, *args, "--metrics-export-port", "70000")
+    assert code == 2
+    assert "--metrics-export-port 70000: must be in 1..65535" in err
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

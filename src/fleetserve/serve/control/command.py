@@ -54,9 +54,11 @@ def register(subparsers: Any) -> None:
     p.set_defaults(handler=run)
 
 
-def _check_port(host: str, port: int) -> None:
+def _check_port(host: str, port: int, option: str = "--port", hint: str = "") -> None:
+    """Refuse, before Ray starts, a port this server must listen on that is out of range or
+    held by another process (``option``: the flag that sets it, named in the message)."""
     if not 1 <= port <= 65535:
-        raise UsageError(f"--port {port}: must be in 1..65535")
+        raise UsageError(f"{option} {port}: must be in 1..65535")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -66,9 +68,14 @@ def _check_port(host: str, port: int) -> None:
             if e.errno == errno.EADDRINUSE:
                 raise UsageError(
                     f"port {port} on {host} is already in use",
-                    hint="stop the other server or pass --port",
+                    hint=hint or f"stop the other server or pass {option}",
                 ) from e
             raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+
+
+#: Where Ray's node agent serves --metrics-export-port: every interface (its exporter's
+#: address is "" unless the node's IP is a loopback one).
+METRICS_EXPORT_HOST = "0.0.0.0"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,6 +91,15 @@ def run(args: argparse.Namespace) -> int:
         require_supported_vllm()
     if args.address is None:
         _check_port(host, port)
+        if args.metrics_export_port is not None:
+            # Taken, Ray's node would time out starting (76 s, both tries) and say only that.
+            _check_port(
+                METRICS_EXPORT_HOST,
+                args.metrics_export_port,
+                "--metrics-export-port",
+                hint="another Ray node or exporter holds it (a server that was just killed: "
+                "its Ray may still be going); stop it or pass another --metrics-export-port",
+            )
     server = FleetServer(
         ServeOptions(
             spec=spec,
