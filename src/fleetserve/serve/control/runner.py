@@ -347,10 +347,11 @@ class FleetServer:
         # all inherit the serving cores; this process keeps its own.
         with spawned_on(serving) if serving else contextlib.nullcontext():
             self._init_ray(kwargs)
-        self._started_ray = True
-        # Ray's agents outlive a SIGKILLed server by a minute (engine/reaper.py): a
-        # watchdog, which ends by itself once they have, ends them with it.
-        self._agent_reaper = start_watchdog(_ray_agents(), "ray-agents")
+            self._started_ray = True
+            # Ray's agents outlive a SIGKILLed server by a minute (engine/reaper.py): a
+            # watchdog, which ends by itself once they have, ends them with it - on the
+            # serving cores, as Ray's daemons, off the engines'.
+            self._agent_reaper = start_watchdog(_ray_agents(), "ray-agents")
         self._restore_signal_handlers()
         # The exact address, for `ray status --address ...` and for tools that join this
         # cluster: address="auto" picks any live cluster on the host when there are several.
