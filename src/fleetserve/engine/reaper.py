@@ -159,15 +159,18 @@ def _parse(arg: str) -> list[Ident]:
 
 
 def start_watchdog(pids: Iterable[int], what: str = "engine") -> subprocess.Popen[bytes] | None:
-    """Start the watchdog of ``pids`` (this process's engine children, or - ``what``
-    "ray-agents" - the agents of the Ray node this process started), guarded by
-    :func:`guards`; None if none of ``pids`` is alive."""
+    """Start the watchdog of ``pids`` (this process's engine children, guarded by
+    :func:`guards`; or - ``what`` "ray-agents" - the agents of the Ray node this process
+    started, guarded by this process alone: a ``RAY_RAYLET_PID`` it inherited, started
+    from inside some Ray job, names another node's raylet); None if none is alive."""
     if what not in TITLES:
         raise ValueError(f"unknown watchdog {what!r}: one of {', '.join(TITLES)}")
     roots = [i for i in map(ident, pids) if i is not None]
     if not roots:
         return None
-    argv = [sys.executable, "-m", __name__, what, _arg(guards()), *(_arg([r]) for r in roots)]
+    me = ident(os.getpid())
+    guard = guards() if what == "engine" else [me] if me is not None else []
+    argv = [sys.executable, "-m", __name__, what, _arg(guard), *(_arg([r]) for r in roots)]
     # Its own session: a signal to the replica's process group must not take the
     # watchdog with it before it has done its work. SPT_NOENV: its title (main) must not
     # overwrite its environment in /proc, which is how ``ps e`` and the tests' process

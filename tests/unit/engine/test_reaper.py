@@ -125,6 +125,10 @@ def test_a_watchdog_names_what_it_guards_and_keeps_its_environment_readable(
     # e`` and the tests' process marks find a server's processes (setproctitle overwrote
     # it before SPT_NOENV).
     monkeypatch.setenv("FLEETSERVE_REAPER_TEST", "marked")
+    # a raylet PID inherited from some Ray job names another node's raylet: its end is not
+    # this server's, so it is no guard of the agents
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    monkeypatch.setenv("RAY_RAYLET_PID", str(other.pid))
     agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         watchdog = reaper.start_watchdog([agent.pid], "ray-agents")
@@ -138,10 +142,15 @@ def test_a_watchdog_names_what_it_guards_and_keeps_its_environment_readable(
         assert (
             b"FLEETSERVE_REAPER_TEST=marked" in Path(f"/proc/{watchdog.pid}/environ").read_bytes()
         )
+        other.kill()
+        other.wait(10)
+        time.sleep(1.0)  # four of its polls: the agent is left alone while this process lives
+        assert agent.poll() is None
         agent.kill()
         agent.wait(10)
         watchdog.wait(10)  # its roots gone, it ends by itself
     finally:
         agent.kill()
+        other.kill()
     with pytest.raises(ValueError, match="unknown watchdog 'vllm'"):
         reaper.start_watchdog([os.getpid()], "vllm")
