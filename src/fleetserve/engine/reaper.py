@@ -141,12 +141,13 @@ def watch(guards: list[Ident], roots: list[Ident]) -> None:
         time.sleep(POLL_S)
 
 
-def guards() -> list[Ident]:
-    """What the engine of this process must not outlive: this process and its raylet."""
+def guards(raylet: bool = True) -> list[Ident]:
+    """What the engine of this process must not outlive: this process and (``raylet``) its
+    raylet."""
     out = [ident(os.getpid())]
-    raylet = os.environ.get("RAY_RAYLET_PID", "")
-    if raylet.isdigit():
-        out.append(ident(int(raylet)))
+    pid = os.environ.get("RAY_RAYLET_PID", "") if raylet else ""
+    if pid.isdigit():
+        out.append(ident(int(pid)))
     return [g for g in out if g is not None]
 
 
@@ -168,9 +169,8 @@ def start_watchdog(pids: Iterable[int], what: str = "engine") -> subprocess.Pope
     roots = [i for i in map(ident, pids) if i is not None]
     if not roots:
         return None
-    me = ident(os.getpid())
-    guard = guards() if what == "engine" else [me] if me is not None else []
-    argv = [sys.executable, "-m", __name__, what, _arg(guard), *(_arg([r]) for r in roots)]
+    guard = _arg(guards(raylet=what == "engine"))
+    argv = [sys.executable, "-m", __name__, what, guard, *(_arg([r]) for r in roots)]
     # Its own session: a signal to the replica's process group must not take the
     # watchdog with it before it has done its work. SPT_NOENV: its title (main) must not
     # overwrite its environment in /proc, which is how ``ps e`` and the tests' process
